@@ -1,0 +1,238 @@
+"""The `npubuild` command line. Heavy modules (onnx, onnxruntime, numpy) are never imported here:
+stages load them inside the workers, so a build with nothing to do stays fast."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from npubuild.errors import UserError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Declarative, incremental compiler that deploys ONNX models on NPUs.",
+)
+cache_app = typer.Typer(no_args_is_help=True, help="Inspect the local cache.")
+app.add_typer(cache_app, name="cache")
+
+# Wide enough for the summary table when output goes to a file or CI log (rich assumes 80).
+_WIDTH = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "160"))
+out = Console(highlight=False, width=_WIDTH)
+err = Console(stderr=True, highlight=False)
+
+
+class _Options:
+    cache_dir: Path | None = None
+    workspace: Path | None = None
+    verbose: bool = False
+
+
+options = _Options()
+
+
+@app.callback()
+def _main(
+    cache_dir: Annotated[
+        Path | None, typer.Option(help="Cache directory (default $NPUBUILD_CACHE or ~/.cache/npubuild).")
+    ] = None,
+    workspace: Annotated[
+        Path | None, typer.Option("-C", "--workspace", help="Run as if started in this directory.")
+    ] = None,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Show tracebacks of internal errors.")
+    ] = False,
+) -> None:
+    options.cache_dir, options.workspace, options.verbose = cache_dir, workspace, verbose
+
+
+def _workspace():
+    from npubuild.workspace import Workspace, find_root
+
+    return Workspace(find_root(options.workspace or Path.cwd()))
+
+
+def _store():
+    from npubuild.cache.store import Store, default_cache_dir
+
+    return Store(options.cache_dir or default_cache_dir())
+
+
+class _LiveProgress:
+    """A spinner naming the running actions, and one line per action that ran or failed."""
+
+    def __init__(self) -> None:
+        self.running: dict[str, float] = {}
+        self.done = 0
+        self.status = None
+
+    def _text(self) -> str:
+        names = ", ".join(self.running)
+        return f"[bold]building[/] {names}  [dim]({self.done} done)[/]"
+
+    def started(self, action) -> None:
+        if self.status is None:
+            self.status = err.status(self._text())
+            self.status.start()
+        self.running[f"{action.stage} {action.owner}"] = time.perf_counter()
+        self.status.update(self._text())
+
+    def finished(self, action, result) -> None:
+        name = f"{action.stage} {action.owner}"
+        self.running.pop(name, None)
+        self.done += 1
+        mark = {"ran": "[green]ran[/]", "failed": "[red]FAILED[/]"}.get(result.status, result.status)
+        err.print(f"  {mark} {name} [dim]{result.seconds:.1f}s[/]")
+        if self.status is not None:
+            self.status.update(self._text())
+
+    def stop(self) -> None:
+        if self.status is not None:
+            self.status.stop()
+
+
+@app.command()
+def build(
+    patterns: Annotated[list[str], typer.Argument(help="Targets or patterns: //pkg:name, //pkg:all, //...")],
+    jobs: Annotated[
+        int, typer.Option("--jobs", "-j", min=1, help="Actions run in parallel.")
+    ] = os.cpu_count() or 1,
+    keep_going: Annotated[
+        bool, typer.Option("--keep-going", "-k", help="Build what does not depend on a failure.")
+    ] = False,
+    until: Annotated[str | None, typer.Option(help="Stop each npu_model after this stage.")] = None,
+) -> None:
+    """Build targets: run what changed, reuse the rest from the cache."""
+    from npubuild.engine.run import build as run_build
+    from npubuild.report import counts, render_build
+
+    ws, store = _workspace(), _store()
+    progress = _LiveProgress()
+    try:
+        outcome = run_build(
+            ws, store, patterns, jobs=jobs, keep_going=keep_going, until=until, progress=progress
+        )
+    finally:
+        progress.stop()
+    render_build(out, store, outcome)
+    c = counts(outcome)
+    tally = ", ".join(f"{n} {k}" for k, n in sorted(c.items()))
+    for line in outcome.errors:
+        err.print(f"[red]error:[/] {escape(line)}", soft_wrap=True)
+    if options.verbose:
+        for r in outcome.results.values():
+            if r.traceback:
+                err.print(escape(r.traceback))
+    verdict = "[green]Build OK[/]" if outcome.ok else "[red]Build FAILED[/]"
+    out.print(f"{verdict}: {len(outcome.actions)} actions ({tally}) in {outcome.seconds:.2f}s")
+    if not outcome.ok:
+        raise typer.Exit(1)
+
+
+@app.command()
+def query(
+    patterns: Annotated[list[str] | None, typer.Argument(help="Patterns to list (default //...).")] = None,
+    deps: Annotated[str | None, typer.Option(help="Show what this label depends on.")] = None,
+) -> None:
+    """List targets, or the dependencies and build steps of one label."""
+    ws = _workspace()
+    if deps is not None:
+        from npubuild.engine.run import plan_build
+
+        (target,) = ws.resolve([deps])
+        out.print(f"{target.label} ({target.kind}, {target.location})")
+        for d in ws.deps(target):
+            out.print(f"  depends on {d.label} ({d.kind})")
+        for plan in plan_build(ws, [deps]):
+            for step, action in plan.steps:
+                out.print(f"  step {step}: {action.stage} for {action.owner}")
+        return
+    for t in ws.resolve(patterns or ["//..."]):
+        out.print(f"{t.label}\t{t.kind}\t{t.location}")
+
+
+@app.command()
+def explain(label: Annotated[str, typer.Argument(help="The target to explain.")]) -> None:
+    """For each step of the last build of LABEL: ran or cached, and which input changed."""
+    from npubuild.engine import history
+    from npubuild.labels import parse_label
+
+    ws, store = _workspace(), _store()
+    target = ws.target(parse_label(label))
+    record = history.last(store, str(target.label))
+    if record is None:
+        raise UserError(
+            f"no build of {target.label} recorded in this cache; run 'npubuild build {target.label}'"
+        )
+    out.print(f"[bold]{target.label}[/] ({target.kind}), last build:")
+    for s in record["steps"]:
+        why = s.get("why") or []
+        out.print(f"  {s['step']:<22} {s['status']:<8} {s.get('key', '')[:12]}")
+        for line in why:
+            out.print(f"      {escape(line)}")
+        if s.get("message"):
+            out.print(f"      [red]{escape(s['message'])}[/]")
+
+
+@app.command()
+def clean(expunge: Annotated[bool, typer.Option(help="Also delete the whole cache.")] = False) -> None:
+    """Remove npubuild-out/ (and with --expunge the cache)."""
+    from npubuild.workspace import OUT_DIR
+
+    ws = _workspace()
+    shutil.rmtree(ws.root / OUT_DIR, ignore_errors=True)
+    out.print(f"removed {ws.root / OUT_DIR}")
+    if expunge:
+        store = _store()
+        store.expunge()
+        out.print(f"removed cache {store.directory}")
+
+
+@cache_app.command("stats")
+def cache_stats() -> None:
+    """Entries and bytes in the local cache."""
+    store = _store()
+    s = store.stats()
+    out.print(f"cache {store.directory}")
+    out.print(f"  artifacts (cas)     {s['cas']}")
+    out.print(f"  action results (ac) {s['ac']}")
+    out.print(f"  stat entries        {s['stat']}")
+    out.print(f"  size                {s['bytes'] / 2**20:.1f} MiB")
+
+
+def main() -> None:
+    try:
+        code = app(standalone_mode=False)
+        sys.exit(code if isinstance(code, int) else 0)
+    except UserError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        sys.exit(1)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        err.print("[red]interrupted[/]")
+        sys.exit(130)
+    except Exception as exc:
+        import click
+
+        if isinstance(exc, click.exceptions.Abort):
+            sys.exit(130)
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        if options.verbose:
+            raise
+        err.print(
+            f"[red]internal error:[/] {type(exc).__name__}: {escape(str(exc))} "
+            "(rerun with --verbose for a traceback)"
+        )
+        sys.exit(1)

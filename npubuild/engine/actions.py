@@ -1,0 +1,73 @@
+"""An action is a serialisable description: stage, params and the artifacts it reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from npubuild.cache.digest import canonical_json, sha256_json
+from npubuild.errors import Location
+from npubuild.stages import STAGES
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """A file of the workspace; its digest comes from the stat cache."""
+
+    path: Path
+    display: str
+
+
+@dataclass(frozen=True)
+class Output:
+    """One named output of another action."""
+
+    action: Action
+    name: str
+
+
+Input = SourceFile | Output
+
+
+@dataclass(eq=False)
+class Action:
+    stage: str
+    params: dict[str, Any]
+    inputs: dict[str, Input]
+    owner: str  # the label (and role) this action is built for, e.g. "//data:calib"
+    location: Location | None = None
+    identity: str = field(default="", repr=False)
+
+    def __post_init__(self) -> None:
+        refs = {
+            name: ["src", str(i.path)] if isinstance(i, SourceFile) else ["out", i.action.identity, i.name]
+            for name, i in self.inputs.items()
+        }
+        self.identity = sha256_json({"stage": self.stage, "params": self.params, "inputs": refs})
+
+    @property
+    def version(self) -> str:
+        return STAGES[self.stage].version
+
+    def key(self, input_digests: dict[str, str]) -> str:
+        """sha256 over the stage, its code version, the params it reads and its input digests."""
+        return sha256_json(
+            {"stage": self.stage, "version": self.version, "params": self.params, "inputs": input_digests}
+        )
+
+    def describe(self, input_digests: dict[str, str], producer_keys: dict[str, str | None]) -> dict:
+        """What a worker needs to run this action; plain JSON, so any worker can take it."""
+        return {
+            "stage": self.stage,
+            "version": self.version,
+            "params": self.params,
+            "inputs": input_digests,
+            "producers": producer_keys,
+            "key": self.key(input_digests),
+            "owner": self.owner,
+        }
+
+
+def params_text(params: dict[str, Any]) -> str:
+    return canonical_json(params)

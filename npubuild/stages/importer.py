@@ -1,0 +1,192 @@
+"""import: load and check an ONNX model, pin dynamic dims, upgrade the opset, infer shapes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from npubuild.errors import UserError
+from npubuild.stages.onnx_utils import (
+    default_opset,
+    describe_values,
+    dims,
+    load_model,
+    op_histogram,
+    save_model,
+    write_json,
+)
+
+
+def _pin_inputs(model: onnx.ModelProto, declared: dict[str, list[int]]) -> None:
+    initializers = {t.name for t in model.graph.initializer}
+    graph_inputs = [i for i in model.graph.input if i.name not in initializers]
+    names = [i.name for i in graph_inputs]
+    for name in declared:
+        if name not in names:
+            raise UserError(f"input_shapes names '{name}', but the model's inputs are {names}")
+    for value in graph_inputs:
+        shape = value.type.tensor_type.shape
+        current = dims(value)
+        want = declared.get(value.name)
+        if want is None:
+            dynamic = [i for i, d in enumerate(current) if not isinstance(d, int) or d <= 0]
+            if dynamic or not value.type.tensor_type.HasField("shape"):
+                example = [d if isinstance(d, int) and d > 0 else "N" for d in current]
+                raise UserError(
+                    f"input '{value.name}' has dynamic dimension {dynamic[0] if dynamic else '(rank)'} "
+                    f'({current}); declare input_shapes = {{"{value.name}": {example}}} in onnx_model'
+                )
+            continue
+        if len(want) != len(current) and value.type.tensor_type.HasField("shape"):
+            raise UserError(
+                f"input_shapes['{value.name}'] has rank {len(want)}, the model's input has {current}"
+            )
+        for i, (have, new) in enumerate(zip(current, want)):
+            if isinstance(have, int) and have > 0 and have != new:
+                raise UserError(
+                    f"input_shapes['{value.name}'] sets dim {i} to {new}, but the model fixes it to {have}"
+                )
+        del shape.dim[:]
+        for d in want:
+            shape.dim.add().dim_value = d
+    # Let shape inference recompute everything downstream of the pinned inputs.
+    del model.graph.value_info[:]
+    for out in model.graph.output:
+        if out.type.tensor_type.HasField("shape"):
+            out.type.tensor_type.ClearField("shape")
+
+
+def _constant_inputs_to_initializers(model: onnx.ModelProto) -> None:
+    """Old IR versions list initializers as graph inputs too; they are constants, not inputs."""
+    initializers = {t.name for t in model.graph.initializer}
+    keep = [i for i in model.graph.input if i.name not in initializers]
+    if len(keep) != len(model.graph.input):
+        del model.graph.input[:]
+        model.graph.input.extend(keep)
+
+
+_DATA_DEPENDENT_OPS = {"NonZero", "NonMaxSuppression", "Unique", "TopK", "Compress", "Loop", "If", "Scan"}
+
+
+def _static(value: onnx.ValueInfoProto) -> bool:
+    t = value.type.tensor_type
+    return t.HasField("shape") and all(isinstance(d, int) and d > 0 for d in dims(value)) and t.elem_type != 0
+
+
+def _complete_shapes_by_execution(model: onnx.ModelProto) -> int:
+    """Fill in shapes that onnx's inference could not derive (e.g. Shape->Cast->Reshape chains).
+
+    With every input dim pinned, a shape depends on data only through data-dependent ops; we refuse
+    those rather than record a shape that holds for zeros only.
+    """
+    graph = model.graph
+    known = {v.name: v for v in [*graph.input, *graph.value_info, *graph.output]}
+    initializers = {t.name for t in graph.initializer}
+    missing = []
+    for node in graph.node:
+        for name in node.output:
+            if name and name not in initializers and not (name in known and _static(known[name])):
+                missing.append(name)
+    if not missing:
+        return 0
+    if any(n.op_type in _DATA_DEPENDENT_OPS for n in graph.node):
+        raise UserError(
+            f"shape inference could not derive static shapes for {missing[:3]} (data-dependent ops)"
+        )
+    import onnxruntime as ort
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    outputs = {o.name for o in probe.graph.output}
+    for name in missing:
+        if name not in outputs:
+            probe.graph.output.add().name = name
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    feeds = {}
+    for value in graph.input:
+        if value.name in initializers:
+            continue
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+        feeds[value.name] = np.zeros([int(d) for d in dims(value)], dtype=dtype)
+    names = [o.name for o in session.get_outputs()]
+    results = dict(zip(names, session.run(names, feeds)))
+    by_output = {o.name: o for o in graph.output}
+    for name in missing:
+        array = np.asarray(results[name])
+        elem = onnx.helper.np_dtype_to_tensor_dtype(array.dtype)
+        info = onnx.helper.make_tensor_value_info(name, elem, list(array.shape))
+        if name in by_output:
+            by_output[name].CopyFrom(info)
+        else:
+            existing = [v for v in graph.value_info if v.name == name]
+            if existing:
+                existing[0].CopyFrom(info)
+            else:
+                graph.value_info.append(info)
+    return len(missing)
+
+
+def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
+    model = load_model(inputs["model"], "the model file")
+    opset_before = default_opset(model)
+    nodes_before = len(model.graph.node)
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"the model fails the ONNX checker: {first}") from None
+    _constant_inputs_to_initializers(model)
+    _pin_inputs(model, params["input_shapes"])
+    warnings: list[str] = []
+    if opset_before < params["opset"]:
+        try:
+            model = onnx.version_converter.convert_version(model, params["opset"])
+        except Exception as exc:
+            raise UserError(
+                f"cannot upgrade the model from opset {opset_before} to {params['opset']}: {exc}"
+            ) from None
+    if model.ir_version < 7:
+        model.ir_version = 7
+    try:
+        model = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise UserError(f"shape inference failed: {first}") from None
+    # Tensors whose static shape onnx's inference could not derive; read from one run instead.
+    shapes_from_execution = _complete_shapes_by_execution(model)
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except Exception as exc:
+        raise UserError(
+            f"the imported model fails the ONNX checker: {str(exc).strip().splitlines()[0]}"
+        ) from None
+    for out in model.graph.output:
+        if any(not isinstance(d, int) or d <= 0 for d in dims(out)):
+            warnings.append(f"output '{out.name}' has no static shape after inference: {dims(out)}")
+    # Weights may be initializers or (in Paddle exports) Constant nodes; count both.
+    tensors = [
+        *model.graph.initializer,
+        *(a.t for n in model.graph.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"),
+    ]
+    parameters = int(sum(np.prod(t.dims, dtype=np.int64) for t in tensors))
+    summary = {
+        "nodes_in_file": nodes_before,
+        "nodes": len(model.graph.node),
+        "ops": op_histogram(model),
+        "opset_before": opset_before,
+        "opset": default_opset(model),
+        "inputs": describe_values(model.graph.input),
+        "outputs": describe_values(model.graph.output),
+        "parameters": parameters,
+        "shapes_from_execution": shapes_from_execution,
+        "warnings": warnings,
+    }
+    return {
+        "model": save_model(model, outdir / "canonical.onnx"),
+        "summary": write_json(outdir / "import.json", summary),
+    }

@@ -1,0 +1,60 @@
+"""Small helpers over onnx protos shared by the stages."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from npubuild.errors import UserError
+
+
+def load_model(path: Path, what: str) -> onnx.ModelProto:
+    data = path.read_bytes()
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except Exception:  # protobuf raises DecodeError or RuntimeWarning-like errors depending on backend
+        raise UserError(f"{what} is not a valid ONNX model (protobuf parse failed)") from None
+    if not model.graph.node and not model.graph.output:
+        raise UserError(f"{what} is not a valid ONNX model (no graph)")
+    return model
+
+
+def save_model(model: onnx.ModelProto, path: Path) -> Path:
+    path.write_bytes(model.SerializeToString(deterministic=True))
+    return path
+
+
+def default_opset(model: onnx.ModelProto) -> int:
+    for o in model.opset_import:
+        if o.domain in ("", "ai.onnx"):
+            return o.version
+    return 0
+
+
+def dims(value_info: onnx.ValueInfoProto) -> list[int | str]:
+    shape = value_info.type.tensor_type.shape
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in shape.dim]
+
+
+def dtype_name(elem_type: int) -> str:
+    return onnx.helper.tensor_dtype_to_np_dtype(elem_type).name if elem_type else "undefined"
+
+
+def describe_values(values: Any) -> list[dict]:
+    return [
+        {"name": v.name, "shape": dims(v), "dtype": dtype_name(v.type.tensor_type.elem_type)} for v in values
+    ]
+
+
+def op_histogram(model: onnx.ModelProto) -> dict[str, int]:
+    return dict(sorted(Counter(n.op_type for n in model.graph.node).items()))
+
+
+def write_json(path: Path, value: Any) -> Path:
+    path.write_text(json.dumps(value, indent=1, sort_keys=True, allow_nan=False) + "\n")
+    return path

@@ -1,0 +1,19 @@
+"""The optimize stage: hardware-agnostic graph passes run to a fixpoint, then a numeric check.
+
+PASS_NAMES is kept here, free of onnx imports, so BUILD validation can check `optimize.disable`
+without loading the passes.
+"""
+
+PASS_NAMES = (
+    "constants_to_initializers",
+    "fold_shapes",
+    "fold_constants",
+    "remove_noops",
+    "fold_batchnorm",
+    "fold_scale_into_conv",
+    "cancel_transpose_reshape",
+    "fuse_silu",
+    "fuse_hardswish",
+    "eliminate_common_subexpressions",
+    "eliminate_dead_code",
+)

@@ -1,0 +1,71 @@
+"""optimize: run the enabled passes to a fixpoint, then check the result against its input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from npubuild.errors import UserError
+from npubuild.stages.onnx_utils import load_model, op_histogram, save_model, write_json
+from npubuild.stages.optimize import PASS_NAMES
+from npubuild.stages.optimize.check import compare
+from npubuild.stages.optimize.graph import Graph
+from npubuild.stages.optimize.passes import PASSES
+
+
+def optimize(model: onnx.ModelProto, disable: list[str], max_iterations: int) -> tuple[onnx.ModelProto, list]:
+    graph = Graph(model)
+    enabled = [name for name in PASS_NAMES if name not in disable]
+    log = []
+    for iteration in range(1, max_iterations + 1):
+        graph.refresh_types()
+        changes = {name: PASSES[name](graph) for name in enabled}
+        log.append(
+            {
+                "iteration": iteration,
+                "changes": {k: v for k, v in changes.items() if v},
+                "nodes": len(graph.nodes),
+            }
+        )
+        if not any(changes.values()):
+            break
+    result = onnx.shape_inference.infer_shapes(graph.to_model(), check_type=True, data_prop=True)
+    return result, log
+
+
+def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
+    original = load_model(inputs["model"], "the imported model")
+    optimized, log = optimize(original, params["disable"], params["max_iterations"])
+    try:
+        onnx.checker.check_model(optimized)
+    except onnx.checker.ValidationError as exc:
+        raise UserError(
+            f"internal error: optimize produced an invalid model: {str(exc).splitlines()[0]}"
+        ) from None
+    tensors = np.load(inputs["calibration"], mmap_mode="r", allow_pickle=False)
+    check = compare(original, optimized, tensors, params)
+    converged = not log[-1]["changes"]
+    summary = {
+        "nodes_before": len(original.graph.node),
+        "nodes_after": len(optimized.graph.node),
+        "ops_before": op_histogram(original),
+        "ops_after": op_histogram(optimized),
+        "iterations": len(log),
+        "converged": converged,
+        "check": check,
+        "warnings": [] if converged else [f"passes still changed the graph after {len(log)} iterations"],
+    }
+    if not check["passed"]:
+        bad = next(n for n, o in check["outputs"].items() if not o["passed"])
+        o = check["outputs"][bad]
+        raise UserError(
+            f"numeric check failed: output '{bad}' differs by {o['max_abs_diff']:.3g} "
+            f"(tolerance {o['tolerance']:.3g}) on {check['samples']} calibration samples"
+        )
+    return {
+        "model": save_model(optimized, outdir / "optimized.onnx"),
+        "log": write_json(outdir / "optimize_log.json", log),
+        "summary": write_json(outdir / "optimize.json", summary),
+    }

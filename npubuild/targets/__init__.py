@@ -1,0 +1,1 @@
+"""Hardware descriptions of the virtual NPU (spec, built-in targets); ISA, binary and simulator follow."""

@@ -1,0 +1,92 @@
+"""The hardware description of a virtual-NPU target, and the built-in targets addressable by name."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+
+
+class TargetSpec(BaseModel):
+    """What partition, codegen and the simulator need to know about one NPU."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    clock_mhz: float = Field(gt=0)
+    mac_rows: PositiveInt
+    mac_cols: PositiveInt
+    int16_rate: float = Field(0.25, gt=0, le=1, description="int16 MAC throughput relative to int8")
+    vector_lanes: PositiveInt
+    sram_kib: PositiveInt
+    sram_banks: PositiveInt
+    accumulator_kib: PositiveInt
+    dram_bytes_per_cycle: float = Field(gt=0)
+    dram_latency_cycles: int = Field(ge=0)
+    alignment_bytes: PositiveInt = 16
+    activation_dtypes: tuple[Literal["int8", "int16"], ...] = ("int8", "int16")
+    supported_ops: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _banks_divide_sram(self) -> TargetSpec:
+        if self.sram_kib % self.sram_banks:
+            raise ValueError(
+                f"sram_kib ({self.sram_kib}) must be a multiple of sram_banks ({self.sram_banks})"
+            )
+        return self
+
+
+_COMMON_OPS = (
+    "Conv",
+    "ConvTranspose",
+    "Gemm",
+    "MatMul",
+    "Add",
+    "Sub",
+    "Mul",
+    "Concat",
+    "Split",
+    "Slice",
+    "MaxPool",
+    "AveragePool",
+    "GlobalAveragePool",
+    "Relu",
+    "Clip",
+    "Sigmoid",
+    "HardSigmoid",
+    "HardSwish",
+    "SiLU",
+    "Tanh",
+    "Reshape",
+    "Transpose",
+    "Flatten",
+)
+
+BUILTIN_TARGETS: dict[str, TargetSpec] = {
+    "vnpu-s": TargetSpec(
+        name="vnpu-s",
+        clock_mhz=500,
+        mac_rows=16,
+        mac_cols=16,
+        vector_lanes=16,
+        sram_kib=256,
+        sram_banks=4,
+        accumulator_kib=16,
+        dram_bytes_per_cycle=8,
+        dram_latency_cycles=100,
+        supported_ops=tuple(op for op in _COMMON_OPS if op not in ("ConvTranspose", "Resize")),
+    ),
+    "vnpu-m": TargetSpec(
+        name="vnpu-m",
+        clock_mhz=1000,
+        mac_rows=32,
+        mac_cols=32,
+        vector_lanes=64,
+        sram_kib=2048,
+        sram_banks=8,
+        accumulator_kib=64,
+        dram_bytes_per_cycle=32,
+        dram_latency_cycles=150,
+        supported_ops=_COMMON_OPS + ("Resize",),
+    ),
+}
