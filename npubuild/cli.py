@@ -55,10 +55,16 @@ def _main(
     options.cache_dir, options.workspace, options.verbose = cache_dir, workspace, verbose
 
 
-def _workspace():
-    from npubuild.workspace import Workspace, find_root
+def _root() -> Path:
+    from npubuild.layout import find_root
 
-    return Workspace(find_root(options.workspace or Path.cwd()))
+    return find_root(options.workspace or Path.cwd())
+
+
+def _workspace():
+    from npubuild.workspace import Workspace
+
+    return Workspace(_root())
 
 
 def _store():
@@ -113,19 +119,26 @@ def build(
 ) -> None:
     """Build targets: run what changed, reuse the rest from the cache."""
     from npubuild.engine.run import build as run_build
-    from npubuild.report import counts, render_build
 
-    ws, store = _workspace(), _store()
+    root, store = _root(), _store()
     progress = _LiveProgress()
     try:
         outcome = run_build(
-            ws, store, patterns, jobs=jobs, keep_going=keep_going, until=until, progress=progress
+            root, store, patterns, jobs=jobs, keep_going=keep_going, until=until, progress=progress
         )
     finally:
         progress.stop()
+    code = _finish_build(store, outcome)
+    if code:
+        raise typer.Exit(code)
+
+
+def _finish_build(store, outcome) -> int:
+    """Print the summary, the errors and the verdict; the exit code."""
+    from npubuild.report import counts, render_build
+
     render_build(out, store, outcome)
-    c = counts(outcome)
-    tally = ", ".join(f"{n} {k}" for k, n in sorted(c.items()))
+    tally = ", ".join(f"{n} {k}" for k, n in sorted(counts(outcome).items()))
     for line in outcome.errors:
         err.print(f"[red]error:[/] {escape(line)}", soft_wrap=True)
     if options.verbose:
@@ -134,8 +147,43 @@ def build(
                 err.print(escape(r.traceback))
     verdict = "[green]Build OK[/]" if outcome.ok else "[red]Build FAILED[/]"
     out.print(f"{verdict}: {len(outcome.actions)} actions ({tally}) in {outcome.seconds:.2f}s")
+    return 0 if outcome.ok else 1
+
+
+def _noop_build(argv: list[str]) -> int | None:
+    """`npubuild build PATTERNS [-j N] [-k]` when nothing has to run, answered before typer parses
+    the command line: typer's first option conversion costs more than a whole no-op build. Any
+    option not listed here, or any action that must run, returns None and typer takes over."""
+    from npubuild.engine.build import NeedsExecution
+    from npubuild.engine.run import build as run_build
+
+    args = list(argv)
+    global_values = {"--cache-dir": "cache_dir", "-C": "workspace", "--workspace": "workspace"}
+    while args and args[0] in global_values and len(args) > 1:
+        setattr(options, global_values[args.pop(0)], Path(args.pop(0)))
+    if not args or args.pop(0) != "build":
+        return None
+    patterns, jobs, keep_going = [], os.cpu_count() or 1, False
+    while args:
+        arg = args.pop(0)
+        if arg in ("--keep-going", "-k"):
+            keep_going = True
+        elif arg in ("--jobs", "-j") and args and args[0].isdigit() and int(args[0]) > 0:
+            jobs = int(args.pop(0))
+        elif arg.startswith("-"):
+            return None
+        else:
+            patterns.append(arg)
+    if not patterns:
+        return None
+    try:
+        store = _store()
+        outcome = run_build(_root(), store, patterns, jobs=jobs, keep_going=keep_going, execute=False)
+    except (NeedsExecution, UserError, OSError):
+        return None
     if not outcome.ok:
-        raise typer.Exit(1)
+        return None
+    return _finish_build(store, outcome)
 
 
 @app.command()
@@ -146,13 +194,13 @@ def query(
     """List targets, or the dependencies and build steps of one label."""
     ws = _workspace()
     if deps is not None:
-        from npubuild.engine.run import plan_build
+        from npubuild.engine.plan import plan_targets
 
         (target,) = ws.resolve([deps])
         out.print(f"{target.label} ({target.kind}, {target.location})")
         for d in ws.deps(target):
             out.print(f"  depends on {d.label} ({d.kind})")
-        for plan in plan_build(ws, [deps]):
+        for plan in plan_targets(ws, [deps]):
             for step, action in plan.steps:
                 out.print(f"  step {step}: {action.stage} for {action.owner}")
         return
@@ -186,11 +234,11 @@ def explain(label: Annotated[str, typer.Argument(help="The target to explain.")]
 @app.command()
 def clean(expunge: Annotated[bool, typer.Option(help="Also delete the whole cache.")] = False) -> None:
     """Remove npubuild-out/ (and with --expunge the cache)."""
-    from npubuild.workspace import OUT_DIR
+    from npubuild.layout import OUT_DIR
 
-    ws = _workspace()
-    shutil.rmtree(ws.root / OUT_DIR, ignore_errors=True)
-    out.print(f"removed {ws.root / OUT_DIR}")
+    root = _root()
+    shutil.rmtree(root / OUT_DIR, ignore_errors=True)
+    out.print(f"removed {root / OUT_DIR}")
     if expunge:
         store = _store()
         store.expunge()
@@ -211,7 +259,10 @@ def cache_stats() -> None:
 
 def main() -> None:
     try:
-        code = app(standalone_mode=False)
+        code = _noop_build(sys.argv[1:])
+        if code is None:
+            options.cache_dir = options.workspace = None
+            code = app(standalone_mode=False)
         sys.exit(code if isinstance(code, int) else 0)
     except UserError as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)

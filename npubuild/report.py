@@ -9,8 +9,6 @@ from rich.markup import escape
 from npubuild.cache.store import CorruptBlob, Store
 from npubuild.engine.run import BuildOutcome
 
-_STATUS_STYLE = {"ran": "bold green", "cached": "cyan", "failed": "bold red", "skipped": "yellow"}
-
 
 def _summary(store: Store, outcome: BuildOutcome, action) -> dict[str, Any] | None:
     result = outcome.result(action)
@@ -23,52 +21,59 @@ def _summary(store: Store, outcome: BuildOutcome, action) -> dict[str, Any] | No
         return None
 
 
-def step_details(stage: str, s: dict[str, Any] | None) -> str:
-    if s is None:
-        return ""
-    if stage == "import":
-        shapes = ", ".join(f"{i['name']} {i['shape']}" for i in s["inputs"])
-        opset = f"opset {s['opset_before']}->{s['opset']}"
-        return f"{s['nodes']} nodes, {opset}, {s['parameters']:,} params; {shapes}"
-    if stage == "optimize":
+def _details(plan, summaries: dict[str, dict]) -> list[str]:
+    """The facts a user scans for: node counts, the numeric check, data-set sizes."""
+    parts = []
+    if "optimize" in summaries:
+        s = summaries["optimize"]
         c = s["check"]
-        verdict = "ok" if c["passed"] else "FAILED"
         tol = min(o["tolerance"] for o in c["outputs"].values())
-        return (
-            f"nodes {s['nodes_before']} -> {s['nodes_after']} in {s['iterations']} iterations; "
-            f"check {verdict}: max|diff| {c['max_abs_diff']:.3g} (tol {tol:.3g}) on {c['samples']} samples"
+        verdict = "ok" if c["passed"] else "FAILED"
+        parts.append(f"nodes {s['nodes_before']} -> {s['nodes_after']}")
+        parts.append(
+            f"check {verdict} max|diff| {c['max_abs_diff']:.2g} (tol {tol:.2g}, {c['samples']} samples)"
         )
-    if stage == "prepare":
-        value_range = f"[{s['min']:.3g}, {s['max']:.3g}]"
-        return f"{s['count']} samples of {s['sample_shape']} {s['dtype']}, range {value_range}"
-    if stage == "fetch":
-        return ""
-    return ""
+    elif "import" in summaries:
+        s = summaries["import"]
+        parts.append(
+            f"{s['nodes']} nodes, opset {s['opset_before']}->{s['opset']}, {s['parameters']:,} params"
+        )
+    for step, s in summaries.items():
+        if step.startswith("prepare"):
+            role = step.split(" ", 1)[1] if " " in step else "data"
+            parts.append(f"{role} {s['count']}x{s['sample_shape']}")
+    return parts
 
 
 def render_build(console, store: Store, outcome: BuildOutcome) -> None:
+    """One row per requested target: which steps ran, which came from the cache, what they found."""
     from rich.table import Table
 
-    table = Table(title="npubuild", title_justify="left", show_lines=False, pad_edge=False)
-    for col in ("target", "step", "status", "time", "details"):
+    table = Table(title="npubuild", title_justify="left", pad_edge=False, box=None, header_style="bold")
+    for col in ("target", "ran", "cached", "details"):
         table.add_column(col, no_wrap=col != "details")
     warnings: list[str] = []
     for plan in outcome.plans:
-        first = True
+        ran, cached, failed = [], [], []
+        summaries: dict[str, dict] = {}
         for step, action in plan.steps:
             result = outcome.result(action)
+            {"ran": ran, "cached": cached}.get(result.status, failed).append(step)
             summary = _summary(store, outcome, action)
-            if summary:
+            if summary is not None:
+                summaries[step.replace(" dataset", "")] = summary
                 warnings += [f"{plan.label} {step}: {w}" for w in summary.get("warnings", [])]
-            style = _STATUS_STYLE.get(result.status, "")
-            seconds = f"{result.seconds:.1f}s" if result.status == "ran" else ""
-            details = escape(step_details(action.stage, summary) if result.ok else result.message)
-            table.add_row(
-                str(plan.label) if first else "", step, f"[{style}]{result.status}[/]", seconds, details
-            )
-            first = False
-        if not plan.steps:
-            table.add_row(str(plan.label), "-", "[cyan]ok[/]", "", f"{plan.target.kind} (no build steps)")
+        details = ", ".join(_details(plan, summaries)) or plan.kind
+        if failed:
+            details = f"[red]not built: {escape(', '.join(failed))}[/]; " + escape(details)
+        else:
+            details = escape(details)
+        table.add_row(
+            str(plan.label),
+            f"[green]{escape(' '.join(ran))}[/]" if ran else "-",
+            f"[cyan]{len(cached)}[/]" if cached else "-",
+            details,
+        )
     console.print(table)
     for w in dict.fromkeys(warnings):
         console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)

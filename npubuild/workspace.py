@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from npubuild.buildlang import evaluate
 from npubuild.errors import Location, UserError
 from npubuild.labels import Label, Pattern, parse_label, parse_pattern
+from npubuild.layout import BUILD_FILE, OUT_DIR, build_file, find_root, list_packages, package_dir
 from npubuild.rules.registry import Target, package_builtins
 from npubuild.targets.spec import BUILTIN_TARGETS, TargetSpec
 
-WORKSPACE_FILE = "WORKSPACE"
-BUILD_FILE = "BUILD"
-OUT_DIR = "npubuild-out"
-_SKIP_DIRS = {OUT_DIR, "__pycache__", "node_modules"}
-
-
-def find_root(start: Path) -> Path:
-    here = start.resolve()
-    for candidate in (here, *here.parents):
-        if (candidate / WORKSPACE_FILE).is_file():
-            return candidate
-    raise UserError(f"no {WORKSPACE_FILE} file in {here} or any parent directory; is this a workspace?")
+__all__ = ["OUT_DIR", "Workspace", "find_root"]
 
 
 class Workspace:
@@ -30,24 +19,23 @@ class Workspace:
         self.root = root
         self._packages: dict[str, dict[str, Target]] = {}
         self._all_packages: list[str] | None = None
+        # What the analysis read, so a cached analysis can be checked cheaply later.
+        self.loaded_build_files: list[str] = []
+        self.globs: list = []
+        self.walked = False
 
     # packages ---------------------------------------------------------------------------------
     def all_packages(self) -> list[str]:
         if self._all_packages is None:
-            found = []
-            for dirpath, dirnames, filenames in os.walk(self.root):
-                dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
-                if BUILD_FILE in filenames:
-                    rel = os.path.relpath(dirpath, self.root)
-                    found.append("" if rel == "." else rel.replace(os.sep, "/"))
-            self._all_packages = sorted(found)
+            self._all_packages = list_packages(self.root)
+            self.walked = True
         return self._all_packages
 
     def package_dir(self, package: str) -> Path:
-        return self.root / package if package else self.root
+        return package_dir(self.root, package)
 
     def build_file(self, package: str) -> str:
-        return f"{package}/{BUILD_FILE}" if package else BUILD_FILE
+        return build_file(package)
 
     def load_package(self, package: str) -> dict[str, Target]:
         if package in self._packages:

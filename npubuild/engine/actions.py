@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from npubuild.cache.digest import canonical_json, sha256_json
+from npubuild.cache.digest import sha256_json
 from npubuild.errors import Location
+from npubuild.labels import Label
 from npubuild.stages import STAGES
 
 
@@ -69,5 +70,11 @@ class Action:
         }
 
 
-def params_text(params: dict[str, Any]) -> str:
-    return canonical_json(params)
+@dataclass
+class TargetPlan:
+    """What building one requested target means: its steps (shared actions) and its outputs."""
+
+    label: Label
+    kind: str
+    steps: list[tuple[str, Action]] = field(default_factory=list)  # (step name, action), pipeline order
+    outputs: list[tuple[Action, str, str]] = field(default_factory=list)  # (action, output, file name)

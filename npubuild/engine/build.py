@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 
 from npubuild.cache.store import CorruptBlob, Store
 from npubuild.engine.actions import Action, Output, SourceFile
 
 MAX_ROUNDS = 3
+
+
+class NeedsExecution(Exception):
+    """Raised by a Builder that may not execute (the fast no-op path) when an action must run."""
 
 
 @dataclass
@@ -43,13 +47,19 @@ class Progress:
 
 class Builder:
     def __init__(
-        self, store: Store, jobs: int = 1, keep_going: bool = False, progress: Progress | None = None
+        self,
+        store: Store,
+        jobs: int = 1,
+        keep_going: bool = False,
+        progress: Progress | None = None,
+        execute: bool = True,
     ):
         self.store = store
+        self.execute = execute
         self.jobs = max(1, jobs)
         self.keep_going = keep_going
         self.progress = progress or Progress()
-        self._pool: ProcessPoolExecutor | None = None
+        self._pool = None  # a ProcessPoolExecutor, made on first use
 
     def run(self, actions: list[Action]) -> dict[str, ActionResult]:
         """Results by action identity. Reruns a round when a worker found a corrupt cached input."""
@@ -78,6 +88,7 @@ class Builder:
             return future
         if self._pool is None:
             import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
 
             self._pool = ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("spawn"))
         return self._pool.submit(execute, str(self.store.directory), desc)
@@ -101,6 +112,8 @@ class Builder:
                 if result.status != "pending":
                     results[action.identity] = result
                     continue
+                if not self.execute:
+                    raise NeedsExecution(action.stage)
                 try:
                     for name, i in action.inputs.items():
                         if isinstance(i, SourceFile):

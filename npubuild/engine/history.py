@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from npubuild.cache.store import Store
-from npubuild.engine.actions import Input, SourceFile
+from npubuild.engine.actions import Input, SourceFile, TargetPlan
 from npubuild.engine.build import ActionResult
-from npubuild.engine.plan import TargetPlan
 
 
 def _param_diff(old: Any, new: Any, path: str = "") -> list[str]:

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from npubuild.engine.actions import Action, Input, Output, SourceFile
+from npubuild.engine.actions import Action, Input, Output, SourceFile, TargetPlan
 from npubuild.errors import UserError
-from npubuild.labels import Label
 from npubuild.rules.attrs import PypiFile
 from npubuild.rules.registry import Target
 from npubuild.stages import ALL_PIPELINE_STAGES, NPU_MODEL_PIPELINE, STAGES
@@ -14,17 +11,6 @@ from npubuild.stages.optimize import PASS_NAMES
 from npubuild.workspace import Workspace
 
 _DATASET_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif", ".npy", ".npz")
-
-
-@dataclass
-class TargetPlan:
-    target: Target
-    steps: list[tuple[str, Action]] = field(default_factory=list)  # (step name, action) in pipeline order
-    outputs: list[tuple[Action, str, str]] = field(default_factory=list)  # (action, output, file name)
-
-    @property
-    def label(self) -> Label:
-        return self.target.label
 
 
 class Planner:
@@ -85,7 +71,7 @@ class Planner:
         return action
 
     def plan(self, target: Target) -> TargetPlan:
-        plan = TargetPlan(target)
+        plan = TargetPlan(target.label, target.kind)
         if target.kind == "onnx_model":
             imp = self._import(target, plan)
             self._expose(plan, imp)
@@ -131,6 +117,13 @@ class Planner:
     def _expose(self, plan: TargetPlan, action: Action) -> None:
         for output, filename in STAGES[action.stage].outputs.items():
             plan.outputs.append((action, output, filename))
+
+
+def plan_targets(workspace: Workspace, patterns: list[str], until: str | None = None) -> list[TargetPlan]:
+    targets = workspace.resolve(patterns)
+    workspace.check_acyclic(targets)
+    planner = Planner(workspace, until)
+    return [planner.plan(t) for t in targets]
 
 
 def ordered_actions(plans: list[TargetPlan]) -> list[Action]:

@@ -8,11 +8,11 @@ from pathlib import Path
 
 from npubuild.cache.store import CorruptBlob, Store
 from npubuild.engine import history
-from npubuild.engine.actions import Action
+from npubuild.engine.actions import Action, TargetPlan
+from npubuild.engine.analysis import analyse
 from npubuild.engine.build import ActionResult, Builder, Progress
 from npubuild.engine.materialise import materialise
-from npubuild.engine.plan import Planner, TargetPlan, ordered_actions
-from npubuild.workspace import OUT_DIR, Workspace
+from npubuild.layout import OUT_DIR
 
 
 @dataclass
@@ -35,15 +35,8 @@ class BuildOutcome:
         return self.results[action.identity]
 
 
-def plan_build(workspace: Workspace, patterns: list[str], until: str | None = None) -> list[TargetPlan]:
-    targets = workspace.resolve(patterns)
-    workspace.check_acyclic(targets)
-    planner = Planner(workspace, until)
-    return [planner.plan(t) for t in targets]
-
-
 def build(
-    workspace: Workspace,
+    root: Path,
     store: Store,
     patterns: list[str],
     *,
@@ -51,15 +44,16 @@ def build(
     keep_going: bool = False,
     until: str | None = None,
     progress: Progress | None = None,
+    execute: bool = True,
 ) -> BuildOutcome:
+    """Build the patterns. With execute=False, raise NeedsExecution instead of running anything."""
     started = time.perf_counter()
-    plans = plan_build(workspace, patterns, until)
-    actions = ordered_actions(plans)
-    builder = Builder(store, jobs=jobs, keep_going=keep_going, progress=progress)
+    plans, actions = analyse(root, store, patterns, until, fresh_allowed=execute)
+    builder = Builder(store, jobs=jobs, keep_going=keep_going, progress=progress, execute=execute)
     results = builder.run(actions)
     # A blob can turn out corrupt only when read: materialising reads it; rebuild what was bad.
     for _ in range(2):
-        bad = _materialise_all(workspace.root, store, plans, results)
+        bad = _materialise_all(root, store, plans, results)
         if not bad:
             break
         for action in bad:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import glob as globlib
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 from npubuild.buildlang import Arg, Builtin
 from npubuild.errors import Location, UserError
 from npubuild.labels import Label, _check_name
+from npubuild.layout import glob_files
 from npubuild.rules.attrs import DatasetAttrs, NpuModelAttrs, NpuTargetAttrs, OnnxModelAttrs, PypiFile
 
 
@@ -66,7 +65,9 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def package_builtins(package: str, package_dir: Path, targets: dict[str, Target]) -> dict[str, Builtin]:
+def package_builtins(
+    package: str, package_dir: Path, targets: dict[str, Target], globs: list | None = None
+) -> dict[str, Builtin]:
     """The built-in functions for one package; rule calls add to `targets`."""
 
     def make_rule(kind: str, schema: type[BaseModel]) -> Builtin:
@@ -96,7 +97,10 @@ def package_builtins(package: str, package_dir: Path, targets: dict[str, Target]
         extra = set(kwargs) - {"include", "exclude"}
         if extra or not isinstance(include, list) or not isinstance(exclude, list):
             raise UserError("glob(include, exclude=[]) takes two lists of patterns", location)
-        return _glob(package_dir, include, exclude, location)
+        found = glob_files(package_dir, include, exclude, location)
+        if globs is not None:
+            globs.append([package, include, exclude, found])
+        return found
 
     def pypi_file(args: list[Any], kwargs: dict[str, Arg], location: Location) -> PypiFile:
         if args:
@@ -107,22 +111,6 @@ def package_builtins(package: str, package_dir: Path, targets: dict[str, Target]
     builtins["glob"] = glob
     builtins["pypi_file"] = pypi_file
     return builtins
-
-
-def _glob(package_dir: Path, include: list[str], exclude: list[str], location: Location) -> list[str]:
-    def expand(patterns: list[str]) -> set[str]:
-        found: set[str] = set()
-        for pattern in patterns:
-            if not isinstance(pattern, str) or pattern.startswith("/") or ".." in pattern.split("/"):
-                raise UserError(
-                    f"glob pattern {pattern!r} must be relative and stay inside the package", location
-                )
-            for hit in globlib.glob(pattern, root_dir=package_dir, recursive=True):
-                if os.path.isfile(package_dir / hit):
-                    found.add(hit.replace(os.sep, "/"))
-        return found
-
-    return sorted(expand(include) - expand(exclude))
 
 
 RuleFunction = Callable[[list[Any], dict[str, Arg], Location], Any]

@@ -1,0 +1,38 @@
+"""Generate a workspace of many npu_model targets over the three real models (for benchmarks)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "workspace_example"
+
+VARIANTS = [
+    {"quantize": {"method": "mse"}},
+    {"quantize": {"method": "kl"}},
+    {"quantize": {"method": "percentile", "percentile": 99.9}},
+    {"quantize": {"method": "minmax", "activation_bits": 16}},
+]
+MODELS = [("yolov8n", "yolo"), ("ppocr_det", "ocr_det"), ("ppocr_cls", "ocr_cls")]
+TARGETS = ["vnpu-s", "vnpu-m"]
+
+
+def generate(dest: Path, per_model: int = 4) -> int:
+    """Copy the example's data and models packages and add per_model npu_models per model."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(EXAMPLE, dest, ignore=shutil.ignore_patterns("npubuild-out"))
+    lines = [(EXAMPLE / "models" / "BUILD").read_text().split("npu_model(")[0]]
+    count = 0
+    for model, data in MODELS:
+        for i in range(per_model):
+            variant = VARIANTS[i % len(VARIANTS)]
+            target = TARGETS[(i // len(VARIANTS)) % len(TARGETS)]
+            lines.append(
+                f'npu_model(name = "{data}_{i}", model = ":{model}", calibration = "//data:{data}_calib",\n'
+                f'          evaluation = "//data:{data}_eval", target = "{target}",\n'
+                f"          quantize = {variant['quantize']!r})\n"
+            )
+            count += 1
+    (dest / "models" / "BUILD").write_text("\n".join(lines))
+    return count
