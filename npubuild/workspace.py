@@ -48,9 +48,9 @@ class Workspace:
         except UnicodeDecodeError:
             raise UserError("BUILD file is not UTF-8 text", Location(self.build_file(package))) from None
         targets: dict[str, Target] = {}
-        evaluate(
-            source, self.build_file(package), package_builtins(package, self.package_dir(package), targets)
-        )
+        self.loaded_build_files.append(self.build_file(package))
+        builtins = package_builtins(package, self.package_dir(package), targets, self.globs)
+        evaluate(source, self.build_file(package), builtins)
         self._packages[package] = targets
         return targets
 

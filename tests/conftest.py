@@ -1,0 +1,102 @@
+"""Shared fixtures: the real models (fetched once per session by npubuild's own fetch stage),
+small workspaces built from them, and helpers to build in-process or through the CLI."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from npubuild.cache.store import Store
+from npubuild.engine.run import BuildOutcome, build
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "workspace_example"
+PHOTOS = EXAMPLE / "data" / "photos"
+
+CLS = {
+    "package": "rapidocr-onnxruntime",
+    "version": "1.4.4",
+    "path": "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
+    "sha256": "e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c",
+}
+
+
+@pytest.fixture(scope="session")
+def cls_model(tmp_path_factory) -> Path:
+    """The real PP-OCR direction classifier, fetched from its pinned wheel by the fetch stage."""
+    from npubuild.stages import fetch
+
+    out = tmp_path_factory.mktemp("cls_model")
+    return fetch.run(CLS, {}, out)["model"]
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+MODELS_BUILD = """\
+onnx_model(
+    name = "cls",
+    src = "cls.onnx",
+    input_shapes = {"x": [1, 3, 48, 192]},
+)
+
+npu_model(
+    name = "cls_npu",
+    model = ":cls",
+    calibration = "//data:calib",
+    evaluation = "//data:eval",
+    optimize = {"check_samples": 2},
+)
+"""
+
+DATA_BUILD = """\
+PRE = {"resize": [48, 192], "color": "BGR", "mean": [0.5], "std": [0.5]}
+
+dataset(name = "calib", srcs = glob(["calib/*.png"]), preprocess = PRE)
+dataset(name = "eval", srcs = glob(["eval/*.png"]), preprocess = PRE)
+"""
+
+
+@pytest.fixture
+def small_ws(tmp_path, cls_model) -> Path:
+    """A workspace with the real cls model as a local file and four real photos (PNG)."""
+    from PIL import Image
+
+    ws = tmp_path / "ws"
+    write(ws / "WORKSPACE", "")
+    write(ws / "models" / "BUILD", MODELS_BUILD)
+    shutil.copy(cls_model, ws / "models" / "cls.onnx")
+    write(ws / "data" / "BUILD", DATA_BUILD)
+    photos = sorted((PHOTOS / "calib").glob("*.jpg"))
+    for i, src in enumerate(photos[:4]):
+        dest = ws / "data" / ("calib" if i < 2 else "eval") / f"{src.stem}.png"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        Image.open(src).convert("RGB").resize((192, 48)).save(dest, compress_level=6)
+    return ws
+
+
+@pytest.fixture
+def store(tmp_path) -> Store:
+    s = Store(tmp_path / "cache")
+    yield s
+    s.close()
+
+
+def run_build(ws: Path, store: Store, patterns=("//...",), **kw) -> BuildOutcome:
+    return build(ws, store, list(patterns), **kw)
+
+
+def cli(args: list[str], cwd: Path, cache: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "NPUBUILD_CACHE": str(cache), "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "npubuild", *args], cwd=cwd, env=env, capture_output=True, text=True,
+        timeout=timeout, stdin=subprocess.DEVNULL,
+    )
