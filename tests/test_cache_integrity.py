@@ -1,0 +1,132 @@
+"""Corrupt cache entries are detected, evicted and rebuilt; a build killed mid-stage leaves a
+cache from which the next build gives correct results; a no-op build stays light."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import cli, run_build
+from npubuild.cache.store import Store
+
+
+def outputs(ws):
+    out = ws / "npubuild-out"
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def result_of(outcome, stage):
+    (action,) = [a for a in outcome.actions if a.stage == stage]
+    return outcome.result(action)
+
+
+def corrupt(store: Store, digest: str) -> None:
+    path = store.blob_path(digest)
+    assert path is not None
+    with open(path, "r+b") as f:
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_corrupt_input_blob_is_evicted_and_its_producer_rebuilt(small_ws, store):
+    first = run_build(small_ws, store)
+    canonical = result_of(first, "import").outputs["model"]
+    corrupt(store, canonical)
+    # Make optimize rerun, so it reads the corrupt canonical model.
+    build = small_ws / "models" / "BUILD"
+    build.write_text(build.read_text().replace('"check_samples": 2', '"check_samples": 1'))
+    outcome = run_build(small_ws, store)
+    assert outcome.ok, outcome.errors
+    assert outcome.executed() == {("import", "//models:cls"), ("optimize", "//models:cls_npu")}
+    assert store.read_bytes(canonical)  # rebuilt, verified
+
+
+def test_corrupt_blob_found_while_materialising_is_rebuilt(small_ws, store):
+    first = run_build(small_ws, store)
+    expected = outputs(small_ws)
+    corrupt(store, result_of(first, "optimize").outputs["model"])
+    (small_ws / "npubuild-out" / "models" / "cls_npu" / "optimized.onnx").unlink()
+    outcome = run_build(small_ws, store)
+    assert outcome.ok
+    assert outcome.executed() == {("optimize", "//models:cls_npu")}
+    assert outputs(small_ws) == expected
+
+
+def test_sigkill_mid_build_leaves_a_usable_cache(small_ws, tmp_path):
+    reference_cache = tmp_path / "reference"
+    assert cli(["build", "//...", "-j", "1"], small_ws, reference_cache).returncode == 0
+    expected = outputs(small_ws)
+    cache = tmp_path / "killed"
+    env = {**os.environ, "NPUBUILD_CACHE": str(cache)}
+    for delay in (0.6, 1.2, 1.8, 2.4):  # land in different stages
+        for p in (small_ws / "npubuild-out").rglob("*"):
+            if p.is_file():
+                p.unlink()
+        proc = subprocess.Popen([sys.executable, "-m", "npubuild", "build", "//...", "-j", "1"], cwd=small_ws,
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    final = cli(["build", "//...", "-j", "1"], small_ws, cache)
+    assert final.returncode == 0, final.stderr
+    assert outputs(small_ws) == expected
+
+
+def test_noop_build_imports_no_onnx_onnxruntime_or_numpy(small_ws, tmp_path):
+    cache = tmp_path / "cache"
+    assert cli(["build", "//...", "-j", "1"], small_ws, cache).returncode == 0
+    code = (
+        "import sys, runpy; sys.argv = ['npubuild', 'build', '//...'];\n"
+        "try:\n    runpy.run_module('npubuild', run_name='__main__')\n"
+        "except SystemExit as e:\n    assert not e.code, e.code\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('onnx', 'onnxruntime', 'numpy'))\n"
+        "print('HEAVY', heavy)\n"
+    )
+    env = {**os.environ, "NPUBUILD_CACHE": str(cache)}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=small_ws, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "HEAVY []" in proc.stdout
+    assert "5 cached" in proc.stdout or "(4 cached)" in proc.stdout
+
+
+def test_explain_names_the_input_that_changed(small_ws, tmp_path):
+    cache = tmp_path / "cache"
+    assert cli(["build", "//models:cls_npu"], small_ws, cache).returncode == 0
+    build = small_ws / "data" / "BUILD"
+    build.write_text(build.read_text().replace('"mean": [0.5]', '"mean": [0.4]'))
+    assert cli(["build", "//models:cls_npu"], small_ws, cache).returncode == 0
+    proc = cli(["explain", "//models:cls_npu"], small_ws, cache)
+    assert proc.returncode == 0
+    lines = proc.stdout.splitlines()
+    text = "\n".join(lines)
+    assert "setting preprocess.mean changed" in text
+    assert "input //data:calib prepare.tensors changed" in text
+    import_line = next(ln for ln in lines if ln.strip().startswith("import"))
+    assert "cached" in import_line
+    # a no-op afterwards: nothing changed since the last build
+    assert cli(["build", "//models:cls_npu"], small_ws, cache).returncode == 0
+    again = cli(["explain", "//models:cls_npu"], small_ws, cache).stdout
+    assert "changed" not in again and "ran" not in again
+
+
+def test_query_and_cache_stats(small_ws, tmp_path):
+    cache = tmp_path / "cache"
+    listing = cli(["query"], small_ws, cache)
+    assert listing.returncode == 0
+    assert [ln.split()[0] for ln in listing.stdout.splitlines()] == [
+        "//data:calib", "//data:eval", "//models:cls", "//models:cls_npu"]
+    deps = cli(["query", "--deps", "//models:cls_npu"], small_ws, cache)
+    assert "depends on //models:cls (onnx_model)" in deps.stdout
+    assert "step optimize: optimize for //models:cls_npu" in deps.stdout
+    assert cli(["build", "//..."], small_ws, cache).returncode == 0
+    stats = cli(["cache", "stats"], small_ws, cache).stdout
+    assert "action results (ac) 4" in stats
+    assert cli(["clean"], small_ws, cache).returncode == 0
+    assert not (small_ws / "npubuild-out").exists()
+    assert cli(["clean", "--expunge"], small_ws, cache).returncode == 0
+    assert not cache.exists()
