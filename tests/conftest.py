@@ -97,6 +97,11 @@ def run_build(ws: Path, store: Store, patterns=("//...",), **kw) -> BuildOutcome
 def cli(args: list[str], cwd: Path, cache: Path, timeout: float = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "NPUBUILD_CACHE": str(cache), "COLUMNS": "200"}
     return subprocess.run(
-        [sys.executable, "-m", "npubuild", *args], cwd=cwd, env=env, capture_output=True, text=True,
-        timeout=timeout, stdin=subprocess.DEVNULL,
+        [sys.executable, "-m", "npubuild", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
     )

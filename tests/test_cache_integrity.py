@@ -67,8 +67,13 @@ def test_sigkill_mid_build_leaves_a_usable_cache(small_ws, tmp_path):
         for p in (small_ws / "npubuild-out").rglob("*"):
             if p.is_file():
                 p.unlink()
-        proc = subprocess.Popen([sys.executable, "-m", "npubuild", "build", "//...", "-j", "1"], cwd=small_ws,
-                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "npubuild", "build", "//...", "-j", "1"],
+            cwd=small_ws,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -119,7 +124,11 @@ def test_query_and_cache_stats(small_ws, tmp_path):
     listing = cli(["query"], small_ws, cache)
     assert listing.returncode == 0
     assert [ln.split()[0] for ln in listing.stdout.splitlines()] == [
-        "//data:calib", "//data:eval", "//models:cls", "//models:cls_npu"]
+        "//data:calib",
+        "//data:eval",
+        "//models:cls",
+        "//models:cls_npu",
+    ]
     deps = cli(["query", "--deps", "//models:cls_npu"], small_ws, cache)
     assert "depends on //models:cls (onnx_model)" in deps.stdout
     assert "step optimize: optimize for //models:cls_npu" in deps.stdout

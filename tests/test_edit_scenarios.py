@@ -59,7 +59,10 @@ def test_d_dataset_preprocessing_reruns_only_its_prepare_and_readers(small_ws, s
             '        preprocess = {"resize": [48, 192], "color": "BGR", "mean": [0.45], "std": [0.5]})',
         )
     )
-    assert run_build(small_ws, store).executed() == {("prepare", "//data:calib"), ("optimize", "//models:cls_npu")}
+    assert run_build(small_ws, store).executed() == {
+        ("prepare", "//data:calib"),
+        ("optimize", "//models:cls_npu"),
+    }
 
 
 def test_e_optimize_option_reruns_only_that_optimize(small_ws, store):
@@ -68,7 +71,9 @@ def test_e_optimize_option_reruns_only_that_optimize(small_ws, store):
     build.write_text(build.read_text().replace('"check_samples": 2', '"check_samples": 1'))
     assert run_build(small_ws, store).executed() == {("optimize", "//models:cls_npu")}
     # and a pass switched off changes the optimized model, so it reruns again
-    build.write_text(build.read_text().replace('"check_samples": 1', '"check_samples": 1, "disable": ["fuse_hardswish"]'))
+    build.write_text(
+        build.read_text().replace('"check_samples": 1', '"check_samples": 1, "disable": ["fuse_hardswish"]')
+    )
     outcome = run_build(small_ws, store)
     assert outcome.executed() == {("optimize", "//models:cls_npu")}
 
@@ -104,9 +109,19 @@ def test_parallel_build_gives_byte_identical_artifacts(small_ws, store, tmp_path
     assert second.ok and second.executed() == first.executed() == EVERYTHING
     parallel = {p.name: p.read_bytes() for p in out.iterdir()}
     assert serial == parallel
-    assert set(serial) == {"canonical.onnx", "import.json", "optimized.onnx", "optimize_log.json", "optimize.json"}
+    assert set(serial) == {
+        "canonical.onnx",
+        "import.json",
+        "optimized.onnx",
+        "optimize_log.json",
+        "optimize.json",
+    }
 
 
 def test_until_import_stops_the_pipeline(small_ws, store):
     outcome = run_build(small_ws, store, until="import")
-    assert outcome.executed() == {("import", "//models:cls"), ("prepare", "//data:calib"), ("prepare", "//data:eval")}
+    assert outcome.executed() == {
+        ("import", "//models:cls"),
+        ("prepare", "//data:calib"),
+        ("prepare", "//data:eval"),
+    }

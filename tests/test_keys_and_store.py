@@ -10,8 +10,12 @@ from npubuild.engine.actions import Action, Output, SourceFile
 
 
 def test_key_depends_on_stage_version_params_and_input_digests_only():
-    a = Action("import", {"opset": 13, "input_shapes": {}}, {"model": SourceFile(Path("/x/a.onnx"), "a")}, "//a")
-    b = Action("import", {"input_shapes": {}, "opset": 13}, {"model": SourceFile(Path("/y/b.onnx"), "b")}, "//b")
+    a = Action(
+        "import", {"opset": 13, "input_shapes": {}}, {"model": SourceFile(Path("/x/a.onnx"), "a")}, "//a"
+    )
+    b = Action(
+        "import", {"input_shapes": {}, "opset": 13}, {"model": SourceFile(Path("/y/b.onnx"), "b")}, "//b"
+    )
     digests = {"model": "1" * 64}
     assert a.key(digests) == b.key(digests)  # names and paths do not matter, contents do
     assert a.key(digests) != a.key({"model": "2" * 64})
@@ -31,7 +35,9 @@ def test_key_uses_input_digest_not_producer_identity():
 
 
 def test_canonical_json_is_order_independent():
-    assert canonical_json({"b": 1, "a": [1, {"d": 2, "c": 3}]}) == canonical_json({"a": [1, {"c": 3, "d": 2}], "b": 1})
+    assert canonical_json({"b": 1, "a": [1, {"d": 2, "c": 3}]}) == canonical_json(
+        {"a": [1, {"c": 3, "d": 2}], "b": 1}
+    )
 
 
 def test_store_round_trip_and_corruption_is_detected(tmp_path):

@@ -19,7 +19,9 @@ def test_parse_label(text, package, expected):
     assert parse_label(text, package) == expected
 
 
-@pytest.mark.parametrize("text", ["", "models:yolo", "//models:", "//../x:y", "//a//b:c", ":x", "//a:b:c", "//:"])
+@pytest.mark.parametrize(
+    "text", ["", "models:yolo", "//models:", "//../x:y", "//a//b:c", ":x", "//a:b:c", "//:"]
+)
 def test_bad_labels_are_user_errors(text):
     with pytest.raises(UserError, match="bad label"):
         parse_label(text)

@@ -43,17 +43,26 @@ def check_same(original, optimized, shape, atol=1e-5):
 
 
 def conv_weights(cout=4, cin=3):
-    return RNG.standard_normal((cout, cin, 3, 3)).astype(np.float32), RNG.standard_normal(cout).astype(np.float32)
+    return RNG.standard_normal((cout, cin, 3, 3)).astype(np.float32), RNG.standard_normal(cout).astype(
+        np.float32
+    )
 
 
 def test_batchnorm_folds_into_conv():
     w, b = conv_weights()
-    bn = [RNG.uniform(0.5, 2, 4).astype(np.float32), RNG.standard_normal(4).astype(np.float32),
-          RNG.standard_normal(4).astype(np.float32), RNG.uniform(0.5, 2, 4).astype(np.float32)]
+    bn = [
+        RNG.uniform(0.5, 2, 4).astype(np.float32),
+        RNG.standard_normal(4).astype(np.float32),
+        RNG.standard_normal(4).astype(np.float32),
+        RNG.uniform(0.5, 2, 4).astype(np.float32),
+    ]
     m = model(
-        [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
-         helper.make_node("BatchNormalization", ["c", "g", "be", "m", "v"], ["y"], epsilon=1e-3)],
-        [x_info([1, 3, 8, 8])], [x_info([1, 4, 8, 8], "y")],
+        [
+            helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+            helper.make_node("BatchNormalization", ["c", "g", "be", "m", "v"], ["y"], epsilon=1e-3),
+        ],
+        [x_info([1, 3, 8, 8])],
+        [x_info([1, 4, 8, 8], "y")],
         [("w", w), ("b", b), ("g", bn[0]), ("be", bn[1]), ("m", bn[2]), ("v", bn[3])],
     )
     out, log = optimize(m, [], 8)
@@ -62,14 +71,17 @@ def test_batchnorm_folds_into_conv():
     check_same(m, out, [1, 3, 8, 8], atol=1e-4)
 
 
-@pytest.mark.parametrize("op, const", [("Mul", "per_channel"), ("Add", "per_channel"), ("Div", "scalar"),
-                                       ("Sub", "per_channel")])
+@pytest.mark.parametrize(
+    "op, const", [("Mul", "per_channel"), ("Add", "per_channel"), ("Div", "scalar"), ("Sub", "per_channel")]
+)
 def test_scale_and_shift_fold_into_conv(op, const):
     w, b = conv_weights()
     c = (RNG.uniform(0.5, 2, (1, 4, 1, 1)) if const == "per_channel" else np.array(2.5)).astype(np.float32)
     m = model(
         [helper.make_node("Conv", ["x", "w", "b"], ["c"]), helper.make_node(op, ["c", "k"], ["y"])],
-        [x_info([1, 3, 6, 6])], [x_info([1, 4, 4, 4], "y")], [("w", w), ("b", b), ("k", c)],
+        [x_info([1, 3, 6, 6])],
+        [x_info([1, 4, 4, 4], "y")],
+        [("w", w), ("b", b), ("k", c)],
     )
     out, _ = optimize(m, [], 8)
     assert ops(out) == ["Conv"]
@@ -81,7 +93,9 @@ def test_scale_that_is_not_per_channel_is_left_alone():
     k = RNG.uniform(0.5, 2, (1, 1, 4, 4)).astype(np.float32)  # varies over space: not foldable
     m = model(
         [helper.make_node("Conv", ["x", "w", "b"], ["c"]), helper.make_node("Mul", ["c", "k"], ["y"])],
-        [x_info([1, 3, 6, 6])], [x_info([1, 4, 4, 4], "y")], [("w", w), ("b", b), ("k", k)],
+        [x_info([1, 3, 6, 6])],
+        [x_info([1, 4, 4, 4], "y")],
+        [("w", w), ("b", b), ("k", k)],
     )
     out, _ = optimize(m, [], 8)
     assert ops(out) == ["Conv", "Mul"]
@@ -90,7 +104,8 @@ def test_scale_that_is_not_per_channel_is_left_alone():
 def test_silu_is_recognised_and_stays_runnable():
     m = model(
         [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["x", "s"], ["y"])],
-        [x_info([2, 5])], [x_info([2, 5], "y")],
+        [x_info([2, 5])],
+        [x_info([2, 5], "y")],
     )
     out, _ = optimize(m, [], 8)
     assert [(n.domain, n.op_type) for n in out.graph.node] == [("npubuild", "SiLU")]
@@ -100,9 +115,13 @@ def test_silu_is_recognised_and_stays_runnable():
 
 def test_sigmoid_with_other_readers_is_not_fused():
     m = model(
-        [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["x", "s"], ["y"]),
-         helper.make_node("Add", ["s", "s"], ["z"])],
-        [x_info([2, 5])], [x_info([2, 5], "y"), x_info([2, 5], "z")],
+        [
+            helper.make_node("Sigmoid", ["x"], ["s"]),
+            helper.make_node("Mul", ["x", "s"], ["y"]),
+            helper.make_node("Add", ["s", "s"], ["z"]),
+        ],
+        [x_info([2, 5])],
+        [x_info([2, 5], "y"), x_info([2, 5], "z")],
     )
     out, _ = optimize(m, [], 8)
     assert sorted(ops(out)) == ["Add", "Mul", "Sigmoid"]
@@ -110,17 +129,26 @@ def test_sigmoid_with_other_readers_is_not_fused():
 
 @pytest.mark.parametrize("form", ["hardsigmoid", "relu6_div", "relu6_mul"])
 def test_hardswish_forms_are_recognised(form):
-    inits = [("three", np.array(3.0, np.float32)), ("zero", np.array(0.0, np.float32)),
-             ("six", np.array(6.0, np.float32)), ("sixth", np.array(1 / 6, np.float32))]
+    inits = [
+        ("three", np.array(3.0, np.float32)),
+        ("zero", np.array(0.0, np.float32)),
+        ("six", np.array(6.0, np.float32)),
+        ("sixth", np.array(1 / 6, np.float32)),
+    ]
     if form == "hardsigmoid":
-        nodes = [helper.make_node("HardSigmoid", ["x"], ["h"], alpha=1 / 6, beta=0.5),
-                 helper.make_node("Mul", ["x", "h"], ["y"])]
+        nodes = [
+            helper.make_node("HardSigmoid", ["x"], ["h"], alpha=1 / 6, beta=0.5),
+            helper.make_node("Mul", ["x", "h"], ["y"]),
+        ]
     else:
-        nodes = [helper.make_node("Add", ["x", "three"], ["a"]),
-                 helper.make_node("Clip", ["a", "zero", "six"], ["c"]),
-                 helper.make_node("Mul", ["x", "c"], ["m"]),
-                 helper.make_node("Div", ["m", "six"], ["y"]) if form == "relu6_div"
-                 else helper.make_node("Mul", ["m", "sixth"], ["y"])]
+        nodes = [
+            helper.make_node("Add", ["x", "three"], ["a"]),
+            helper.make_node("Clip", ["a", "zero", "six"], ["c"]),
+            helper.make_node("Mul", ["x", "c"], ["m"]),
+            helper.make_node("Div", ["m", "six"], ["y"])
+            if form == "relu6_div"
+            else helper.make_node("Mul", ["m", "sixth"], ["y"]),
+        ]
     m = model(nodes, [x_info([3, 7])], [x_info([3, 7], "y")], inits)
     out, _ = optimize(m, [], 8)
     assert [(n.domain, n.op_type) for n in out.graph.node] == [("npubuild", "HardSwish")]
@@ -135,8 +163,16 @@ def test_constant_and_shape_folding_remove_a_shape_subgraph():
         helper.make_node("Concat", ["n1", "minus1"], ["newshape"], axis=0),
         helper.make_node("Reshape", ["x", "newshape"], ["y"]),
     ]
-    m = model(shape_nodes, [x_info([2, 3, 4])], [x_info([2, 12], "y")],
-              [("i0", np.array(0, np.int64)), ("ax", np.array([0], np.int64)), ("minus1", np.array([-1], np.int64))])
+    m = model(
+        shape_nodes,
+        [x_info([2, 3, 4])],
+        [x_info([2, 12], "y")],
+        [
+            ("i0", np.array(0, np.int64)),
+            ("ax", np.array([0], np.int64)),
+            ("minus1", np.array([-1], np.int64)),
+        ],
+    )
     out, log = optimize(m, [], 8)
     assert ops(out) == ["Reshape"]
     assert numpy_helper.to_array(out.graph.initializer[0]).tolist() == [2, -1]
@@ -153,8 +189,12 @@ def test_noops_and_dead_code_are_removed():
         helper.make_node("Relu", ["m"], ["y"]),
         helper.make_node("Sigmoid", ["x"], ["unused"]),
     ]
-    m = model(nodes, [x_info([2, 3])], [x_info([2, 3], "y")],
-              [("zeros", np.zeros((1, 3), np.float32)), ("ones", np.ones(3, np.float32))])
+    m = model(
+        nodes,
+        [x_info([2, 3])],
+        [x_info([2, 3], "y")],
+        [("zeros", np.zeros((1, 3), np.float32)), ("ones", np.ones(3, np.float32))],
+    )
     out, _ = optimize(m, [], 8)
     assert ops(out) == ["Relu"]
     assert out.graph.node[0].input[0] == "x"
@@ -162,16 +202,22 @@ def test_noops_and_dead_code_are_removed():
 
 
 def test_noop_feeding_a_graph_output_keeps_the_output_name():
-    m = model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Identity", ["r"], ["y"])],
-              [x_info([4])], [x_info([4], "y")])
+    m = model(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Identity", ["r"], ["y"])],
+        [x_info([4])],
+        [x_info([4], "y")],
+    )
     out, _ = optimize(m, [], 8)
     assert ops(out) == ["Relu"] and out.graph.node[0].output[0] == "y"
     assert [o.name for o in out.graph.output] == ["y"]
 
 
 def test_common_subexpressions_are_merged():
-    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Relu", ["x"], ["b"]),
-             helper.make_node("Add", ["a", "b"], ["y"])]
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"]),
+        helper.make_node("Relu", ["x"], ["b"]),
+        helper.make_node("Add", ["a", "b"], ["y"]),
+    ]
     m = model(nodes, [x_info([5])], [x_info([5], "y")])
     out, _ = optimize(m, [], 8)
     assert ops(out) == ["Relu", "Add"]
@@ -180,20 +226,29 @@ def test_common_subexpressions_are_merged():
 
 
 def test_transposes_cancel_and_reshapes_collapse():
-    nodes = [helper.make_node("Transpose", ["x"], ["t1"], perm=[0, 2, 1]),
-             helper.make_node("Transpose", ["t1"], ["t2"], perm=[0, 2, 1]),
-             helper.make_node("Reshape", ["t2", "s1"], ["r1"]),
-             helper.make_node("Reshape", ["r1", "s2"], ["y"])]
-    m = model(nodes, [x_info([2, 3, 4])], [x_info([4, 6], "y")],
-              [("s1", np.array([6, 4], np.int64)), ("s2", np.array([4, 6], np.int64))])
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["t1"], perm=[0, 2, 1]),
+        helper.make_node("Transpose", ["t1"], ["t2"], perm=[0, 2, 1]),
+        helper.make_node("Reshape", ["t2", "s1"], ["r1"]),
+        helper.make_node("Reshape", ["r1", "s2"], ["y"]),
+    ]
+    m = model(
+        nodes,
+        [x_info([2, 3, 4])],
+        [x_info([4, 6], "y")],
+        [("s1", np.array([6, 4], np.int64)), ("s2", np.array([4, 6], np.int64))],
+    )
     out, _ = optimize(m, [], 8)
     assert ops(out) == ["Reshape"]
     check_same(m, out, [2, 3, 4])
 
 
 def test_disabled_pass_does_not_run():
-    m = model([helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["x", "s"], ["y"])],
-              [x_info([2, 5])], [x_info([2, 5], "y")])
+    m = model(
+        [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["x", "s"], ["y"])],
+        [x_info([2, 5])],
+        [x_info([2, 5], "y")],
+    )
     out, log = optimize(m, ["fuse_silu"], 8)
     assert ops(out) == ["Sigmoid", "Mul"]
     assert all("fuse_silu" not in entry["changes"] for entry in log)
@@ -201,9 +256,16 @@ def test_disabled_pass_does_not_run():
 
 def test_optimize_is_deterministic():
     w, b = conv_weights()
-    m = model([helper.make_node("Conv", ["x", "w", "b"], ["c"]), helper.make_node("Sigmoid", ["c"], ["s"]),
-               helper.make_node("Mul", ["c", "s"], ["y"])],
-              [x_info([1, 3, 6, 6])], [x_info([1, 4, 4, 4], "y")], [("w", w), ("b", b)])
+    m = model(
+        [
+            helper.make_node("Conv", ["x", "w", "b"], ["c"]),
+            helper.make_node("Sigmoid", ["c"], ["s"]),
+            helper.make_node("Mul", ["c", "s"], ["y"]),
+        ],
+        [x_info([1, 3, 6, 6])],
+        [x_info([1, 4, 4, 4], "y")],
+        [("w", w), ("b", b)],
+    )
     first = optimize(m, [], 8)[0].SerializeToString(deterministic=True)
     second = optimize(m, [], 8)[0].SerializeToString(deterministic=True)
     assert first == second

@@ -73,9 +73,15 @@ def test_silu_fusion_covers_every_sigmoid_mul_pair_in_yolo(example):
     canonical = onnx.load(out / "canonical.onnx")
     producers = {o: n for n in canonical.graph.node for o in n.output}
     pairs = sum(
-        1 for n in canonical.graph.node if n.op_type == "Mul"
-        and any(producers.get(i) is not None and producers[i].op_type == "Sigmoid"
-                and producers[i].input[0] in n.input for i in n.input)
+        1
+        for n in canonical.graph.node
+        if n.op_type == "Mul"
+        and any(
+            producers.get(i) is not None
+            and producers[i].op_type == "Sigmoid"
+            and producers[i].input[0] in n.input
+            for i in n.input
+        )
     )
     optimized = onnx.load(out / "optimized.onnx")
     assert pairs > 0
@@ -88,7 +94,9 @@ def test_summary_reports_the_check(example):
         (opt,) = [a for a in outcome.actions if a.stage == "optimize" and a.owner == f"//models:{name}"]
         summary = store.read_json(outcome.result(opt).outputs["summary"])
         assert summary["check"]["passed"] and summary["check"]["samples"] == 4
-        assert summary["nodes_after"] == len(onnx.load(out_dir(ws, f"//models:{name}") / "optimized.onnx").graph.node)
+        assert summary["nodes_after"] == len(
+            onnx.load(out_dir(ws, f"//models:{name}") / "optimized.onnx").graph.node
+        )
 
 
 def test_artifacts_are_byte_identical_in_a_clean_cache(example, tmp_path):
