@@ -87,6 +87,8 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
         sources.extend([rel] * len(new))
     if params["limit"] is not None:
         samples, sources = samples[: params["limit"]], sources[: params["limit"]]
+    if not samples:
+        raise UserError("the data set has no samples")
     odd = next((k for k, s in enumerate(samples) if s.shape != samples[0].shape), None)
     if odd is not None:
         raise UserError(

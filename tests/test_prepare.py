@@ -1,0 +1,124 @@
+"""prepare on real photographs and tensor files: modes, layouts, normalisation, .npy/.npz."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import PHOTOS
+from npubuild.errors import UserError
+from npubuild.stages import prepare
+
+PHOTO = sorted((PHOTOS / "calib").glob("*.jpg"))[0]
+DEFAULT = {
+    "resize": [32, 48],
+    "layout": "NCHW",
+    "color": "RGB",
+    "scale": 1 / 255,
+    "mean": [0.0],
+    "std": [1.0],
+    "dtype": "float32",
+}
+
+
+def prepared(tmp_path, files: dict[str, bytes], **pp) -> tuple[np.ndarray, dict]:
+    import json
+
+    names = sorted(files)
+    inputs = {}
+    for i, name in enumerate(names):
+        path = tmp_path / f"in{i}"
+        path.write_bytes(files[name])
+        inputs[f"src/{i:05d}"] = path
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    result = prepare.run({"files": names, "preprocess": {**DEFAULT, **pp}, "limit": None}, inputs, out)
+    return np.load(result["tensors"]), json.loads(result["summary"].read_text())
+
+
+def encoded(image: Image.Image, fmt: str = "PNG") -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    image.save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def test_resize_layout_and_scale_match_pillow(tmp_path):
+    tensors, summary = prepared(tmp_path, {"a.jpg": PHOTO.read_bytes()})
+    expected = np.asarray(Image.open(PHOTO).convert("RGB").resize((48, 32), Image.BILINEAR), np.float32) / 255
+    assert tensors.shape == (1, 3, 32, 48) and tensors.dtype == np.float32
+    np.testing.assert_allclose(tensors[0], expected.transpose(2, 0, 1), atol=1e-6)
+    assert summary["count"] == 1 and summary["sources"] == ["a.jpg"]
+
+
+def test_bgr_nhwc_mean_std(tmp_path):
+    rgb, _ = prepared(tmp_path, {"a.jpg": PHOTO.read_bytes()}, layout="NHWC")
+    bgr, _ = prepared(
+        tmp_path,
+        {"a.jpg": PHOTO.read_bytes()},
+        layout="NHWC",
+        color="BGR",
+        mean=[0.1, 0.2, 0.3],
+        std=[0.5, 0.25, 2.0],
+    )
+    np.testing.assert_allclose(bgr[0], (rgb[0][..., ::-1] - [0.1, 0.2, 0.3]) / [0.5, 0.25, 2.0], atol=1e-5)
+
+
+def test_grayscale_and_rgba_photos_become_rgb(tmp_path):
+    photo = Image.open(PHOTO).convert("RGB")
+    gray = photo.convert("L")
+    rgba = photo.copy()
+    rgba.putalpha(255)
+    tensors, _ = prepared(tmp_path, {"a.png": encoded(photo), "b.png": encoded(gray), "c.png": encoded(rgba)})
+    assert tensors.shape == (3, 3, 32, 48)
+    np.testing.assert_array_equal(tensors[0], tensors[2])  # opaque RGBA == RGB
+    assert np.all(tensors[1][0] == tensors[1][1])  # gray replicated to three channels
+
+
+def test_gray_model_input_and_integer_dtypes(tmp_path):
+    gray, _ = prepared(tmp_path, {"a.jpg": PHOTO.read_bytes()}, color="GRAY", dtype="uint8")
+    assert gray.shape == (1, 1, 32, 48) and gray.dtype == np.uint8
+    signed, _ = prepared(tmp_path, {"a.jpg": PHOTO.read_bytes()}, color="GRAY", dtype="int8")
+    np.testing.assert_array_equal(signed.astype(np.int16), gray.astype(np.int16) - 128)
+
+
+def test_npy_and_npz_are_taken_as_tensors(tmp_path):
+    import io
+
+    rng = np.random.default_rng(1)
+    stack = rng.standard_normal((2, 3, 4, 5)).astype(np.float64)
+    one = rng.standard_normal((3, 4, 5))
+    npy, npz = io.BytesIO(), io.BytesIO()
+    np.save(npy, stack)
+    np.savez(npz, b=one, a=one * 2)
+    tensors, summary = prepared(tmp_path, {"s.npy": npy.getvalue(), "t.npz": npz.getvalue()})
+    assert tensors.shape == (4, 3, 4, 5) and tensors.dtype == np.float32
+    np.testing.assert_allclose(tensors[:2], stack.astype(np.float32))
+    np.testing.assert_allclose(tensors[2], (one * 2).astype(np.float32))  # npz arrays in name order
+    assert summary["sources"] == ["s.npy", "s.npy", "t.npz", "t.npz"]
+
+
+def test_different_sizes_without_resize_is_a_clear_error(tmp_path):
+    small = encoded(Image.open(PHOTO).convert("RGB").resize((10, 10)))
+    with pytest.raises(UserError, match="declare preprocess.resize"):
+        prepared(tmp_path, {"a.jpg": PHOTO.read_bytes(), "b.png": small}, resize=None)
+
+
+def test_nan_in_tensors_is_refused(tmp_path):
+    import io
+
+    buf = io.BytesIO()
+    np.save(buf, np.array([[[np.nan]]], np.float32))
+    with pytest.raises(UserError, match="NaN or Inf"):
+        prepared(tmp_path, {"x.npy": buf.getvalue()})
+
+
+def test_pickled_npy_is_refused(tmp_path):
+    import io
+
+    buf = io.BytesIO()
+    np.save(buf, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(UserError, match="cannot read tensors"):
+        prepared(tmp_path, {"x.npy": buf.getvalue()})
