@@ -110,6 +110,8 @@ def test_explain_names_the_input_that_changed(small_ws, tmp_path):
     lines = proc.stdout.splitlines()
     text = "\n".join(lines)
     assert "setting preprocess.mean changed" in text
+    settings = {ln.strip() for ln in lines if ln.strip().startswith("setting ")}
+    assert settings == {"setting preprocess.mean changed"}  # only what changed: not resize, std, ...
     assert "input //data:calib prepare.tensors changed" in text
     import_line = next(ln for ln in lines if ln.strip().startswith("import"))
     assert "cached" in import_line

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from npubuild.cache.digest import sha256_json
+from npubuild.cache.digest import canonical_json, sha256_json
 from npubuild.errors import Location
 from npubuild.labels import Label
 from npubuild.stages import STAGES
@@ -41,6 +42,8 @@ class Action:
     identity: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
+        # Plain JSON values only (tuples become lists), so a fresh analysis and a cached one agree.
+        self.params = json.loads(canonical_json(self.params))
         refs = {
             name: ["src", str(i.path)] if isinstance(i, SourceFile) else ["out", i.action.identity, i.name]
             for name, i in self.inputs.items()
