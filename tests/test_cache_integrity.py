@@ -141,3 +141,50 @@ def test_query_and_cache_stats(small_ws, tmp_path):
     assert not (small_ws / "npubuild-out").exists()
     assert cli(["clean", "--expunge"], small_ws, cache).returncode == 0
     assert not cache.exists()
+
+
+def test_noop_build_does_not_rehash_unchanged_sources(small_ws, store, monkeypatch):
+    past = 1_600_000_000_000_000_000
+    for p in small_ws.rglob("*"):
+        if p.is_file():
+            os.utime(p, ns=(past, past))
+    assert run_build(small_ws, store).ok
+    assert run_build(small_ws, store).executed() == set()  # settles the stat cache
+
+    import npubuild.cache.store as store_module
+
+    def no_hashing(path):
+        raise AssertionError(f"re-hashed {path}")
+
+    monkeypatch.setattr(store_module, "sha256_file", no_hashing)
+    outcome = run_build(small_ws, store)
+    assert outcome.ok and outcome.executed() == set()
+
+
+def test_two_builds_sharing_one_cache_agree(small_ws, tmp_path):
+    reference = tmp_path / "reference"
+    assert cli(["build", "//...", "-j", "1"], small_ws, reference).returncode == 0
+    expected = outputs(small_ws)
+    shared = tmp_path / "shared"
+    env = {**os.environ, "NPUBUILD_CACHE": str(shared)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "npubuild", "build", "//...", "-j", "1"],
+            cwd=small_ws,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    for p in procs:
+        _, stderr = p.communicate(timeout=600)
+        assert p.returncode == 0, stderr
+    assert outputs(small_ws) == expected
+    again = cli(["build", "//..."], small_ws, shared)
+    assert (
+        "(5 cached)" in again.stdout
+        or "cached)" in again.stdout
+        and "ran" not in again.stdout.split("Build OK")[1]
+    )
