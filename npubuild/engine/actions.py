@@ -52,7 +52,7 @@ class Action:
 
     @property
     def version(self) -> str:
-        return STAGES[self.stage].version
+        return STAGES[self.stage].code_version
 
     def key(self, input_digests: dict[str, str]) -> str:
         """sha256 over the stage, its code version, the params it reads and its input digests."""

@@ -10,6 +10,8 @@ from npubuild.stages import ALL_PIPELINE_STAGES, NPU_MODEL_PIPELINE, STAGES
 from npubuild.stages.optimize import PASS_NAMES
 from npubuild.workspace import Workspace
 
+# The accuracy report uses at most this many evaluation samples.
+EVALUATION_SAMPLES = 64
 _DATASET_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif", ".npy", ".npz")
 
 
@@ -101,8 +103,7 @@ class Planner:
         if not self._wanted("optimize"):
             return
         calib = self._prepare(calibration, plan, "calibration")
-        if evaluation is not None:
-            self._prepare(evaluation, plan, "evaluation")
+        evaluation_set = self._prepare(evaluation, plan, "evaluation") if evaluation is not None else calib
         opt = self._action(
             "optimize",
             attrs.optimize.model_dump(),
@@ -112,6 +113,34 @@ class Planner:
         )
         plan.steps.append(("optimize", opt))
         self._expose(plan, opt)
+        if not self._wanted("calibrate"):
+            return
+        owner = str(target.label)
+        optimized = Output(opt, "model")
+        cal = self._action(
+            "calibrate", {}, {"model": optimized, "calibration": Output(calib, "tensors")}, owner, target
+        )
+        plan.steps.append(("calibrate", cal))
+        self._expose(plan, cal)
+        if not self._wanted("quantize"):
+            return
+        settings = {**attrs.quantize.model_dump(), "overrides": [o.model_dump() for o in attrs.overrides]}
+        quant = self._action(
+            "quantize", settings, {"model": optimized, "stats": Output(cal, "stats")}, owner, target
+        )
+        plan.steps.append(("quantize", quant))
+        self._expose(plan, quant)
+        if not self._wanted("evaluate"):
+            return
+        inputs = {
+            "model": optimized,
+            "integer": Output(quant, "integer"),
+            "qdq": Output(quant, "qdq"),
+            "evaluation": Output(evaluation_set, "tensors"),
+        }
+        ev = self._action("evaluate", {"samples": EVALUATION_SAMPLES}, inputs, owner, target)
+        plan.steps.append(("evaluate", ev))
+        self._expose(plan, ev)
         assert set(NPU_MODEL_PIPELINE) <= set(STAGES)
 
     def _expose(self, plan: TargetPlan, action: Action) -> None:

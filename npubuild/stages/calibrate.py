@@ -1,0 +1,79 @@
+"""calibrate: run the optimized float model over the calibration set in onnxruntime, one sample
+at a time, and stream per-tensor statistics (memory does not grow with the number of samples)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from npubuild.errors import UserError
+from npubuild.stages import tensorfile
+from npubuild.stages.onnx_utils import load_model, write_json
+from npubuild.stages.optimize.check import samples_for, session
+from npubuild.stages.quantize.histogram import TensorStats
+
+_FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE}
+
+
+def observed_tensors(model: onnx.ModelProto) -> tuple[list[str], dict[str, int]]:
+    """Every float activation (graph inputs and node outputs) and, for the inputs of MAC ops, the
+    channel axis whose per-channel mean bias correction needs."""
+    types = {
+        v.name: v.type.tensor_type.elem_type
+        for v in [*model.graph.input, *model.graph.value_info, *model.graph.output]
+    }
+    initializers = {t.name for t in model.graph.initializer}
+    names = [i.name for i in model.graph.input if i.name not in initializers]
+    for node in model.graph.node:
+        names += [o for o in node.output if o and types.get(o) in _FLOAT_TYPES]
+    names = list(dict.fromkeys(names))
+    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in [*model.graph.input, *model.graph.value_info]}
+    axes = {}
+    for node in model.graph.node:
+        if node.op_type in ("Conv", "ConvTranspose") and node.input[0] in ranks:
+            axes[node.input[0]] = 1
+        elif node.op_type in ("MatMul", "Gemm") and node.input[0] in ranks:
+            axes[node.input[0]] = ranks[node.input[0]] - 1
+    return names, axes
+
+
+def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
+    model = load_model(inputs["model"], "the optimized model")
+    tensors = np.load(inputs["calibration"], mmap_mode="r", allow_pickle=False)
+    if len(tensors) == 0:
+        raise UserError("the calibration set has no samples")
+    names, axes = observed_tensors(model)
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    existing = {o.name for o in probe.graph.output}
+    for name in names:
+        if name not in existing:
+            probe.graph.output.add().name = name
+    sess = session(probe)
+    stats = {name: TensorStats() for name in names}
+    feeds = samples_for(model, tensors, len(tensors))
+    for feed in feeds:
+        for name, value in zip(names, sess.run(names, feed)):
+            stats[name].update(value, axes.get(name))
+    arrays, meta = {}, {}
+    nonfinite = []
+    for name, s in stats.items():
+        record, tensor_arrays = s.to_record()
+        meta[name] = record
+        if record["nonfinite"]:
+            nonfinite.append(name)
+        for key, value in tensor_arrays.items():
+            arrays[f"{name}/{key}"] = value
+    tensorfile.save(outdir / "stats.npbt", arrays, {"samples": len(feeds), "tensors": meta})
+    warnings = (
+        [
+            f"{len(nonfinite)} tensors had NaN/Inf values during calibration (left out of their ranges): "
+            f"{', '.join(nonfinite[:3])}"
+        ]
+        if nonfinite
+        else []
+    )
+    summary = {"samples": len(feeds), "tensors": len(names), "warnings": warnings}
+    return {"stats": outdir / "stats.npbt", "summary": write_json(outdir / "calibrate.json", summary)}

@@ -1,0 +1,56 @@
+"""Fixed-point requantisation: a real multiplier M as an int32 M0 and a right shift.
+
+M = M0 * 2^-(31 + shift), M0 in [2^30, 2^31). Rounding rule (the only one used anywhere):
+round half away from zero, i.e. r(v / 2^n) = sign(v) * floor((|v| + 2^(n-1)) / 2^n).
+All products fit int64: |acc| < 2^31 and M0 < 2^31.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def quantize_multiplier(m: float) -> tuple[int, int]:
+    """(M0, shift) with m ~= M0 * 2^-(31 + shift); m == 0 gives (0, 0)."""
+    if m <= 0 or not math.isfinite(m):
+        return 0, 0
+    mantissa, exponent = math.frexp(m)  # m = mantissa * 2^exponent, mantissa in [0.5, 1)
+    m0 = int(round(mantissa * (1 << 31)))
+    if m0 == 1 << 31:
+        m0 //= 2
+        exponent += 1
+    shift = -exponent
+    if shift < -31:  # multipliers >= 2^31 are not representable; saturate
+        return (1 << 31) - 1, -31
+    if shift > 62 - 31:  # below 2^-62 the result rounds to 0 for any int32 accumulator
+        return 0, 0
+    return m0, shift
+
+
+def rounding_shift(values: np.ndarray, n: np.ndarray | int) -> np.ndarray:
+    """values / 2^n rounded half away from zero (int64 in, int64 out); n >= 0."""
+    v = np.asarray(values, dtype=np.int64)
+    n = np.asarray(n, dtype=np.int64)
+    half = np.where(n > 0, np.left_shift(np.int64(1), np.maximum(n - 1, 0)), 0)
+    magnitude = np.right_shift(np.abs(v) + half, n)
+    return np.where(v < 0, -magnitude, magnitude)
+
+
+def requantize(acc: np.ndarray, m0: np.ndarray | int, shift: np.ndarray | int) -> np.ndarray:
+    """acc * M0 * 2^-(31 + shift), rounded; shift may be negative (a multiplier above 1)."""
+    acc = np.asarray(acc, dtype=np.int64)
+    m0 = np.asarray(m0, dtype=np.int64)
+    total = 31 + np.asarray(shift, dtype=np.int64)
+    left = np.maximum(-total, 0)
+    right = np.maximum(total, 0)
+    return rounding_shift(np.left_shift(acc, left) * m0, right)
+
+
+# Element-wise adds rescale both sides to a common fixed-point grid with this many fraction bits.
+ADD_FRACTION_BITS = 20
+
+
+def add_multiplier(ratio: float) -> int:
+    return int(round(ratio * (1 << ADD_FRACTION_BITS)))

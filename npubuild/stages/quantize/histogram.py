@@ -1,0 +1,73 @@
+"""Streaming per-tensor statistics whose memory does not grow with the number of samples.
+
+The histogram spans [-R, R] with BINS bins; when data falls outside, R doubles and pairs of bins
+merge, which is exact. Non-finite values are counted and left out.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+BINS = 2048
+
+
+class TensorStats:
+    def __init__(self) -> None:
+        self.count = 0
+        self.nonfinite = 0
+        self.min = np.inf
+        self.max = -np.inf
+        self.sum = 0.0
+        self.sumsq = 0.0
+        self.radius = 0.0
+        self.hist = np.zeros(BINS, dtype=np.int64)
+        self.channel_sum: np.ndarray | None = None
+        self.channel_count = 0
+
+    def update(self, x: np.ndarray, channel_axis: int | None = None) -> None:
+        x = np.asarray(x, dtype=np.float64)
+        finite = np.isfinite(x)
+        if not finite.all():
+            self.nonfinite += int((~finite).sum())
+            if channel_axis is not None:
+                x = np.where(finite, x, 0.0)
+        values = x[finite] if not finite.all() else x.reshape(-1)
+        if channel_axis is not None and x.ndim > channel_axis:
+            axes = tuple(i for i in range(x.ndim) if i != channel_axis)
+            sums = x.sum(axis=axes)
+            self.channel_sum = sums if self.channel_sum is None else self.channel_sum + sums
+            self.channel_count += x.size // x.shape[channel_axis]
+        if values.size == 0:
+            return
+        lo, hi = float(values.min()), float(values.max())
+        self.min, self.max = min(self.min, lo), max(self.max, hi)
+        self.count += values.size
+        self.sum += float(values.sum())
+        self.sumsq += float(np.dot(values, values))
+        need = max(abs(lo), abs(hi))
+        if self.radius == 0.0:
+            self.radius = need if need > 0 else 1e-8
+        while need > self.radius:
+            merged = self.hist.reshape(-1, 2).sum(axis=1)
+            self.hist = np.zeros(BINS, dtype=np.int64)
+            self.hist[BINS // 4 : BINS // 4 + BINS // 2] = merged
+            self.radius *= 2
+        counts, _ = np.histogram(values, bins=BINS, range=(-self.radius, self.radius))
+        self.hist += counts
+
+    def to_record(self) -> tuple[dict, dict[str, np.ndarray]]:
+        mean = self.sum / self.count if self.count else 0.0
+        var = max(self.sumsq / self.count - mean * mean, 0.0) if self.count else 0.0
+        meta = {
+            "count": self.count,
+            "nonfinite": self.nonfinite,
+            "min": float(self.min) if self.count else 0.0,
+            "max": float(self.max) if self.count else 0.0,
+            "mean": mean,
+            "std": var**0.5,
+            "radius": self.radius,
+        }
+        arrays = {"hist": self.hist}
+        if self.channel_sum is not None and self.channel_count:
+            arrays["channel_mean"] = self.channel_sum / self.channel_count
+        return meta, arrays

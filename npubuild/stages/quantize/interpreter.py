@@ -1,0 +1,347 @@
+"""The golden integer interpreter: runs an integer model (program + arrays) with numpy.
+
+Integer tensors are held as int32 codes. MAC ops sum int8 x int8 (or int16) products in float64,
+which is exact below 2^53, then requantise with the fixed-point rule of fixedpoint.py. Float ops
+(no integer rule) run in onnx's reference runtime on dequantized inputs. This is the reference the
+NPU simulator is checked against.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+
+from npubuild.stages.quantize.fixedpoint import ADD_FRACTION_BITS, requantize, rounding_shift
+
+
+def qrange(bits: int) -> tuple[int, int]:
+    return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+
+
+def quantize_float(x: np.ndarray, t: dict) -> np.ndarray:
+    """ONNX QuantizeLinear: x / scale in float32, round half to even, add zero point, saturate."""
+    qmin, qmax = qrange(t["bits"])
+    scaled = np.asarray(x, np.float32) / np.float32(t["scale"])
+    return np.clip(np.rint(scaled).astype(np.int64) + t["zero_point"], qmin, qmax).astype(np.int32)
+
+
+def dequantize(q: np.ndarray, t: dict) -> np.ndarray:
+    return ((q.astype(np.int64) - t["zero_point"]) * np.float64(t["scale"])).astype(np.float32)
+
+
+def _saturate(v: np.ndarray, bits: int) -> np.ndarray:
+    qmin, qmax = qrange(bits)
+    return np.clip(v, qmin, qmax).astype(np.int32)
+
+
+def _conv_pads(attrs: dict, in_spatial, kernel) -> list[int]:
+    auto = attrs.get("auto_pad", "NOTSET")
+    if auto in ("NOTSET", "") or auto is None:
+        return list(attrs["pads"])
+    if auto == "VALID":
+        return [0] * (2 * len(kernel))
+    begins, ends = [], []
+    for size, k, s, d in zip(in_spatial, kernel, attrs["strides"], attrs["dilations"]):
+        out = math.ceil(size / s)
+        total = max((out - 1) * s + (k - 1) * d + 1 - size, 0)
+        small, large = total // 2, total - total // 2
+        begins.append(small if auto == "SAME_UPPER" else large)
+        ends.append(large if auto == "SAME_UPPER" else small)
+    return begins + ends
+
+
+def _windows(xc: np.ndarray, kernel, strides, dilations, pads, pad_value: float) -> np.ndarray:
+    """[N, C, *out, *kernel] views of the padded input."""
+    nd = len(kernel)
+    pad_width = [(0, 0), (0, 0)] + [(pads[i], pads[i + nd]) for i in range(nd)]
+    xp = np.pad(xc, pad_width, constant_values=pad_value)
+    span = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    view = np.lib.stride_tricks.sliding_window_view(xp, span, axis=tuple(range(2, 2 + nd)))
+    index = (
+        (slice(None), slice(None))
+        + tuple(slice(None, None, s) for s in strides)
+        + tuple(slice(None, None, d) for d in dilations)
+    )
+    return view[index]
+
+
+def conv_accumulate(xc: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
+    """Exact integer convolution of zero-point-free inputs (float64 sums of integer products)."""
+    kernel = list(w.shape[2:])
+    pads = _conv_pads(attrs, xc.shape[2:], kernel)
+    group = attrs["group"]
+    win = _windows(xc, kernel, attrs["strides"], attrs["dilations"], pads, 0.0)  # [N, C, *o, *k]
+    n, c = xc.shape[:2]
+    cout = w.shape[0]
+    nd = len(kernel)
+    wf = w.astype(np.float64)
+    if group == c and w.shape[1] == 1:  # depthwise (channel multiplier cout // c)
+        mult = cout // c
+        wg = wf.reshape(c, mult, *kernel)
+        letters = "abc"[:nd]
+        kl = "xyz"[:nd]
+        out = np.einsum(f"nc{letters}{kl},cm{kl}->ncm{letters}", win, wg, optimize=True)
+        return out.reshape(n, cout, *out.shape[3:])
+    cg, og = c // group, cout // group
+    outs = []
+    for g in range(group):
+        wgin = win[:, g * cg : (g + 1) * cg]
+        spatial = wgin.shape[2 : 2 + nd]
+        cols = np.moveaxis(wgin, 1, 1 + nd).reshape(n, *spatial, -1)  # [N, *o, C*k]
+        wmat = wf[g * og : (g + 1) * og].reshape(og, -1)
+        outs.append(np.moveaxis(cols @ wmat.T, -1, 1))
+    return np.concatenate(outs, axis=1)
+
+
+def conv_transpose_accumulate(xc: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
+    """Exact integer transposed convolution (group 1 or grouped), by scattering kernel taps."""
+    group = attrs["group"]
+    n, c = xc.shape[:2]
+    kernel = list(w.shape[2:])
+    nd = len(kernel)
+    strides, dil = attrs["strides"], attrs["dilations"]
+    pads = attrs["pads"] if attrs.get("pads") else [0] * 2 * nd
+    out_pad = attrs.get("output_padding") or [0] * nd
+    cg, og = c // group, w.shape[1]
+    in_sp = xc.shape[2:]
+    full = [
+        (i - 1) * s + (k - 1) * d + 1 + op for i, s, k, d, op in zip(in_sp, strides, kernel, dil, out_pad)
+    ]
+    out = np.zeros((n, og * group, *full), np.float64)
+    wf = w.astype(np.float64)
+    for g in range(group):
+        xg = xc[:, g * cg : (g + 1) * cg].astype(np.float64)
+        for tap in np.ndindex(*kernel):
+            taps = wf[(slice(g * cg, (g + 1) * cg), slice(None)) + tuple(tap)]
+            contrib = np.einsum("nc...,co->no...", xg, taps)
+            index = (slice(None), slice(g * og, (g + 1) * og)) + tuple(
+                slice(t * d, t * d + (i - 1) * s + 1, s) for t, d, i, s in zip(tap, dil, in_sp, strides)
+            )
+            out[index] += contrib
+    crop = (slice(None), slice(None)) + tuple(slice(pads[i], full[i] - pads[i + nd]) for i in range(nd))
+    return out[crop]
+
+
+class Interpreter:
+    def __init__(self, program: dict, arrays: dict[str, np.ndarray], functions=(), opsets=None):
+        self.program = program
+        self.arrays = arrays
+        self.tensors = program["tensors"]
+        self.functions = list(functions)
+        self.opsets = opsets or {"": 13}
+
+    def run(self, feeds: dict[str, np.ndarray], keep: bool = False) -> tuple[dict[str, np.ndarray], dict]:
+        """Outputs (float) and, with keep=True, every tensor's value (int32 codes or float32)."""
+        env: dict[str, np.ndarray] = {k: np.asarray(v, np.float32) for k, v in feeds.items()}
+        for op in self.program["ops"]:
+            getattr(self, f"_{op['kind']}")(op, env)
+        outputs = {}
+        for o in self.program["outputs"]:
+            value = env[o]
+            outputs[o] = (
+                dequantize(value, self.tensors[o]) if self._is_q(o) else np.asarray(value, np.float32)
+            )
+        return outputs, (env if keep else {})
+
+    def _is_q(self, name: str) -> bool:
+        return name in self.tensors
+
+    def _value(self, op: dict, name: str) -> np.ndarray:
+        consts = op.get("constants", {})
+        return self.arrays[consts[name]] if name in consts else self._env[name]
+
+    # ops --------------------------------------------------------------------------------------
+    def _quantize(self, op, env):
+        name = op["inputs"][0]
+        env[name] = quantize_float(env[name], self.tensors[name])
+
+    def _float(self, op, env):
+        from onnx.reference import ReferenceEvaluator
+
+        node = onnx.NodeProto()
+        node.ParseFromString(self.arrays[op["proto"]].tobytes())
+        feeds = {}
+        for i in op["inputs"]:
+            if not i:
+                continue
+            if i in op["constants"]:
+                feeds[i] = self.arrays[op["constants"][i]]
+            elif self._is_q(i) and env[i].dtype == np.int32:
+                feeds[i] = dequantize(env[i], self.tensors[i])
+            else:
+                feeds[i] = env[i]
+        evaluator = ReferenceEvaluator(node, opsets=self.opsets, functions=self.functions or None)
+        for name, value in zip(op["outputs"], evaluator.run(None, feeds)):
+            if name:
+                env[name] = np.asarray(value)
+
+    def _mac_finish(self, op, acc: np.ndarray, channel_axis: int) -> np.ndarray:
+        a = op["arrays"]
+        shape = [1] * acc.ndim
+        shape[channel_axis] = -1
+        acc = np.rint(acc).astype(np.int64) + self.arrays[a["bias"]].reshape(shape)
+        y = requantize(acc, self.arrays[a["m0"]].reshape(shape), self.arrays[a["shift"]].reshape(shape))
+        out = op["outputs"][0]
+        y = y + self.tensors[out]["zero_point"]
+        return np.clip(y, op["attrs"]["min"], op["attrs"]["max"]).astype(np.int32)
+
+    def _conv(self, op, env):
+        x = op["inputs"][0]
+        xc = env[x].astype(np.float64) - self.tensors[x]["zero_point"]
+        w = self.arrays[op["arrays"]["weight"]]
+        attrs = op["attrs"]
+        acc = conv_transpose_accumulate(xc, w, attrs) if attrs["transpose"] else conv_accumulate(xc, w, attrs)
+        env[op["outputs"][0]] = self._mac_finish(op, acc, 1)
+
+    def _matmul(self, op, env):
+        x = op["inputs"][0]
+        xc = env[x].astype(np.float64) - self.tensors[x]["zero_point"]
+        acc = xc @ self.arrays[op["arrays"]["weight"]].astype(np.float64)
+        env[op["outputs"][0]] = self._mac_finish(op, acc, acc.ndim - 1)
+
+    def _operands(self, op, env):
+        self._env = env
+        return [self._value(op, n).astype(np.int64) for n in op["inputs"]]
+
+    def _add(self, op, env):
+        a, b = self._operands(op, env)
+        at = op["attrs"]
+        acc = (a - at["za"]) * at["ma"] + (b - at["zb"]) * at["mb"]
+        out = op["outputs"][0]
+        t = self.tensors[out]
+        env[out] = _saturate(rounding_shift(acc, ADD_FRACTION_BITS) + t["zero_point"], t["bits"])
+
+    def _mul(self, op, env):
+        a, b = self._operands(op, env)
+        at = op["attrs"]
+        out = op["outputs"][0]
+        t = self.tensors[out]
+        y = requantize((a - at["za"]) * (b - at["zb"]), at["m0"], at["shift"]) + t["zero_point"]
+        env[out] = _saturate(y, t["bits"])
+
+    def _concat(self, op, env):
+        parts = self._operands(op, env)
+        out = op["outputs"][0]
+        t = self.tensors[out]
+        scaled = []
+        for part, r in zip(parts, op["attrs"]["rescale"]):
+            if r["same"]:
+                scaled.append(part)
+            else:
+                scaled.append(
+                    _saturate(requantize(part - r["zin"], r["m0"], r["shift"]) + t["zero_point"], t["bits"])
+                )
+        env[out] = np.concatenate(scaled, axis=op["attrs"]["axis"]).astype(np.int32)
+
+    def _global_avgpool(self, op, env):
+        x = op["inputs"][0]
+        xc = env[x].astype(np.int64) - self.tensors[x]["zero_point"]
+        total = xc.sum(axis=tuple(range(2, xc.ndim)), keepdims=True)
+        out = op["outputs"][0]
+        t = self.tensors[out]
+        at = op["attrs"]
+        env[out] = _saturate(requantize(total, at["m0"], at["shift"]) + t["zero_point"], t["bits"])
+
+    def _resize_nearest(self, op, env):
+        x = env[op["inputs"][0]]
+        at = op["attrs"]
+        out_shape = at["out_shape"]
+        result = x
+        for axis, (size_in, size_out) in enumerate(zip(x.shape, out_shape)):
+            if size_in == size_out:
+                continue
+            scale = size_out / size_in
+            o = np.arange(size_out, dtype=np.float64)
+            if at["coordinate_transformation_mode"] == "asymmetric":
+                src = o / scale
+            else:
+                src = (o + 0.5) / scale - 0.5
+            mode = at["nearest_mode"]
+            if mode == "floor":
+                idx = np.floor(src)
+            elif mode == "ceil":
+                idx = np.ceil(src)
+            elif mode == "round_prefer_ceil":
+                idx = np.floor(src + 0.5)
+            else:
+                idx = np.ceil(src - 0.5)
+            idx = np.clip(idx, 0, size_in - 1).astype(np.int64)
+            result = np.take(result, idx, axis=axis)
+        env[op["outputs"][0]] = result
+
+    def _lut(self, op, env):
+        x = env[op["inputs"][0]]
+        table = self.arrays[op["arrays"]["table"]]
+        env[op["outputs"][0]] = table[x.astype(np.int64) + op["attrs"]["offset"]]
+
+    def _clamp(self, op, env):
+        env[op["outputs"][0]] = np.clip(env[op["inputs"][0]], op["attrs"]["min"], op["attrs"]["max"])
+
+    def _move(self, op, env):
+        self._env = env
+        x = env[op["inputs"][0]]
+        at = op["attrs"]
+        consts = [self.arrays[op["constants"][i]] if i in op["constants"] else None for i in op["inputs"][1:]]
+        kind = op["op_type"]
+        outs = op["outputs"]
+        if kind == "Reshape":
+            shape = [int(s) for s in consts[0]]
+            if not at.get("allowzero", 0):
+                shape = [x.shape[i] if s == 0 else s for i, s in enumerate(shape)]
+            env[outs[0]] = x.reshape(shape)
+        elif kind == "Transpose":
+            env[outs[0]] = np.transpose(x, at.get("perm") or list(range(x.ndim))[::-1])
+        elif kind == "Flatten":
+            axis = at.get("axis", 1) % (x.ndim or 1) if at.get("axis", 1) < 0 else at.get("axis", 1)
+            env[outs[0]] = x.reshape(int(np.prod(x.shape[:axis], dtype=np.int64)), -1)
+        elif kind in ("Squeeze", "Unsqueeze"):
+            axes = [int(a) for a in consts[0]] if consts and consts[0] is not None else at.get("axes")
+            if kind == "Squeeze":
+                env[outs[0]] = np.squeeze(x, axis=tuple(axes) if axes else None)
+            else:
+                rank = x.ndim + len(axes)
+                result = x
+                for a in sorted(a % rank for a in axes):
+                    result = np.expand_dims(result, a)
+                env[outs[0]] = result
+        elif kind == "Split":
+            axis = at.get("axis", 0)
+            sizes = [int(s) for s in consts[0]] if consts and consts[0] is not None else at.get("split")
+            if not sizes:
+                k = len(outs)
+                sizes = [x.shape[axis] // k] * k
+            for name, part in zip(outs, np.split(x, np.cumsum(sizes)[:-1], axis=axis)):
+                env[name] = part
+        elif kind == "Slice":
+            starts, ends = consts[0], consts[1]
+            axes = consts[2] if len(consts) > 2 and consts[2] is not None else range(len(starts))
+            steps = consts[3] if len(consts) > 3 and consts[3] is not None else [1] * len(starts)
+            index = [slice(None)] * x.ndim
+            for s, e, a, st in zip(starts, ends, axes, steps):
+                index[int(a)] = slice(int(s), int(e), int(st))
+            env[outs[0]] = x[tuple(index)]
+        elif kind == "MaxPool":
+            env[outs[0]] = self._maxpool(x, op)
+        else:
+            raise KeyError(kind)
+
+    def _maxpool(self, x, op):
+        at = op["attrs"]
+        kernel = at["kernel_shape"]
+        nd = len(kernel)
+        strides = at.get("strides") or [1] * nd
+        dilations = at.get("dilations") or [1] * nd
+        pads = at.get("pads") or [0] * 2 * nd
+        if at.get("ceil_mode"):
+            extra = []
+            for i in range(nd):
+                size = x.shape[2 + i] + pads[i] + pads[i + nd]
+                span = (kernel[i] - 1) * dilations[i] + 1
+                out = math.ceil((size - span) / strides[i]) + 1
+                extra.append(max((out - 1) * strides[i] + span - size, 0))
+            pads = pads[:nd] + [p + e for p, e in zip(pads[nd:], extra)]
+        qmin = qrange(self.tensors[op["inputs"][0]]["bits"])[0]
+        win = _windows(x, kernel, strides, dilations, pads, qmin)
+        return win.max(axis=tuple(range(-nd, 0))).astype(np.int32)

@@ -1,0 +1,180 @@
+"""Export the integer model's parameters as a QDQ ONNX model that stock onnxruntime runs.
+
+Every quantized activation gets QuantizeLinear -> DequantizeLinear with the same scale and zero
+point; weights become int8 initializers behind DequantizeLinear (per-channel axis), biases int32
+at in_scale * w_scale. int16 tensors use the com.microsoft Q/DQ ops (onnxruntime contrib).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+class _Export:
+    def __init__(self, model: onnx.ModelProto, program: dict, arrays: dict[str, np.ndarray]):
+        self.model = onnx.ModelProto()
+        self.model.CopyFrom(model)
+        self.graph = self.model.graph
+        self.program = program
+        self.arrays = arrays
+        self.new_inits: list[onnx.TensorProto] = []
+        self.uses_ms = False
+
+    def _init(self, name: str, value: np.ndarray) -> str:
+        self.new_inits.append(numpy_helper.from_array(value, name))
+        return name
+
+    def _qdq_nodes(self, tensor: str, source: str, target: str, t: dict) -> list[onnx.NodeProto]:
+        dtype = np.int8 if t["bits"] == 8 else np.int16
+        domain = "" if t["bits"] == 8 else "com.microsoft"
+        self.uses_ms |= t["bits"] == 16
+        scale = self._init(f"{tensor}__scale", np.array(t["scale"], np.float32))
+        zp = self._init(f"{tensor}__zero_point", np.array(t["zero_point"], dtype))
+        q = f"{tensor}__q"
+        return [
+            helper.make_node("QuantizeLinear", [source, scale, zp], [q], name=f"{tensor}__Q", domain=domain),
+            helper.make_node(
+                "DequantizeLinear", [q, scale, zp], [target], name=f"{tensor}__DQ", domain=domain
+            ),
+        ]
+
+    def _dq_const(self, name: str, q: np.ndarray, scale, zero_point, axis: int | None, bits: int) -> str:
+        dtype = {8: np.int8, 16: np.int16, 32: np.int32}[bits]
+        domain = "com.microsoft" if bits == 16 else ""
+        self.uses_ms |= bits == 16
+        qn = self._init(f"{name}__quantized", q.astype(dtype))
+        sn = self._init(f"{name}__scale", np.asarray(scale, np.float32))
+        zn = self._init(f"{name}__zp", np.asarray(zero_point, dtype))
+        out = f"{name}__dequantized"
+        attrs = {"axis": axis} if axis is not None else {}
+        self.extra_nodes.append(
+            helper.make_node(
+                "DequantizeLinear", [qn, sn, zn], [out], name=f"{name}__DQ", domain=domain, **attrs
+            )
+        )
+        return out
+
+    def run(self) -> onnx.ModelProto:
+        tensors = self.program["tensors"]
+        nodes = list(self.graph.node)
+        by_output = {o: n for n in nodes for o in n.output}
+        by_label = {(n.name or n.output[0]): n for n in nodes}
+        self.extra_nodes: list[onnx.NodeProto] = []
+        replaced: dict[int, list[onnx.NodeProto]] = {}
+        for op in self.program["ops"]:
+            node = by_label.get(op.get("node"))
+            if node is None:
+                continue
+            if op["kind"] in ("conv", "matmul"):
+                replaced[id(node)] = self._mac(node, op)
+            elif op["kind"] in ("add", "mul", "concat") and op.get("constants"):
+                replaced[id(node)] = self._constant_operands(node, op)
+        # Q/DQ pairs on every quantized activation.
+        outputs = {o.name for o in self.graph.output}
+        rename: dict[str, str] = {}
+        qdq_after: dict[str, list[onnx.NodeProto]] = {}
+        inputs_qdq: list[onnx.NodeProto] = []
+        for name, t in tensors.items():
+            if name in outputs:
+                raw = f"{name}__float"
+                producer = by_output.get(name)
+                if producer is not None:
+                    for k, o in enumerate(producer.output):
+                        if o == name:
+                            producer.output[k] = raw
+                qdq_after[raw] = self._qdq_nodes(name, raw, name, t)
+            else:
+                dq = f"{name}__dq"
+                rename[name] = dq
+                pair = self._qdq_nodes(name, name, dq, t)
+                if name in by_output:
+                    qdq_after[name] = pair
+                else:
+                    inputs_qdq += pair
+        new_nodes: list[onnx.NodeProto] = list(self.extra_nodes) + inputs_qdq
+        for node in nodes:
+            group = replaced.get(id(node), [node])
+            for n in group:
+                for k, i in enumerate(n.input):
+                    if i in rename:
+                        n.input[k] = rename[i]
+                new_nodes.append(n)
+                for o in n.output:
+                    new_nodes += qdq_after.get(o, [])
+        del self.graph.node[:]
+        self.graph.node.extend(new_nodes)
+        self.graph.initializer.extend(self.new_inits)
+        del self.graph.value_info[:]
+        if self.uses_ms:
+            self.model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+        return self.model
+
+    def _mac(self, node: onnx.NodeProto, op: dict) -> list[onnx.NodeProto]:
+        a = op["arrays"]
+        x = op["inputs"][0]
+        wq, wscale, bias = self.arrays[a["weight"]], self.arrays[a["weight_scale"]], self.arrays[a["bias"]]
+        xscale = self.program["tensors"][x]["scale"]
+        label = node.name or node.output[0]
+        if node.op_type == "ConvTranspose":
+            waxis = 1
+        elif node.op_type in ("MatMul", "Gemm"):
+            waxis = 1
+        else:
+            waxis = 0
+        weight = wq
+        if node.op_type == "Gemm" and any(at.name == "transB" and at.i for at in node.attribute):
+            weight, waxis = wq.T, 0
+        if node.op_type == "ConvTranspose" and op["attrs"]["group"] != 1:
+            raise NotImplementedError("grouped ConvTranspose export")
+        w_dq = self._dq_const(
+            f"{label}.weight", weight, wscale.astype(np.float32), np.zeros(len(wscale)), waxis, 8
+        )
+        bias_scale = (xscale * wscale).astype(np.float32)
+        b_dq = self._dq_const(f"{label}.bias", bias.astype(np.int32), bias_scale, np.zeros(len(bias)), 0, 32)
+        inputs = list(node.input)
+        inputs[1] = w_dq
+        if node.op_type in ("Conv", "ConvTranspose", "Gemm"):
+            inputs = inputs[:2] + [b_dq]
+            del node.input[:]
+            node.input.extend(inputs)
+            return [node]
+        # MatMul has no bias input: add the (corrected) bias after it.
+        del node.input[:]
+        node.input.extend(inputs)
+        out = node.output[0]
+        node.output[0] = f"{out}__matmul"
+        return [node, helper.make_node("Add", [node.output[0], b_dq], [out], name=f"{label}__bias")]
+
+    def _constant_operands(self, node: onnx.NodeProto, op: dict) -> list[onnx.NodeProto]:
+        params = op["operand_params"]
+        inputs = list(node.input)
+        if op["kind"] == "mul" and node.op_type == "Div":
+            node.op_type = "Mul"
+            inputs[1] = f"{inputs[1]}__reciprocal"
+        for k, name in enumerate(op["inputs"]):
+            key = op["constants"].get(name)
+            if key is None:
+                continue
+            p = params[k]
+            inputs[k] = self._dq_const(
+                f"{node.name or node.output[0]}.{k}",
+                self.arrays[key],
+                p["scale"],
+                p["zero_point"],
+                None,
+                p["bits"],
+            )
+        del node.input[:]
+        node.input.extend(inputs)
+        return [node]
+
+
+def export_qdq(model: onnx.ModelProto, program: dict, arrays: dict[str, np.ndarray]) -> onnx.ModelProto:
+    exported = _Export(model, program, arrays).run()
+    onnx.checker.check_model(exported)
+    return exported
+
+
+__all__ = ["export_qdq", "TensorProto"]

@@ -1,0 +1,125 @@
+"""Choosing an activation's clipping range [lo, hi] from its statistics, by method.
+
+Every method returns a range that contains 0, so that zero is exactly representable.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from npubuild.stages.quantize.histogram import BINS
+
+
+def _centers(radius: float) -> np.ndarray:
+    edges = np.linspace(-radius, radius, BINS + 1)
+    return (edges[:-1] + edges[1:]) / 2
+
+
+def _with_zero(lo: float, hi: float) -> tuple[float, float]:
+    return min(lo, 0.0), max(hi, 0.0)
+
+
+def minmax(
+    stats: dict, hist: np.ndarray, bits: int, symmetric: bool, percentile: float
+) -> tuple[float, float]:
+    return _with_zero(stats["min"], stats["max"])
+
+
+def percentile_range(stats: dict, hist: np.ndarray, bits: int, symmetric: bool, percentile: float):
+    total = hist.sum()
+    if total == 0:
+        return _with_zero(stats["min"], stats["max"])
+    cdf = np.cumsum(hist) / total
+    centers = _centers(stats["radius"])
+    tail = (100.0 - percentile) / 100.0
+    lo = centers[min(np.searchsorted(cdf, tail), BINS - 1)] if stats["min"] < 0 else 0.0
+    hi = centers[min(np.searchsorted(cdf, 1 - tail), BINS - 1)] if stats["max"] > 0 else 0.0
+    return _with_zero(max(lo, stats["min"]), min(hi, stats["max"]))
+
+
+def _expected_error(centers, counts, lo, hi, levels):
+    """Expected squared error of uniform quantization to `levels` steps over [lo, hi]:
+    rounding noise step^2/12 inside, squared distance to the bound outside."""
+    step = (hi - lo) / (levels - 1)
+    inside = (centers >= lo) & (centers <= hi)
+    err = np.where(
+        inside, step * step / 12.0, np.where(centers < lo, (lo - centers) ** 2, (centers - hi) ** 2)
+    )
+    return float(np.dot(counts, err))
+
+
+def mse(stats: dict, hist: np.ndarray, bits: int, symmetric: bool, percentile: float):
+    lo0, hi0 = _with_zero(stats["min"], stats["max"])
+    if hist.sum() == 0 or hi0 == lo0:
+        return lo0, hi0
+    centers = _centers(stats["radius"])
+    nz = hist > 0
+    centers, counts = centers[nz], hist[nz].astype(np.float64)
+    levels = 2**bits
+    best, best_err = (lo0, hi0), np.inf
+    # Shrink the range towards zero; both ends by the same factor keeps the zero point.
+    for factor in np.linspace(0.05, 1.0, 96):
+        lo, hi = lo0 * factor, hi0 * factor
+        if symmetric:
+            t = max(-lo, hi)
+            lo, hi = -t, t
+        e = _expected_error(centers, counts, lo, hi, levels)
+        if e < best_err - 1e-12 * max(best_err, 1e-300):
+            best, best_err = (lo, hi), e
+    return best
+
+
+def kl(stats: dict, hist: np.ndarray, bits: int, symmetric: bool, percentile: float):
+    """TensorRT-style entropy calibration on the histogram of |x|."""
+    lo0, hi0 = _with_zero(stats["min"], stats["max"])
+    half = BINS // 2
+    absolute = hist[half:][:] + hist[:half][::-1]
+    total = absolute.sum()
+    if total == 0:
+        return lo0, hi0
+    target = 2 ** (bits - 1)
+    last = int(np.max(np.nonzero(absolute)[0])) + 1
+    if last <= target:
+        return lo0, hi0
+    width = stats["radius"] / half
+    best_i, best_div = last, np.inf
+    for i in range(target, last + 1, max(1, (last - target) // 256)):
+        reference = absolute[:i].astype(np.float64).copy()
+        reference[i - 1] += absolute[i:].sum()
+        chunks = np.array_split(absolute[:i].astype(np.float64), target)
+        expanded = []
+        for chunk in chunks:
+            nonzero = chunk > 0
+            mass = chunk.sum()
+            share = mass / nonzero.sum() if nonzero.any() else 0.0
+            expanded.append(np.where(nonzero, share, 0.0))
+        q = np.concatenate(expanded)
+        p = reference / reference.sum()
+        qs = q.sum()
+        if qs == 0:
+            continue
+        q = q / qs
+        mask = p > 0
+        div = float(np.sum(p[mask] * np.log(p[mask] / np.maximum(q[mask], 1e-12))))
+        if div < best_div:
+            best_i, best_div = i, div
+    t = best_i * width
+    return _with_zero(max(lo0, -t), min(hi0, t))
+
+
+METHOD_FUNCTIONS = {"minmax": minmax, "percentile": percentile_range, "kl": kl, "mse": mse}
+
+
+def quant_params(lo: float, hi: float, bits: int, symmetric: bool) -> tuple[float, int]:
+    """(scale, zero_point) for a signed `bits`-bit grid over [lo, hi]; a zero range gets scale 1."""
+    qmin, qmax = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+    lo, hi = _with_zero(lo, hi)
+    if symmetric or bits == 16:
+        t = max(-lo, hi)
+        scale = t / qmax if t > 0 else 1.0
+        return float(scale), 0
+    if hi - lo <= 0:
+        return 1.0, 0
+    scale = (hi - lo) / (qmax - qmin)
+    zero_point = int(np.clip(round(qmin - lo / scale), qmin, qmax))
+    return float(scale), zero_point

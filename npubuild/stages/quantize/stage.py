@@ -1,0 +1,58 @@
+"""quantize: statistics + settings -> the integer model (quantized.npq) and its QDQ ONNX twin."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from npubuild.errors import UserError
+from npubuild.stages import tensorfile
+from npubuild.stages.onnx_utils import default_opset, load_model, save_model, write_json
+from npubuild.stages.quantize.builder import Builder
+from npubuild.stages.quantize.qdq import export_qdq
+
+
+def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
+    model = load_model(inputs["model"], "the optimized model")
+    stats_arrays, stats = tensorfile.load(inputs["stats"])
+    builder = Builder(model, stats["tensors"], stats_arrays, params)
+    program = builder.build()
+    initializers = {t.name for t in model.graph.initializer}
+    meta = {
+        "version": 1,
+        "inputs": [i.name for i in model.graph.input if i.name not in initializers],
+        "outputs": [o.name for o in model.graph.output],
+        "ops": program.ops,
+        "tensors": program.tensors,
+        "float_nodes": program.float_nodes,
+        "opset": default_opset(model),
+        "functions": [],
+    }
+    arrays = dict(program.arrays)
+    for i, f in enumerate(model.functions):
+        key = f"function/{i}"
+        arrays[key] = np.frombuffer(f.SerializeToString(deterministic=True), dtype=np.uint8)
+        meta["functions"].append(key)
+    tensorfile.save(outdir / "quantized.npq", arrays, meta)
+    try:
+        qdq = export_qdq(model, meta, arrays)
+    except NotImplementedError as exc:
+        raise UserError(f"cannot export a QDQ model: {exc}") from None
+    kinds = Counter(op["kind"] for op in program.ops)
+    bits = Counter(t["bits"] for t in program.tensors.values())
+    summary = {
+        "integer_ops": sum(n for k, n in kinds.items() if k not in ("float", "quantize")),
+        "float_ops": len(program.float_nodes),
+        "float_nodes": program.float_nodes,
+        "op_kinds": dict(sorted(kinds.items())),
+        "tensor_bits": {str(k): v for k, v in sorted(bits.items())},
+        "settings": params,
+        "warnings": program.warnings,
+    }
+    return {
+        "integer": outdir / "quantized.npq",
+        "qdq": save_model(qdq, outdir / "quantized.qdq.onnx"),
+        "summary": write_json(outdir / "quantize.json", summary),
+    }
