@@ -36,3 +36,33 @@ def generate(dest: Path, per_model: int = 4) -> int:
             count += 1
     (dest / "models" / "BUILD").write_text("\n".join(lines))
     return count
+
+
+def photo_crops(dest: Path, per_calibration_photo: int = 6, per_evaluation_photo: int = 6) -> tuple[int, int]:
+    """Deterministic crops of the committed photographs: calibration crops come only from the
+    calibration photos and evaluation crops only from the evaluation photos (disjoint sets)."""
+    from PIL import Image
+
+    photos = EXAMPLE / "data" / "photos"
+    counts = []
+    for role, per in (("calib", per_calibration_photo), ("eval", per_evaluation_photo)):
+        out = dest / role
+        out.mkdir(parents=True, exist_ok=True)
+        n = 0
+        for src in sorted((photos / role).glob("*")):
+            if src.suffix.lower() not in (".jpg", ".png"):
+                continue
+            image = Image.open(src).convert("RGB")
+            w, h = image.size
+            for k in range(per):
+                scale = (0.5, 0.65, 0.8)[k % 3]
+                cw, ch = int(w * scale), int(h * scale)
+                x = (w - cw) * ((k * 37) % 11) // 10
+                y = (h - ch) * ((k * 53) % 7) // 6
+                crop = image.crop((x, y, x + cw, y + ch))
+                if k % 2:
+                    crop = crop.transpose(Image.FLIP_LEFT_RIGHT)
+                crop.save(out / f"{src.stem}_{k}.png")
+                n += 1
+        counts.append(n)
+    return counts[0], counts[1]

@@ -232,6 +232,32 @@ def explain(label: Annotated[str, typer.Argument(help="The target to explain.")]
 
 
 @app.command()
+def report(
+    label: Annotated[str, typer.Argument(help="An npu_model.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """The accuracy report of LABEL's last build: outputs and per-layer cosine/SQNR."""
+    import json
+
+    from npubuild.engine import history
+    from npubuild.labels import parse_label
+    from npubuild.report import render_accuracy
+
+    ws, store = _workspace(), _store()
+    target = ws.target(parse_label(label))
+    record = history.last(store, str(target.label)) or {"steps": []}
+    step = next((s for s in record["steps"] if s["stage"] == "evaluate" and s.get("key")), None)
+    entry = store.get_action(step["key"]) if step else None
+    if entry is None:
+        raise UserError(f"no accuracy report for {target.label}; run 'npubuild build {target.label}' first")
+    data = store.read_json(entry["outputs"]["report"])
+    if as_json:
+        out.print_json(json.dumps(data))
+    else:
+        render_accuracy(out, str(target.label), data)
+
+
+@app.command()
 def clean(expunge: Annotated[bool, typer.Option(help="Also delete the whole cache.")] = False) -> None:
     """Remove npubuild-out/ (and with --expunge the cache)."""
     from npubuild.layout import OUT_DIR

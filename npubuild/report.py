@@ -12,7 +12,7 @@ from npubuild.engine.run import BuildOutcome
 
 def _summary(store: Store, outcome: BuildOutcome, action) -> dict[str, Any] | None:
     result = outcome.result(action)
-    digest = result.outputs.get("summary") if result.ok else None
+    digest = (result.outputs.get("summary") or result.outputs.get("report")) if result.ok else None
     if digest is None:
         return None
     try:
@@ -24,6 +24,12 @@ def _summary(store: Store, outcome: BuildOutcome, action) -> dict[str, Any] | No
 def _details(plan, summaries: dict[str, dict]) -> list[str]:
     """The facts a user scans for: node counts, the numeric check, data-set sizes."""
     parts = []
+    if "evaluate" in summaries:
+        s = summaries["evaluate"]
+        for m in s["outputs"].values():
+            parts.append(f"int8 cos {m['cosine']:.4f} SQNR {m['sqnr_db']:.1f} dB")
+        if s["float_nodes"]:
+            parts.append(f"{len(s['float_nodes'])} float ops")
     if "optimize" in summaries:
         s = summaries["optimize"]
         c = s["check"]
@@ -75,6 +81,16 @@ def render_build(console, store: Store, outcome: BuildOutcome) -> None:
             details,
         )
     console.print(table)
+    for plan in outcome.plans:
+        evaluate = [a for step, a in plan.steps if step == "evaluate"]
+        report = _summary(store, outcome, evaluate[0]) if evaluate else None
+        if report:
+            worst = {r["tensor"]: r for r in report["layers"]}
+            rows = ", ".join(
+                f"{escape(worst[t]['node'])} ({worst[t]['op_type']}) {worst[t]['sqnr_db']:.1f} dB"
+                for t in report["worst_layers"]
+            )
+            console.print(f"{plan.label} five worst layers: {rows}", highlight=False)
     for w in dict.fromkeys(warnings):
         console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
 
@@ -84,3 +100,44 @@ def counts(outcome: BuildOutcome) -> dict[str, int]:
     for r in outcome.results.values():
         out[r.status] = out.get(r.status, 0) + 1
     return out
+
+
+def render_accuracy(console, label: str, report: dict) -> None:
+    """`npubuild report`: outputs, every layer, what stayed float, and the golden-vs-QDQ check."""
+    from rich.table import Table
+
+    console.print(
+        f"[bold]{escape(label)}[/]: int8 model against float on {report['samples']} evaluation samples"
+    )
+    for name, m in report["outputs"].items():
+        console.print(
+            f"  output {escape(name)}: cosine {m['cosine']:.5f}, SQNR {m['sqnr_db']:.2f} dB, "
+            f"max abs error {m['max_abs_error']:.4g}",
+            highlight=False,
+        )
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("layer", "op", "bits", "cosine", "SQNR dB"):
+        table.add_column(col, justify="right" if col in ("bits", "cosine", "SQNR dB") else "left")
+    worst = set(report["worst_layers"])
+    for row in report["layers"]:
+        style = "[red]" if row["tensor"] in worst else ""
+        end = "[/]" if style else ""
+        table.add_row(
+            f"{style}{escape(row['node'])}{end}",
+            row["op_type"],
+            str(row["bits"]),
+            f"{row['cosine']:.5f}",
+            f"{row['sqnr_db']:.2f}",
+        )
+    console.print(table)
+    for f in report["float_nodes"]:
+        console.print(
+            f"  float: {escape(f['node'])} ({f['op_type']}): {escape(f['reason'])}", highlight=False
+        )
+    g = report["golden_vs_qdq"]["op_by_op"]
+    if g["elements"]:
+        console.print(
+            f"  golden interpreter vs QDQ model in onnxruntime, op by op: {g['within_1_lsb']:.6%} of "
+            f"{g['elements']:,} elements within 1 LSB ({g['exact']:.4%} exact)",
+            highlight=False,
+        )

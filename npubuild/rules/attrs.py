@@ -80,6 +80,9 @@ class QuantizeConfig(Strict):
     per_channel: bool = True
     symmetric_activations: bool = False
     bias_correction: bool = True
+    # A lookup-table activation that produces a network output (a final Sigmoid) runs in float:
+    # probabilities quantized to 1/255 steps lose the small values detectors threshold on.
+    float_output_activations: bool = True
 
 
 class LayerOverride(Strict):

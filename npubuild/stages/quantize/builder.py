@@ -104,6 +104,14 @@ class Builder:
                 choice.bits = override["bits"]
             if override.get("method"):
                 choice.method = override["method"]
+        if (
+            cfg.get("float_output_activations")
+            and node.op_type in LUT_OPS
+            and any(o in self.outputs for o in node.output)
+        ):
+            return NodeChoice(
+                False, 0, "", "a network output's activation stays float (float_output_activations)"
+            )
         reason = self.integer_blocker(node)
         if reason:
             return NodeChoice(False, 0, "", reason)

@@ -1,0 +1,165 @@
+"""npubuild's int8 model against onnxruntime's quantize_static on the three real models.
+
+    python benchmarks/ptq_vs_ort.py
+
+Same calibration crops (>= 32) and evaluation crops (>= 16, from other photographs) for both.
+npubuild: its own defaults (calibrate + quantize timed from the build's own action timings),
+accuracy of the golden integer interpreter's outputs against the float model. onnxruntime: the
+imported model (input pinned, opset >= 13, as a user would prepare it), quant_pre_process, then
+quantize_static with QDQ, per-channel int8 weights and int8 activations for MinMax, Entropy and
+Percentile, evaluated in onnxruntime. Accuracy is over the concatenated outputs of all evaluation
+images: cosine and SQNR (dB) against the float model.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _workspace_gen import EXAMPLE, photo_crops  # noqa: E402
+
+MODELS = {"yolo": "yolov8n", "ocr_det": "ppocr_det", "ocr_cls": "ppocr_cls"}
+DATA = {"yolo": "yolo", "ocr_det": "ocr_det", "ocr_cls": "ocr_cls"}
+
+
+def make_workspace(root: Path) -> tuple[int, int]:
+    shutil.copytree(EXAMPLE, root, ignore=shutil.ignore_patterns("npubuild-out", "photos"))
+    counts = photo_crops(root / "data" / "crops")
+    build = root / "data" / "BUILD"
+    text = build.read_text()
+    text = text.replace('glob(["photos/calib/*.jpg"])', 'glob(["crops/calib/*.png"])')
+    text = text.replace('glob(["photos/eval/*"], exclude=["photos/eval/*.md"])', 'glob(["crops/eval/*.png"])')
+    build.write_text(text)
+    return counts
+
+
+def session(model) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+
+
+def accuracy(reference: list[np.ndarray], candidate: list[np.ndarray]) -> tuple[float, float]:
+    r = np.concatenate([a.reshape(-1) for a in reference]).astype(np.float64)
+    c = np.concatenate([a.reshape(-1) for a in candidate]).astype(np.float64)
+    cos = float(r @ c / math.sqrt((r @ r) * (c @ c))) if (r @ r) * (c @ c) > 0 else 0.0
+    err = float(((r - c) ** 2).sum())
+    sqnr = 10 * math.log10(float(r @ r) / err) if err > 0 else float("inf")
+    return cos, sqnr
+
+
+class Reader:
+    def __init__(self, name: str, tensors: np.ndarray):
+        self.name, self.tensors, self.i = name, tensors, 0
+
+    def get_next(self):
+        if self.i >= len(self.tensors):
+            return None
+        self.i += 1
+        return {self.name: self.tensors[self.i - 1 : self.i]}
+
+    def rewind(self):
+        self.i = 0
+
+
+def onnxruntime_rows(canonical: Path, calib: np.ndarray, evaluation: np.ndarray, tmp: Path) -> list[tuple]:
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    float_session = session(canonical)
+    name = float_session.get_inputs()[0].name
+    reference = [float_session.run(None, {name: x[None]})[0] for x in evaluation]
+    prepared = tmp / "prepared.onnx"
+    try:
+        quant_pre_process(str(canonical), str(prepared))
+    except Exception as exc:  # record, and quantize the unprepared model
+        print(f"    quant_pre_process failed ({type(exc).__name__}); quantizing without it")
+        shutil.copy(canonical, prepared)
+    rows = []
+    for method in (CalibrationMethod.MinMax, CalibrationMethod.Entropy, CalibrationMethod.Percentile):
+        out = tmp / f"ort_{method.name}.onnx"
+        start = time.perf_counter()
+        try:
+            quantize_static(str(prepared), str(out), Reader(name, calib), quant_format=QuantFormat.QDQ,
+                            per_channel=True, weight_type=QuantType.QInt8, activation_type=QuantType.QInt8,
+                            calibrate_method=method)
+        except Exception as exc:
+            rows.append((f"onnxruntime {method.name}", None, None, None, f"failed: {type(exc).__name__}: {exc}"))
+            continue
+        seconds = time.perf_counter() - start
+        q = session(out)
+        candidate = [q.run(None, {name: x[None]})[0] for x in evaluation]
+        cos, sqnr = accuracy(reference, candidate)
+        rows.append((f"onnxruntime {method.name}", cos, sqnr, seconds, ""))
+    return rows
+
+
+def main() -> None:
+    import logging
+
+    logging.getLogger().setLevel(logging.ERROR)  # onnxruntime.quantization warns per tensor
+    from npubuild.cache.store import Store
+    from npubuild.engine.run import build
+
+    tmp = Path(tempfile.mkdtemp(prefix="npubuild-ptq-"))
+    try:
+        ws = tmp / "ws"
+        n_calib, n_eval = make_workspace(ws)
+        print(f"calibration crops: {n_calib}, evaluation crops: {n_eval} (from disjoint photographs)")
+        store = Store(tmp / "cache")
+        outcome = build(ws, store, ["//models:yolo", "//models:ocr_det", "//models:ocr_cls"], jobs=1)
+        assert outcome.ok, outcome.errors
+        seconds = {(a.stage, a.owner): outcome.result(a).seconds for a in outcome.actions}
+        summary = []
+        for target, source in MODELS.items():
+            out = ws / "npubuild-out" / "models" / target
+            import json
+
+            report = json.loads((out / "accuracy.json").read_text())
+            (metrics,) = report["outputs"].values()
+            ours = seconds[("calibrate", f"//models:{target}")] + seconds[("quantize", f"//models:{target}")]
+            calib = np.load(ws / "npubuild-out" / "data" / f"{DATA[target]}_calib" / "tensors.npy") if (
+                ws / "npubuild-out" / "data" / f"{DATA[target]}_calib").exists() else None
+            if calib is None:
+                build(ws, store, [f"//data:{DATA[target]}_calib", f"//data:{DATA[target]}_eval"], jobs=1)
+                calib = np.load(ws / "npubuild-out" / "data" / f"{DATA[target]}_calib" / "tensors.npy")
+            evaluation = np.load(ws / "npubuild-out" / "data" / f"{DATA[target]}_eval" / "tensors.npy")
+            rows = [("npubuild default", metrics["cosine"], metrics["sqnr_db"], ours, "")]
+            mtmp = tmp / target
+            mtmp.mkdir()
+            rows += onnxruntime_rows(out / "canonical.onnx", calib, evaluation, mtmp)
+            print(f"\n{target} ({source}): {len(calib)} calibration, {len(evaluation)} evaluation images")
+            print(f"  {'':<24} {'cosine':>8} {'SQNR dB':>8} {'time s':>7}")
+            for label, cos, sqnr, t, note in rows:
+                if cos is None:
+                    print(f"  {label:<24} {note}")
+                else:
+                    print(f"  {label:<24} {cos:>8.4f} {sqnr:>8.2f} {t:>7.2f} {note}")
+            ort_rows = [r for r in rows[1:] if r[1] is not None]
+            best = max(ort_rows, key=lambda r: r[1]) if ort_rows else None
+            pct = next((r for r in ort_rows if r[0].endswith("Percentile")), None)
+            summary.append((target, rows[0], best, pct))
+        print("\nsummary")
+        for target, ours, best, pct in summary:
+            verdict = "yes" if best is None or (ours[1] >= best[1] and ours[2] >= best[2]) else "no"
+            ratio = f"{ours[3] / pct[3]:.2f}" if pct else "n/a"
+            print(f"  {target:<8} npubuild cos {ours[1]:.4f} / {ours[2]:.2f} dB; best onnxruntime "
+                  f"{best[0] if best else '-'} cos {best[1] if best else float('nan'):.4f} / "
+                  f"{best[2] if best else float('nan'):.2f} dB; at least as good: {verdict}; "
+                  f"time npubuild/onnxruntime-Percentile: {ratio}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
