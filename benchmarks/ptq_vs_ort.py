@@ -90,11 +90,20 @@ def onnxruntime_rows(canonical: Path, calib: np.ndarray, evaluation: np.ndarray,
         out = tmp / f"ort_{method.name}.onnx"
         start = time.perf_counter()
         try:
-            quantize_static(str(prepared), str(out), Reader(name, calib), quant_format=QuantFormat.QDQ,
-                            per_channel=True, weight_type=QuantType.QInt8, activation_type=QuantType.QInt8,
-                            calibrate_method=method)
+            quantize_static(
+                str(prepared),
+                str(out),
+                Reader(name, calib),
+                quant_format=QuantFormat.QDQ,
+                per_channel=True,
+                weight_type=QuantType.QInt8,
+                activation_type=QuantType.QInt8,
+                calibrate_method=method,
+            )
         except Exception as exc:
-            rows.append((f"onnxruntime {method.name}", None, None, None, f"failed: {type(exc).__name__}: {exc}"))
+            rows.append(
+                (f"onnxruntime {method.name}", None, None, None, f"failed: {type(exc).__name__}: {exc}")
+            )
             continue
         seconds = time.perf_counter() - start
         q = session(out)
@@ -128,8 +137,11 @@ def main() -> None:
             report = json.loads((out / "accuracy.json").read_text())
             (metrics,) = report["outputs"].values()
             ours = seconds[("calibrate", f"//models:{target}")] + seconds[("quantize", f"//models:{target}")]
-            calib = np.load(ws / "npubuild-out" / "data" / f"{DATA[target]}_calib" / "tensors.npy") if (
-                ws / "npubuild-out" / "data" / f"{DATA[target]}_calib").exists() else None
+            calib = (
+                np.load(ws / "npubuild-out" / "data" / f"{DATA[target]}_calib" / "tensors.npy")
+                if (ws / "npubuild-out" / "data" / f"{DATA[target]}_calib").exists()
+                else None
+            )
             if calib is None:
                 build(ws, store, [f"//data:{DATA[target]}_calib", f"//data:{DATA[target]}_eval"], jobs=1)
                 calib = np.load(ws / "npubuild-out" / "data" / f"{DATA[target]}_calib" / "tensors.npy")
@@ -153,10 +165,12 @@ def main() -> None:
         for target, ours, best, pct in summary:
             verdict = "yes" if best is None or (ours[1] >= best[1] and ours[2] >= best[2]) else "no"
             ratio = f"{ours[3] / pct[3]:.2f}" if pct else "n/a"
-            print(f"  {target:<8} npubuild cos {ours[1]:.4f} / {ours[2]:.2f} dB; best onnxruntime "
-                  f"{best[0] if best else '-'} cos {best[1] if best else float('nan'):.4f} / "
-                  f"{best[2] if best else float('nan'):.2f} dB; at least as good: {verdict}; "
-                  f"time npubuild/onnxruntime-Percentile: {ratio}")
+            print(
+                f"  {target:<8} npubuild cos {ours[1]:.4f} / {ours[2]:.2f} dB; best onnxruntime "
+                f"{best[0] if best else '-'} cos {best[1] if best else float('nan'):.4f} / "
+                f"{best[2] if best else float('nan'):.2f} dB; at least as good: {verdict}; "
+                f"time npubuild/onnxruntime-Percentile: {ratio}"
+            )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
