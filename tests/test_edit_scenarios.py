@@ -4,16 +4,25 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from PIL import Image
 
 from conftest import run_build
 
-EVERYTHING = {
-    ("import", "//models:cls"),
-    ("prepare", "//data:calib"),
-    ("prepare", "//data:eval"),
-    ("optimize", "//models:cls_npu"),
-}
+IMPORT = ("import", "//models:cls")
+PREPARE_CALIB = ("prepare", "//data:calib")
+PREPARE_EVAL = ("prepare", "//data:eval")
+OPTIMIZE = ("optimize", "//models:cls_npu")
+CALIBRATE = ("calibrate", "//models:cls_npu")
+AFTER_CALIBRATE = {("quantize", "//models:cls_npu"), ("evaluate", "//models:cls_npu")}
+QUANTIZED = {CALIBRATE} | AFTER_CALIBRATE
+EVERYTHING = {IMPORT, PREPARE_CALIB, PREPARE_EVAL, OPTIMIZE} | QUANTIZED
+
+
+def edit(path, old, new):
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
 
 
 def test_first_build_runs_everything_once(small_ws, store):
@@ -44,38 +53,32 @@ def test_c_comment_and_reformatting_of_build_file_runs_nothing(small_ws, store):
     run_build(small_ws, store)
     build = small_ws / "models" / "BUILD"
     text = build.read_text()
-    reformatted = "# The classifier.\n\n" + text.replace(" = ", "=").replace("\n)", "  # end of rule\n)\n\n")
-    build.write_text(reformatted)
+    build.write_text(
+        "# The classifier.\n\n" + text.replace(" = ", "=").replace("\n)", "  # end of rule\n)\n\n")
+    )
     assert run_build(small_ws, store).executed() == set()
 
 
 def test_d_dataset_preprocessing_reruns_only_its_prepare_and_readers(small_ws, store):
     run_build(small_ws, store)
-    build = small_ws / "data" / "BUILD"
-    build.write_text(
-        build.read_text().replace(
-            'dataset(name = "calib", srcs = glob(["calib/*.png"]), preprocess = PRE)',
-            'dataset(name = "calib", srcs = glob(["calib/*.png"]),\n'
-            '        preprocess = {"resize": [48, 192], "color": "BGR", "mean": [0.45], "std": [0.5]})',
-        )
+    edit(
+        small_ws / "data" / "BUILD",
+        'dataset(name = "calib", srcs = glob(["calib/*.png"]), preprocess = PRE)',
+        'dataset(name = "calib", srcs = glob(["calib/*.png"]),\n'
+        '        preprocess = {"resize": [48, 192], "color": "BGR", "mean": [0.45], "std": [0.5]})',
     )
-    assert run_build(small_ws, store).executed() == {
-        ("prepare", "//data:calib"),
-        ("optimize", "//models:cls_npu"),
-    }
+    assert run_build(small_ws, store).executed() == {PREPARE_CALIB, OPTIMIZE} | QUANTIZED
 
 
 def test_e_optimize_option_reruns_only_that_optimize(small_ws, store):
     run_build(small_ws, store)
     build = small_ws / "models" / "BUILD"
-    build.write_text(build.read_text().replace('"check_samples": 2', '"check_samples": 1'))
-    assert run_build(small_ws, store).executed() == {("optimize", "//models:cls_npu")}
-    # and a pass switched off changes the optimized model, so it reruns again
-    build.write_text(
-        build.read_text().replace('"check_samples": 1', '"check_samples": 1, "disable": ["fuse_hardswish"]')
-    )
-    outcome = run_build(small_ws, store)
-    assert outcome.executed() == {("optimize", "//models:cls_npu")}
+    edit(build, '"check_samples": 2', '"check_samples": 1')
+    # optimize reran and wrote the same model: calibrate and what follows did not (early cutoff)
+    assert run_build(small_ws, store).executed() == {OPTIMIZE}
+    # a pass switched off changes the optimized model, so everything reading it reruns
+    edit(build, '"check_samples": 1', '"check_samples": 1, "disable": ["fuse_hardswish"]')
+    assert run_build(small_ws, store).executed() == {OPTIMIZE} | QUANTIZED
 
 
 def test_f_early_cutoff_when_an_upstream_rerun_yields_identical_bytes(small_ws, store):
@@ -85,17 +88,37 @@ def test_f_early_cutoff_when_an_upstream_rerun_yields_identical_bytes(small_ws, 
     before = photo.read_bytes()
     Image.open(photo).save(photo, compress_level=1)
     assert photo.read_bytes() != before
-    outcome = run_build(small_ws, store)
-    # prepare reran (its input changed) and wrote the same tensors: optimize did not rerun.
-    assert outcome.executed() == {("prepare", "//data:calib")}
+    # prepare reran (its input changed) and wrote the same tensors: nothing after it reran.
+    assert run_build(small_ws, store).executed() == {PREPARE_CALIB}
 
 
 def test_new_file_matched_by_a_glob_reruns_its_dataset(small_ws, store):
     run_build(small_ws, store)
     src = sorted((small_ws / "data" / "calib").glob("*.png"))[0]
     (small_ws / "data" / "calib" / "zz_copy.png").write_bytes(src.read_bytes())
+    assert run_build(small_ws, store).executed() == {PREPARE_CALIB, OPTIMIZE} | QUANTIZED
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        '    quantize = {"method": "minmax"},\n',
+        '    quantize = {"method": "percentile", "percentile": 99.9},\n',
+        '    quantize = {"activation_bits": 16},\n',
+        '    overrides = [{"op_type": "GlobalAveragePool", "keep_float": True}],\n',
+    ],
+    ids=["method", "percentile", "bits", "override"],
+)
+def test_quantize_settings_rerun_quantize_and_readers_never_calibrate(small_ws, store, setting):
+    run_build(small_ws, store)
+    edit(
+        small_ws / "models" / "BUILD",
+        '    optimize = {"check_samples": 2},\n',
+        '    optimize = {"check_samples": 2},\n' + setting,
+    )
     outcome = run_build(small_ws, store)
-    assert outcome.executed() == {("prepare", "//data:calib"), ("optimize", "//models:cls_npu")}
+    assert outcome.ok, outcome.errors
+    assert outcome.executed() == AFTER_CALIBRATE
 
 
 def test_parallel_build_gives_byte_identical_artifacts(small_ws, store, tmp_path):
@@ -115,13 +138,20 @@ def test_parallel_build_gives_byte_identical_artifacts(small_ws, store, tmp_path
         "optimized.onnx",
         "optimize_log.json",
         "optimize.json",
+        "stats.npbt",
+        "calibrate.json",
+        "quantized.npq",
+        "quantized.qdq.onnx",
+        "quantize.json",
+        "accuracy.json",
     }
 
 
 def test_until_import_stops_the_pipeline(small_ws, store):
-    outcome = run_build(small_ws, store, until="import")
-    assert outcome.executed() == {
-        ("import", "//models:cls"),
-        ("prepare", "//data:calib"),
-        ("prepare", "//data:eval"),
-    }
+    # the data sets are targets of //... themselves, so they are prepared anyway
+    assert run_build(small_ws, store, until="import").executed() == {IMPORT, PREPARE_CALIB, PREPARE_EVAL}
+
+
+def test_until_quantize_skips_evaluate(small_ws, store):
+    executed = run_build(small_ws, store, until="quantize").executed()
+    assert executed == EVERYTHING - {("evaluate", "//models:cls_npu")}

@@ -64,7 +64,7 @@ def mse(stats: dict, hist: np.ndarray, bits: int, symmetric: bool, percentile: f
             t = max(-lo, hi)
             lo, hi = -t, t
         e = _expected_error(centers, counts, lo, hi, levels)
-        if e < best_err - 1e-12 * max(best_err, 1e-300):
+        if e < best_err:
             best, best_err = (lo, hi), e
     return best
 
