@@ -108,3 +108,24 @@ def test_artifacts_are_byte_identical_in_a_clean_cache(example, tmp_path):
     second = {p: p.read_bytes() for p in (ws / "npubuild-out").rglob("*") if p.is_file()}
     assert first.keys() == second.keys()
     assert [p for p in first if first[p] != second[p]] == []
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_integer_model_agrees_with_its_qdq_twin_and_with_float(example, name):
+    import json
+
+    ws, _, _ = example
+    out = out_dir(ws, f"//models:{name}")
+    report = json.loads((out / "accuracy.json").read_text())
+    g = report["golden_vs_qdq"]["op_by_op"]
+    assert g["elements"] > 100_000
+    assert g["within_1_lsb"] >= 0.999
+    # the QDQ twin runs in stock onnxruntime and has the integer model's parameters
+    qdq = onnx.load(out / "quantized.qdq.onnx")
+    assert sum(n.op_type == "QuantizeLinear" for n in qdq.graph.node) > 50
+    session(out / "quantized.qdq.onnx")
+    # every layer is reported; classification and detection outputs stay close to float
+    assert len(report["layers"]) > 50 and len(report["worst_layers"]) == 5
+    if name in ("yolo", "ocr_cls"):
+        (metrics,) = report["outputs"].values()
+        assert metrics["cosine"] > 0.99

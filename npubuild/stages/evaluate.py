@@ -26,10 +26,15 @@ class Agreement:
         self.dot = self.ref2 = self.cand2 = self.err2 = 0.0
         self.max_abs = 0.0
         self.count = 0
+        self.nonfinite = 0
 
     def update(self, ref: np.ndarray, cand: np.ndarray) -> None:
         r = np.asarray(ref, np.float64).reshape(-1)
         c = np.asarray(cand, np.float64).reshape(-1)
+        finite = np.isfinite(r) & np.isfinite(c)
+        if not finite.all():  # NaN/Inf (e.g. log of 0) cannot be compared; count them instead
+            self.nonfinite += int((~finite).sum())
+            r, c = r[finite], c[finite]
         d = r - c
         self.dot += float(r @ c)
         self.ref2 += float(r @ r)
@@ -47,7 +52,10 @@ class Agreement:
             sqnr = -200.0
         else:
             sqnr = 10 * math.log10(self.ref2 / self.err2)
-        return {"cosine": round(cosine, 7), "sqnr_db": round(sqnr, 3), "max_abs_error": self.max_abs}
+        result = {"cosine": round(cosine, 7), "sqnr_db": round(sqnr, 3), "max_abs_error": self.max_abs}
+        if self.nonfinite:
+            result["nonfinite_elements"] = self.nonfinite
+        return result
 
 
 OP_BY_OP_SAMPLES = 2

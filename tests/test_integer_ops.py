@@ -1,0 +1,330 @@
+"""The integer model's arithmetic against expectations derived by hand: explicit loops and exact
+rational arithmetic (fractions), independent of the vectorised numpy code under test."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from npubuild.stages.quantize.fixedpoint import (
+    ADD_FRACTION_BITS,
+    add_multiplier,
+    quantize_multiplier,
+    requantize,
+    rounding_shift,
+)
+from npubuild.stages.quantize.interpreter import Interpreter, quantize_float
+
+RNG = np.random.default_rng(11)
+
+
+def round_half_away(x: Fraction) -> int:
+    sign = -1 if x < 0 else 1
+    return sign * int((abs(x) + Fraction(1, 2)).__floor__())
+
+
+@pytest.mark.parametrize("m", [1e-6, 0.000123, 0.0271, 0.5, 0.7499, 1.0, 1.3, 7.9, 1000.0])
+def test_multiplier_is_accurate_to_31_bits(m):
+    m0, shift = quantize_multiplier(m)
+    assert 2**30 <= m0 < 2**31
+    assert abs(Fraction(m0, 2 ** (31 + shift)) - Fraction(m)) <= Fraction(m) / 2**30
+
+
+def test_requantize_rounds_half_away_from_zero_exactly():
+    for m in (0.0123, 0.5, 0.25, 1.7, 3.1e-4):
+        m0, shift = quantize_multiplier(m)
+        acc = np.concatenate([RNG.integers(-(2**31) + 1, 2**31 - 1, 200), [0, 1, -1, 2, -2, 3, -3]])
+        got = requantize(acc, m0, shift)
+        exact = [round_half_away(Fraction(int(a) * m0, 2 ** (31 + shift))) for a in acc]
+        assert got.tolist() == exact
+
+
+def test_rounding_shift_ties():
+    assert rounding_shift(np.array([5, -5, 6, -6, 7, -7, 4]), 1).tolist() == [3, -3, 3, -3, 4, -4, 2]
+
+
+def op_program(ops, tensors, outputs):
+    return {"ops": ops, "tensors": tensors, "outputs": outputs}
+
+
+def t(scale, zp, bits=8):
+    return {"scale": scale, "zero_point": zp, "bits": bits}
+
+
+def test_conv_with_padding_bias_requant_and_relu_clamp():
+    x = RNG.integers(-128, 128, (1, 2, 4, 4)).astype(np.int32)
+    w = RNG.integers(-127, 128, (3, 2, 3, 3)).astype(np.int8)
+    bias = np.array([100, -2000, 7], np.int64)
+    zx, zy = -5, 3
+    scales = [0.0031, 0.0007, 0.012]
+    m0, shift = zip(*(quantize_multiplier(s) for s in scales))
+    arrays = {"w": w, "b": bias, "m0": np.array(m0, np.int64), "s": np.array(shift, np.int64)}
+    op = {
+        "kind": "conv",
+        "inputs": ["x"],
+        "outputs": ["y"],
+        "attrs": {
+            "strides": [1, 1],
+            "pads": [1, 1, 1, 1],
+            "dilations": [1, 1],
+            "group": 1,
+            "transpose": False,
+            "output_padding": [0, 0],
+            "auto_pad": "NOTSET",
+            "min": zy,
+            "max": 127,
+        },
+        "arrays": {"weight": "w", "bias": "b", "m0": "m0", "shift": "s"},
+    }
+    program = op_program([op], {"x": t(0.1, zx), "y": t(0.2, zy)}, ["y"])
+    env = {"x": x}
+    Interpreter(program, arrays)._conv(op, env)
+    expected = np.zeros((1, 3, 4, 4), np.int64)
+    for o in range(3):
+        for i in range(4):
+            for j in range(4):
+                acc = int(bias[o])
+                for c in range(2):
+                    for ki in range(3):
+                        for kj in range(3):
+                            ii, jj = i + ki - 1, j + kj - 1
+                            if 0 <= ii < 4 and 0 <= jj < 4:  # padding is the zero point: contributes 0
+                                acc += (int(x[0, c, ii, jj]) - zx) * int(w[o, c, ki, kj])
+                y = round_half_away(Fraction(acc * m0[o], 2 ** (31 + shift[o]))) + zy
+                expected[0, o, i, j] = min(max(y, zy), 127)  # fused ReLU: clamp at the zero point
+    assert env["y"].tolist() == expected.tolist()
+
+
+def test_depthwise_conv_with_stride():
+    x = RNG.integers(-128, 128, (1, 3, 5, 5)).astype(np.int32)
+    w = RNG.integers(-127, 128, (3, 1, 3, 3)).astype(np.int8)
+    m0, shift = quantize_multiplier(0.01)
+    arrays = {
+        "w": w,
+        "b": np.zeros(3, np.int64),
+        "m0": np.full(3, m0, np.int64),
+        "s": np.full(3, shift, np.int64),
+    }
+    op = {
+        "kind": "conv",
+        "inputs": ["x"],
+        "outputs": ["y"],
+        "attrs": {
+            "strides": [2, 2],
+            "pads": [0, 0, 0, 0],
+            "dilations": [1, 1],
+            "group": 3,
+            "transpose": False,
+            "output_padding": [0, 0],
+            "auto_pad": "NOTSET",
+            "min": -128,
+            "max": 127,
+        },
+        "arrays": {"weight": "w", "bias": "b", "m0": "m0", "shift": "s"},
+    }
+    env = {"x": x}
+    Interpreter(op_program([op], {"x": t(1, 0), "y": t(1, 0)}, ["y"]), arrays)._conv(op, env)
+    for c in range(3):
+        for i in range(2):
+            for j in range(2):
+                acc = sum(
+                    int(x[0, c, 2 * i + a, 2 * j + b]) * int(w[c, 0, a, b])
+                    for a in range(3)
+                    for b in range(3)
+                )
+                y = min(max(round_half_away(Fraction(acc * m0, 2 ** (31 + shift))), -128), 127)
+                assert env["y"][0, c, i, j] == y
+
+
+def test_conv_transpose_stride_2_scatters_each_tap():
+    x = RNG.integers(-128, 128, (1, 2, 3, 3)).astype(np.int32)
+    w = RNG.integers(-127, 128, (2, 2, 2, 2)).astype(np.int8)  # [Cin, Cout, kh, kw]
+    m0, shift = quantize_multiplier(0.02)
+    arrays = {
+        "w": w,
+        "b": np.array([5, -5], np.int64),
+        "m0": np.full(2, m0, np.int64),
+        "s": np.full(2, shift, np.int64),
+    }
+    op = {
+        "kind": "conv",
+        "inputs": ["x"],
+        "outputs": ["y"],
+        "attrs": {
+            "strides": [2, 2],
+            "pads": [0, 0, 0, 0],
+            "dilations": [1, 1],
+            "group": 1,
+            "transpose": True,
+            "output_padding": [0, 0],
+            "auto_pad": "NOTSET",
+            "min": -128,
+            "max": 127,
+        },
+        "arrays": {"weight": "w", "bias": "b", "m0": "m0", "shift": "s"},
+    }
+    env = {"x": x}
+    Interpreter(op_program([op], {"x": t(1, 2), "y": t(1, 0)}, ["y"]), arrays)._conv(op, env)
+    assert env["y"].shape == (1, 2, 6, 6)
+    for o in range(2):
+        for i in range(6):
+            for j in range(6):
+                acc = 5 if o == 0 else -5
+                acc += sum((int(x[0, c, i // 2, j // 2]) - 2) * int(w[c, o, i % 2, j % 2]) for c in range(2))
+                y = min(max(round_half_away(Fraction(acc * m0, 2 ** (31 + shift))), -128), 127)
+                assert env["y"][0, o, i, j] == y
+
+
+def test_add_sub_with_broadcast_on_the_fixed_point_grid():
+    a = RNG.integers(-128, 128, (1, 4, 2, 2)).astype(np.int32)
+    b = RNG.integers(-128, 128, (1, 4, 1, 1)).astype(np.int32)
+    sa, sb, so, za, zb, zo = 0.05, 0.11, 0.13, 3, -7, -2
+    for sign in (1, -1):
+        op = {
+            "kind": "add",
+            "inputs": ["a", "b"],
+            "outputs": ["y"],
+            "attrs": {
+                "ma": add_multiplier(sa / so),
+                "mb": sign * add_multiplier(sb / so),
+                "za": za,
+                "zb": zb,
+            },
+        }
+        env = {"a": a, "b": b}
+        Interpreter(op_program([op], {"y": t(so, zo)}, ["y"]), {})._add(op, env)
+        bb = np.broadcast_to(b, a.shape)
+        for idx in np.ndindex(a.shape):
+            num = (int(a[idx]) - za) * add_multiplier(sa / so) + sign * (int(bb[idx]) - zb) * add_multiplier(
+                sb / so
+            )
+            y = round_half_away(Fraction(num, 2**ADD_FRACTION_BITS)) + zo
+            assert env["y"][idx] == min(max(y, -128), 127)
+
+
+def test_mul_and_lut_and_clamp():
+    a = RNG.integers(-128, 128, (3, 5)).astype(np.int32)
+    b = RNG.integers(-128, 128, (3, 5)).astype(np.int32)
+    m0, shift = quantize_multiplier(0.003)
+    mul = {
+        "kind": "mul",
+        "inputs": ["a", "b"],
+        "outputs": ["y"],
+        "attrs": {"m0": m0, "shift": shift, "za": 1, "zb": -1},
+    }
+    table = np.arange(256, dtype=np.int32)[::-1] - 128
+    lut = {
+        "kind": "lut",
+        "inputs": ["y"],
+        "outputs": ["z"],
+        "attrs": {"offset": 128},
+        "arrays": {"table": "t"},
+    }
+    clamp = {"kind": "clamp", "inputs": ["z"], "outputs": ["c"], "attrs": {"min": -10, "max": 20}}
+    env = {"a": a, "b": b}
+    interp = Interpreter(
+        op_program([mul, lut, clamp], {"y": t(1, 4), "z": t(1, 0), "c": t(1, 0)}, ["c"]), {"t": table}
+    )
+    interp._mul(mul, env)
+    interp._lut(lut, env)
+    interp._clamp(clamp, env)
+    for idx in np.ndindex(a.shape):
+        y = min(
+            max(
+                round_half_away(Fraction((int(a[idx]) - 1) * (int(b[idx]) + 1) * m0, 2 ** (31 + shift))) + 4,
+                -128,
+            ),
+            127,
+        )
+        assert env["y"][idx] == y
+        assert env["z"][idx] == 127 - (y + 128)  # the reversed table
+        assert env["c"][idx] == min(max(127 - (y + 128), -10), 20)
+
+
+def test_maxpool_pads_with_the_lowest_code_and_global_average():
+    x = RNG.integers(-128, 128, (1, 2, 3, 3)).astype(np.int32)
+    pool = {
+        "kind": "move",
+        "op_type": "MaxPool",
+        "inputs": ["x"],
+        "outputs": ["p"],
+        "constants": {},
+        "attrs": {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [0, 0, 1, 1]},
+    }
+    m0, shift = quantize_multiplier(1 / 9)
+    gap = {"kind": "global_avgpool", "inputs": ["x"], "outputs": ["g"], "attrs": {"m0": m0, "shift": shift}}
+    env = {"x": x}
+    interp = Interpreter(op_program([pool, gap], {"x": t(1, 6), "p": t(1, 6), "g": t(1, -1)}, ["p"]), {})
+    interp._move(pool, env)
+    interp._global_avgpool(gap, env)
+    for c in range(2):
+        for i in range(2):
+            for j in range(2):
+                window = [
+                    x[0, c, a, b] for a in (2 * i, 2 * i + 1) for b in (2 * j, 2 * j + 1) if a < 3 and b < 3
+                ]
+                assert env["p"][0, c, i, j] == max(window)
+        total = sum(int(v) - 6 for v in x[0, c].reshape(-1))
+        assert env["g"][0, c, 0, 0] == round_half_away(Fraction(total * m0, 2 ** (31 + shift))) - 1
+
+
+def test_concat_rescales_inputs_and_resize_repeats_nearest():
+    a = RNG.integers(-128, 128, (1, 1, 2, 2)).astype(np.int32)
+    b = RNG.integers(-128, 128, (1, 1, 2, 2)).astype(np.int32)
+    m0, shift = quantize_multiplier(0.5)
+    concat = {
+        "kind": "concat",
+        "inputs": ["a", "b"],
+        "outputs": ["c"],
+        "attrs": {
+            "axis": 1,
+            "rescale": [{"same": True}, {"same": False, "m0": m0, "shift": shift, "zin": 4}],
+        },
+    }
+    resize = {
+        "kind": "resize_nearest",
+        "inputs": ["c"],
+        "outputs": ["r"],
+        "attrs": {
+            "out_shape": [1, 2, 4, 4],
+            "coordinate_transformation_mode": "asymmetric",
+            "nearest_mode": "floor",
+        },
+    }
+    env = {"a": a, "b": b}
+    interp = Interpreter(op_program([concat, resize], {"c": t(1, 1), "r": t(1, 1)}, ["r"]), {})
+    interp._concat(concat, env)
+    interp._resize_nearest(resize, env)
+    assert env["c"][0, 0].tolist() == a[0, 0].tolist()
+    for idx in np.ndindex(2, 2):
+        assert env["c"][0, 1][idx] == min(
+            max(round_half_away(Fraction(int(b[0, 0][idx]) - 4, 2)) + 1, -128), 127
+        )
+    for i in range(4):
+        for j in range(4):
+            assert env["r"][0, :, i, j].tolist() == env["c"][0, :, i // 2, j // 2].tolist()
+
+
+def test_quantize_float_matches_onnx_quantizelinear():
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    x = np.concatenate([RNG.normal(size=1000) * 3, [0.25, -0.25, 0.75, 1e9, -1e9]]).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"])],
+        "q",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [x.size])],
+        [helper.make_tensor_value_info("y", TensorProto.INT8, [x.size])],
+        [
+            helper.make_tensor("s", TensorProto.FLOAT, [], [0.05]),
+            helper.make_tensor("z", TensorProto.INT8, [], [3]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert quantize_float(x, t(0.05, 3)).tolist() == sess.run(None, {"x": x})[0].astype(np.int32).tolist()

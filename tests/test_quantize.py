@@ -1,0 +1,199 @@
+"""Statistics, range methods and the quantizer on small graphs, with onnxruntime as the judge."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from npubuild.stages import calibrate, tensorfile
+from npubuild.stages import evaluate as evaluate_stage
+from npubuild.stages.quantize import ranges
+from npubuild.stages.quantize import stage as quantize_stage
+from npubuild.stages.quantize.histogram import BINS, TensorStats
+
+RNG = np.random.default_rng(5)
+SETTINGS = {
+    "method": "mse",
+    "percentile": 99.99,
+    "weight_bits": 8,
+    "activation_bits": 8,
+    "per_channel": True,
+    "symmetric_activations": False,
+    "bias_correction": True,
+    "float_output_activations": True,
+    "overrides": [],
+}
+
+
+def test_histogram_widening_is_exact():
+    stats = TensorStats()
+    chunks = [RNG.normal(size=500) * s for s in (0.1, 1.0, 30.0, 2.0)]
+    for c in chunks:
+        stats.update(c)
+    meta, arrays = stats.to_record()
+    data = np.concatenate(chunks)
+    expected, _ = np.histogram(data, bins=BINS, range=(-meta["radius"], meta["radius"]))
+    # merged bins line up with a fresh histogram over the final range, up to values on bin edges
+    assert arrays["hist"].sum() == data.size == meta["count"]
+    assert np.abs(arrays["hist"] - expected).sum() <= 4
+    assert meta["min"] == data.min() and meta["max"] == data.max()
+    assert abs(meta["std"] - data.std()) < 1e-9 * max(1, data.std())
+
+
+def test_nonfinite_values_are_counted_and_left_out():
+    stats = TensorStats()
+    stats.update(np.array([1.0, np.nan, -2.0, np.inf, -np.inf, 0.5]))
+    meta, arrays = stats.to_record()
+    assert meta["nonfinite"] == 3 and meta["count"] == 3
+    assert (meta["min"], meta["max"]) == (-2.0, 1.0)
+    assert arrays["hist"].sum() == 3
+
+
+@pytest.mark.parametrize("method", ["minmax", "percentile", "kl", "mse"])
+def test_every_method_gives_a_range_containing_zero_within_the_data(method):
+    stats = TensorStats()
+    data = np.concatenate([RNG.normal(size=20000), [40.0]])  # one outlier
+    stats.update(data)
+    meta, arrays = stats.to_record()
+    lo, hi = ranges.METHOD_FUNCTIONS[method](meta, arrays["hist"], 8, False, 99.9)
+    assert meta["min"] <= lo <= 0 <= hi <= meta["max"]
+    if method != "minmax":
+        assert hi < 40.0  # the outlier is clipped
+
+
+def test_zero_range_and_one_sided_ranges_give_valid_parameters():
+    assert ranges.quant_params(0.0, 0.0, 8, False) == (1.0, 0)
+    scale, zp = ranges.quant_params(0.0, 6.0, 8, False)
+    assert zp == -128 and scale == pytest.approx(6 / 255)
+    scale, zp = ranges.quant_params(-1.0, 3.0, 16, False)
+    assert zp == 0 and scale == pytest.approx(3 / 32767)
+
+
+def small_model(with_log: bool = False) -> onnx.ModelProto:
+    w1 = RNG.normal(size=(4, 3, 3, 3)).astype(np.float32) * 0.3
+    w2 = RNG.normal(size=(6, 4, 1, 1)).astype(np.float32) * 0.3
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2"),
+        helper.make_node("Sigmoid", ["c2"], ["s2"], name="sig"),
+        helper.make_node("Mul", ["c2", "s2"], ["m2"], name="mul"),
+        helper.make_node("Add", ["m2", "bias"], ["a2"], name="add"),
+        helper.make_node("GlobalAveragePool", ["a2"], ["g"], name="gap"),
+    ]
+    if with_log:
+        nodes.append(helper.make_node("Log", ["g"], ["y"], name="log"))
+    else:
+        nodes.append(helper.make_node("Flatten", ["g"], ["y"], name="flat"))
+    inits = [
+        numpy_helper.from_array(v, k)
+        for k, v in {
+            "w1": w1,
+            "b1": RNG.normal(size=4).astype(np.float32),
+            "w2": w2,
+            "b2": RNG.normal(size=6).astype(np.float32),
+            "bias": np.float32(RNG.normal(size=(1, 6, 1, 1))),
+        }.items()
+    ]
+    out_shape = [1, 6, 1, 1] if with_log else [1, 6]
+    graph = helper.make_graph(
+        nodes,
+        "small",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return onnx.shape_inference.infer_shapes(model)
+
+
+def pipeline(tmp_path, model, settings=SETTINGS, samples=None):
+    model_path = tmp_path / "m.onnx"
+    onnx.save(model, model_path)
+    data = samples if samples is not None else RNG.normal(size=(8, 3, 8, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", data)
+    (tmp_path / "cal").mkdir(exist_ok=True)
+    (tmp_path / "q").mkdir(exist_ok=True)
+    (tmp_path / "e").mkdir(exist_ok=True)
+    cal = calibrate.run({}, {"model": model_path, "calibration": tmp_path / "x.npy"}, tmp_path / "cal")
+    q = quantize_stage.run(settings, {"model": model_path, "stats": cal["stats"]}, tmp_path / "q")
+    e = evaluate_stage.run(
+        {"samples": 8},
+        {"model": model_path, "integer": q["integer"], "qdq": q["qdq"], "evaluation": tmp_path / "x.npy"},
+        tmp_path / "e",
+    )
+    import json
+
+    return cal, q, json.loads(e["report"].read_text()), json.loads(q["summary"].read_text())
+
+
+def test_small_model_end_to_end(tmp_path):
+    _, q, report, summary = pipeline(tmp_path, small_model())
+    (out,) = report["outputs"].values()
+    assert out["cosine"] > 0.995
+    g = report["golden_vs_qdq"]["op_by_op"]
+    assert g["within_1_lsb"] >= 0.999 and g["elements"] > 500
+    assert summary["float_ops"] == 0
+    assert set(summary["op_kinds"]) >= {"conv", "mul", "add", "lut", "global_avgpool", "move"}
+    # the ReLU was fused into conv1: its clamp is in the conv, there is no clamp op
+    assert "clamp" not in summary["op_kinds"]
+
+
+def test_int16_activations_are_more_accurate(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    _, _, report8, _ = pipeline(tmp_path / "a", small_model())
+    _, _, report16, summary = pipeline(tmp_path / "b", small_model(), {**SETTINGS, "activation_bits": 16})
+    (o8,), (o16,) = report8["outputs"].values(), report16["outputs"].values()
+    assert o16["sqnr_db"] > o8["sqnr_db"] + 20
+    assert set(summary["tensor_bits"]) == {"16"}
+    assert report16["golden_vs_qdq"]["op_by_op"]["within_1_lsb"] >= 0.999
+
+
+def test_nan_and_inf_activations_give_valid_parameters(tmp_path):
+    # Log of averages that can be <= 0 gives NaN and -Inf during calibration.
+    cal, q, report, summary = pipeline(tmp_path, small_model(with_log=True))
+    arrays, meta = tensorfile.load(cal["stats"])
+    assert meta["tensors"]["y"]["nonfinite"] > 0
+    program_arrays, program = tensorfile.load(q["integer"])
+    assert all(np.isfinite(t["scale"]) and t["scale"] > 0 for t in program["tensors"].values())
+    assert any(f["op_type"] == "Log" for f in summary["float_nodes"])
+
+
+def test_constant_tensor_gets_a_valid_scale(tmp_path):
+    model = small_model()
+    samples = np.zeros((4, 3, 8, 8), np.float32)  # every activation before the bias is constant
+    _, q, report, _ = pipeline(tmp_path, model, samples=samples)
+    _, program = tensorfile.load(q["integer"])
+    assert program["tensors"]["x"]["scale"] == 1.0 and program["tensors"]["x"]["zero_point"] == 0
+    assert all(np.isfinite(v["cosine"]) for v in report["outputs"].values())
+
+
+def test_overrides_by_name_and_type_and_a_pattern_that_matches_nothing(tmp_path):
+    settings = {
+        **SETTINGS,
+        "overrides": [
+            {"match": "conv*", "op_type": None, "bits": 16, "method": None, "keep_float": False},
+            {"match": None, "op_type": "GlobalAveragePool", "bits": None, "method": None, "keep_float": True},
+            {"match": "nothing_*", "op_type": None, "bits": None, "method": None, "keep_float": True},
+        ],
+    }
+    _, q, _, summary = pipeline(tmp_path, small_model(), settings)
+    _, program = tensorfile.load(q["integer"])
+    assert program["tensors"]["r1"]["bits"] == 16 and program["tensors"]["c2"]["bits"] == 16
+    assert [f["node"] for f in summary["float_nodes"]] == ["gap"]
+    assert any("'nothing_*'" in w and "matches no node" in w for w in summary["warnings"])
+
+
+def test_quantize_is_deterministic(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    samples = RNG.normal(size=(4, 3, 8, 8)).astype(np.float32)
+    model = small_model()
+    _, qa, _, _ = pipeline(tmp_path / "a", model, samples=samples)
+    _, qb, _, _ = pipeline(tmp_path / "b", model, samples=samples)
+    assert qa["integer"].read_bytes() == qb["integer"].read_bytes()
+    assert qa["qdq"].read_bytes() == qb["qdq"].read_bytes()
