@@ -43,7 +43,15 @@ def test_example_builds_every_stage(example):
     ws, _, outcome = example
     assert outcome.ok, outcome.errors
     stages = Counter(a.stage for a in outcome.actions if outcome.result(a).status == "ran")
-    assert stages == {"fetch": 3, "import": 3, "prepare": 6, "optimize": 3}
+    assert stages == {
+        "fetch": 3,
+        "import": 3,
+        "prepare": 6,
+        "optimize": 3,
+        "calibrate": 3,
+        "quantize": 3,
+        "evaluate": 3,
+    }
 
 
 @pytest.mark.parametrize("name", MODELS)
