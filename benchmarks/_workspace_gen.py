@@ -66,3 +66,17 @@ def photo_crops(dest: Path, per_calibration_photo: int = 6, per_evaluation_photo
                 n += 1
         counts.append(n)
     return counts[0], counts[1]
+
+
+def crop_workspace(
+    root: Path, per_calibration_photo: int = 6, per_evaluation_photo: int = 6
+) -> tuple[int, int]:
+    """The example workspace with its data sets pointed at photo crops instead of the photos."""
+    shutil.copytree(EXAMPLE, root, ignore=shutil.ignore_patterns("npubuild-out", "photos"))
+    counts = photo_crops(root / "data" / "crops", per_calibration_photo, per_evaluation_photo)
+    build = root / "data" / "BUILD"
+    text = build.read_text()
+    text = text.replace('glob(["photos/calib/*.jpg"])', 'glob(["crops/calib/*.png"])')
+    text = text.replace('glob(["photos/eval/*"], exclude=["photos/eval/*.md"])', 'glob(["crops/eval/*.png"])')
+    build.write_text(text)
+    return counts

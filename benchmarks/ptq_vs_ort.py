@@ -25,21 +25,10 @@ import onnx
 import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _workspace_gen import EXAMPLE, photo_crops  # noqa: E402
+from _workspace_gen import crop_workspace  # noqa: E402
 
 MODELS = {"yolo": "yolov8n", "ocr_det": "ppocr_det", "ocr_cls": "ppocr_cls"}
 DATA = {"yolo": "yolo", "ocr_det": "ocr_det", "ocr_cls": "ocr_cls"}
-
-
-def make_workspace(root: Path) -> tuple[int, int]:
-    shutil.copytree(EXAMPLE, root, ignore=shutil.ignore_patterns("npubuild-out", "photos"))
-    counts = photo_crops(root / "data" / "crops")
-    build = root / "data" / "BUILD"
-    text = build.read_text()
-    text = text.replace('glob(["photos/calib/*.jpg"])', 'glob(["crops/calib/*.png"])')
-    text = text.replace('glob(["photos/eval/*"], exclude=["photos/eval/*.md"])', 'glob(["crops/eval/*.png"])')
-    build.write_text(text)
-    return counts
 
 
 def session(model) -> ort.InferenceSession:
@@ -123,7 +112,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="npubuild-ptq-"))
     try:
         ws = tmp / "ws"
-        n_calib, n_eval = make_workspace(ws)
+        n_calib, n_eval = crop_workspace(ws)
         print(f"calibration crops: {n_calib}, evaluation crops: {n_eval} (from disjoint photographs)")
         store = Store(tmp / "cache")
         outcome = build(ws, store, ["//models:yolo", "//models:ocr_det", "//models:ocr_cls"], jobs=1)

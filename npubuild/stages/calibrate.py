@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import onnx
 
 from npubuild.errors import UserError
 from npubuild.stages import tensorfile
 from npubuild.stages.onnx_utils import load_model, write_json
-from npubuild.stages.optimize.check import samples_for, session
+from npubuild.stages.optimize.check import SampleFile, iterate_feeds, session
 from npubuild.stages.quantize.histogram import TensorStats
 
 _FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE}
@@ -41,7 +40,7 @@ def observed_tensors(model: onnx.ModelProto) -> tuple[list[str], dict[str, int]]
 
 def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     model = load_model(inputs["model"], "the optimized model")
-    tensors = np.load(inputs["calibration"], mmap_mode="r", allow_pickle=False)
+    tensors = SampleFile(inputs["calibration"])
     if len(tensors) == 0:
         raise UserError("the calibration set has no samples")
     names, axes = observed_tensors(model)
@@ -53,8 +52,9 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
             probe.graph.output.add().name = name
     sess = session(probe)
     stats = {name: TensorStats() for name in names}
-    feeds = samples_for(model, tensors, len(tensors))
-    for feed in feeds:
+    samples = 0
+    for feed in iterate_feeds(model, tensors, len(tensors)):
+        samples += 1
         for name, value in zip(names, sess.run(names, feed)):
             stats[name].update(value, axes.get(name))
     arrays, meta = {}, {}
@@ -66,7 +66,7 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
             nonfinite.append(name)
         for key, value in tensor_arrays.items():
             arrays[f"{name}/{key}"] = value
-    tensorfile.save(outdir / "stats.npbt", arrays, {"samples": len(feeds), "tensors": meta})
+    tensorfile.save(outdir / "stats.npbt", arrays, {"samples": samples, "tensors": meta})
     warnings = (
         [
             f"{len(nonfinite)} tensors had NaN/Inf values during calibration (left out of their ranges): "
@@ -75,5 +75,5 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
         if nonfinite
         else []
     )
-    summary = {"samples": len(feeds), "tensors": len(names), "warnings": warnings}
+    summary = {"samples": samples, "tensors": len(names), "warnings": warnings}
     return {"stats": outdir / "stats.npbt", "summary": write_json(outdir / "calibrate.json", summary)}

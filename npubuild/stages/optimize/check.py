@@ -48,6 +48,50 @@ def samples_for(model: onnx.ModelProto, tensors: np.ndarray, count: int) -> list
     return feeds
 
 
+class SampleFile:
+    """A [N, ...] .npy stack read one sample at a time with plain reads: neither the whole array nor
+    a memory map of it is held, so memory does not grow with N."""
+
+    def __init__(self, path):
+        self.path = path
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read_header = (
+                np.lib.format.read_array_header_1_0
+                if version == (1, 0)
+                else (np.lib.format.read_array_header_2_0)
+            )
+            shape, fortran, dtype = read_header(f)
+            self.offset = f.tell()
+        if fortran:
+            raise UserError(f"{path}: Fortran-ordered tensor files are not supported")
+        self.shape, self.dtype = shape, dtype
+        self.sample_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+
+    def __len__(self) -> int:
+        return self.shape[0] if self.shape else 0
+
+    def __getitem__(self, index: int | slice) -> np.ndarray:
+        start, stop, step = index.indices(len(self)) if isinstance(index, slice) else (index, index + 1, 1)
+        if step != 1:
+            raise IndexError("only contiguous slices")
+        with open(self.path, "rb") as f:
+            f.seek(self.offset + start * self.sample_bytes)
+            data = f.read((stop - start) * self.sample_bytes)
+        array = np.frombuffer(data, dtype=self.dtype).reshape((stop - start, *self.shape[1:]))
+        return array if isinstance(index, slice) else array[0]
+
+
+def iterate_feeds(model: onnx.ModelProto, tensors, count: int):
+    """Like samples_for, but yields one feed at a time (streaming)."""
+    first = samples_for(model, tensors[0:1], 1)[0]
+    name = next(iter(first))
+    batch = first[name].shape[0]
+    usable = min(count * batch, len(tensors) - len(tensors) % batch)
+    for start in range(0, usable, batch):
+        yield {name: np.ascontiguousarray(tensors[start : start + batch])}
+
+
 def compare(
     reference: onnx.ModelProto, candidate: onnx.ModelProto, tensors: np.ndarray, params: dict
 ) -> dict:
