@@ -225,3 +225,44 @@ def test_missing_cache_dir_parent_is_created(small_ws, tmp_path):
     cache = tmp_path / "deep" / "er" / "cache"
     assert cli(["build", "//data:calib"], small_ws, cache).returncode == 0
     shutil.rmtree(cache)
+
+
+def test_calibration_set_of_zero_images(built):
+    ws, cache = built
+    write(
+        ws / "data" / "BUILD",
+        (ws / "data" / "BUILD").read_text()
+        + 'dataset(name = "empty", srcs = glob(["nothing/*.png"]), preprocess = PRE)\n',
+    )
+    edit(ws / "models" / "BUILD", 'calibration = "//data:calib"', 'calibration = "//data:empty"')
+    assert_one_clear_error(
+        cli(["build", "//models:cls_npu"], ws, cache), "data/BUILD:", "//data:empty", "lists no files"
+    )
+
+
+def test_override_that_matches_no_node_is_a_warning_naming_it(built):
+    ws, cache = built
+    edit(
+        ws / "models" / "BUILD",
+        '    optimize = {"check_samples": 2},\n',
+        '    optimize = {"check_samples": 2},\n    overrides = [{"match": "backbone.*", "bits": 16}],\n',
+    )
+    proc = cli(["build", "//models:cls_npu"], ws, cache)
+    assert proc.returncode == 0, proc.stderr
+    warnings = [ln for ln in proc.stdout.splitlines() if ln.startswith("warning:")]
+    assert any("'backbone.*'" in w and "matches no node" in w for w in warnings), proc.stdout
+
+
+def test_report_before_any_build_is_a_clear_error(small_ws, tmp_path):
+    proc = cli(["report", "//models:cls_npu"], small_ws, tmp_path / "cache")
+    assert_one_clear_error(proc, "no accuracy report for //models:cls_npu")
+
+
+def test_unknown_quantize_method_is_an_attribute_error(built):
+    ws, cache = built
+    edit(
+        ws / "models" / "BUILD",
+        '    optimize = {"check_samples": 2},\n',
+        '    optimize = {"check_samples": 2},\n    quantize = {"method": "magic"},\n',
+    )
+    assert_one_clear_error(cli(["build", "//..."], ws, cache), "models/BUILD:", "attribute 'quantize.method'")
