@@ -197,3 +197,37 @@ def test_quantize_is_deterministic(tmp_path):
     _, qb, _, _ = pipeline(tmp_path / "b", model, samples=samples)
     assert qa["integer"].read_bytes() == qb["integer"].read_bytes()
     assert qa["qdq"].read_bytes() == qb["qdq"].read_bytes()
+
+
+@pytest.mark.parametrize("include_pad, ceil", [(0, 0), (0, 1), (1, 0), (1, 1)])
+def test_average_pool_border_counts_match_onnxruntime(tmp_path, include_pad, ceil):
+    w = RNG.normal(size=(4, 3, 3, 3)).astype(np.float32) * 0.3
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+        helper.make_node(
+            "AveragePool",
+            ["c"],
+            ["y"],
+            kernel_shape=[3, 3],
+            strides=[2, 2],
+            pads=[1, 1, 1, 1],
+            count_include_pad=include_pad,
+            ceil_mode=ceil,
+            name="pool",
+        ),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "pool",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    _, _, report, summary = pipeline(tmp_path, onnx.shape_inference.infer_shapes(model))
+    assert "avgpool" in summary["op_kinds"] and summary["float_ops"] == 0
+    by_kind = report["golden_vs_qdq"]["op_by_op"]["by_kind"]
+    assert by_kind["avgpool"]["within_1_lsb"] == 1.0
+    (out,) = report["outputs"].values()
+    assert out["cosine"] > 0.995

@@ -152,6 +152,9 @@ class Builder:
             i and i not in self.constants for i in node.input[1:]
         ):
             return f"{op} with non-constant parameters"
+        if op == "AveragePool" and (_attr(node, "auto_pad", "NOTSET") not in ("NOTSET", "VALID")
+                                    or any(d != 1 for d in _attr(node, "dilations", []))):
+            return "AveragePool with SAME padding or dilations"
         if op == "MaxPool" and len(node.output) > 1 and node.output[1]:
             return "MaxPool with indices"
         return ""
@@ -299,6 +302,7 @@ class Builder:
             "Div": self.mul,
             "Concat": self.concat,
             "GlobalAveragePool": self.global_avgpool,
+            "AveragePool": self.avgpool,
             "Resize": self.resize,
         }.get(op)
         if op in LUT_OPS:
@@ -533,6 +537,41 @@ class Builder:
                 },
                 "constants": {name: key for name, _, key in operands if key},
                 "operand_params": [p.as_dict() for _, p, _ in operands],
+            }
+        )
+
+    def avgpool(self, node: onnx.NodeProto, activation=None) -> None:
+        """Window sums of zero-point-free codes, divided by each window's element count (which is
+        smaller at the borders unless count_include_pad) through a per-position multiplier."""
+        from npubuild.stages.quantize.interpreter import pool_counts
+
+        x, out = node.input[0], node.output[0]
+        xp, yp = self.params[x], self.params[out]
+        attrs = {
+            "kernel_shape": list(_attr(node, "kernel_shape")),
+            "strides": list(_attr(node, "strides", [1] * len(_attr(node, "kernel_shape")))),
+            "pads": list(_attr(node, "pads", [0] * 2 * len(_attr(node, "kernel_shape")))),
+            "ceil_mode": int(_attr(node, "ceil_mode", 0)),
+            "count_include_pad": int(_attr(node, "count_include_pad", 0)),
+        }
+        counts = pool_counts(self.shapes[x][2:], attrs)
+        pairs = [quantize_multiplier(xp.scale / (yp.scale * c)) for c in counts.reshape(-1)]
+        m0 = np.array([p[0] for p in pairs], np.int64).reshape(counts.shape)
+        shift = np.array([p[1] for p in pairs], np.int64).reshape(counts.shape)
+        if xp.bits == 16:
+            m0, shift = np.right_shift(m0, 16), shift - 16
+        base = f"avgpool/{len(self.program.ops)}"
+        self.program.ops.append(
+            {
+                "kind": "avgpool",
+                "node": node_label(node),
+                "inputs": [x],
+                "outputs": [out],
+                "attrs": attrs,
+                "arrays": {
+                    "m0": self.program.add_array(f"{base}/m0", m0),
+                    "shift": self.program.add_array(f"{base}/shift", shift),
+                },
             }
         )
 

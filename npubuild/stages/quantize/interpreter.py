@@ -124,6 +124,40 @@ def conv_transpose_accumulate(xc: np.ndarray, w: np.ndarray, attrs: dict) -> np.
     return out[crop]
 
 
+def _pool_pads(spatial, attrs) -> list[int]:
+    """Explicit pads plus what ceil_mode adds at the end of each axis."""
+    kernel, strides = attrs["kernel_shape"], attrs["strides"]
+    dilations = attrs.get("dilations") or [1] * len(kernel)
+    nd = len(kernel)
+    pads = list(attrs.get("pads") or [0] * 2 * nd)
+    if attrs.get("ceil_mode"):
+        for i in range(nd):
+            size = spatial[i] + pads[i] + pads[i + nd]
+            span = (kernel[i] - 1) * dilations[i] + 1
+            out = math.ceil((size - span) / strides[i]) + 1
+            if (out - 1) * strides[i] >= spatial[i] + pads[i]:  # ONNX: the last window must start inside
+                out -= 1
+            pads[i + nd] += max((out - 1) * strides[i] + span - size, 0)
+    return pads
+
+
+def pool_counts(spatial, attrs) -> np.ndarray:
+    """How many elements each average-pool window divides by (ONNX semantics)."""
+    kernel, nd = attrs["kernel_shape"], len(attrs["kernel_shape"])
+    pads = _pool_pads(spatial, attrs)
+    ones = np.ones((1, 1, *spatial))
+    if attrs.get("count_include_pad"):
+        explicit = list(attrs.get("pads") or [0] * 2 * nd)
+        ones = np.pad(
+            ones, [(0, 0), (0, 0)] + [(explicit[i], explicit[i + nd]) for i in range(nd)], constant_values=1
+        )
+        extra = [0] * nd + [p - e for p, e in zip(pads[nd:], explicit[nd:])]
+        win = _windows(ones, kernel, attrs["strides"], [1] * nd, extra, 0.0)
+    else:
+        win = _windows(ones, kernel, attrs["strides"], [1] * nd, pads, 0.0)
+    return win.sum(axis=tuple(range(-nd, 0)))[0, 0].astype(np.int64)
+
+
 class Interpreter:
     def __init__(self, program: dict, arrays: dict[str, np.ndarray], functions=(), opsets=None):
         self.program = program
@@ -244,6 +278,19 @@ class Interpreter:
         at = op["attrs"]
         env[out] = _saturate(requantize(total, at["m0"], at["shift"]) + t["zero_point"], t["bits"])
 
+    def _avgpool(self, op, env):
+        x = op["inputs"][0]
+        at = op["attrs"]
+        xc = env[x].astype(np.float64) - self.tensors[x]["zero_point"]
+        nd = len(at["kernel_shape"])
+        pads = _pool_pads(xc.shape[2:], at)
+        win = _windows(xc, at["kernel_shape"], at["strides"], [1] * nd, pads, 0.0)
+        total = np.rint(win.sum(axis=tuple(range(-nd, 0)))).astype(np.int64)
+        out = op["outputs"][0]
+        t = self.tensors[out]
+        y = requantize(total, self.arrays[op["arrays"]["m0"]], self.arrays[op["arrays"]["shift"]])
+        env[out] = _saturate(y + t["zero_point"], t["bits"])
+
     def _resize_nearest(self, op, env):
         x = env[op["inputs"][0]]
         at = op["attrs"]
@@ -331,17 +378,8 @@ class Interpreter:
         at = op["attrs"]
         kernel = at["kernel_shape"]
         nd = len(kernel)
-        strides = at.get("strides") or [1] * nd
-        dilations = at.get("dilations") or [1] * nd
-        pads = at.get("pads") or [0] * 2 * nd
-        if at.get("ceil_mode"):
-            extra = []
-            for i in range(nd):
-                size = x.shape[2 + i] + pads[i] + pads[i + nd]
-                span = (kernel[i] - 1) * dilations[i] + 1
-                out = math.ceil((size - span) / strides[i]) + 1
-                extra.append(max((out - 1) * strides[i] + span - size, 0))
-            pads = pads[:nd] + [p + e for p, e in zip(pads[nd:], extra)]
+        attrs = {**at, "strides": at.get("strides") or [1] * nd}
+        pads = _pool_pads(x.shape[2:], attrs)
         qmin = qrange(self.tensors[op["inputs"][0]]["bits"])[0]
-        win = _windows(x, kernel, strides, dilations, pads, qmin)
+        win = _windows(x, kernel, attrs["strides"], at.get("dilations") or [1] * nd, pads, qmin)
         return win.max(axis=tuple(range(-nd, 0))).astype(np.int32)

@@ -8,5 +8,5 @@ MOVE_OPS = {"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Split", 
 LUT_OPS = {"Sigmoid", "HardSigmoid", "HardSwish", "SiLU", "Tanh"}
 MAC_OPS = {"Conv", "ConvTranspose", "MatMul", "Gemm"}
 ELEMENTWISE = {"Add", "Sub", "Mul", "Div"}
-OTHER_INTEGER = {"Concat", "GlobalAveragePool", "Resize", "Relu", "Clip"}
+OTHER_INTEGER = {"Concat", "GlobalAveragePool", "AveragePool", "Resize", "Relu", "Clip"}
 INTEGER_OPS = MOVE_OPS | LUT_OPS | MAC_OPS | ELEMENTWISE | OTHER_INTEGER
