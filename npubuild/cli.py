@@ -241,7 +241,7 @@ def report(
 
     from npubuild.engine import history
     from npubuild.labels import parse_label
-    from npubuild.report import render_accuracy
+    from npubuild.report import render_accuracy, render_search
 
     ws, store = _workspace(), _store()
     target = ws.target(parse_label(label))
@@ -251,9 +251,16 @@ def report(
     if entry is None:
         raise UserError(f"no accuracy report for {target.label}; run 'npubuild build {target.label}' first")
     data = store.read_json(entry["outputs"]["report"])
+    extra = {}
+    for stage, output in (("sensitivity", "report"), ("search", "summary")):
+        s = next((s for s in record["steps"] if s["stage"] == stage and s.get("key")), None)
+        found = store.get_action(s["key"]) if s else None
+        if found is not None:
+            extra[stage] = store.read_json(found["outputs"][output])
     if as_json:
-        out.print_json(json.dumps(data))
+        out.print_json(json.dumps({"accuracy": data, **extra}))
     else:
+        render_search(out, extra.get("sensitivity"), extra.get("search"))
         render_accuracy(out, str(target.label), data)
 
 

@@ -24,6 +24,13 @@ def _summary(store: Store, outcome: BuildOutcome, action) -> dict[str, Any] | No
 def _details(plan, summaries: dict[str, dict]) -> list[str]:
     """The facts a user scans for: node counts, the numeric check, data-set sizes."""
     parts = []
+    if "search" in summaries:
+        s = summaries["search"]
+        promoted = sum(1 for v in s["precision"].values() if v != "int8")
+        verdict = "goal met" if s["reached"] else "goal NOT met"
+        parts.append(
+            f"mixed precision {verdict}: {promoted} layers above int8, {s['int8_mac_share']:.1%} MACs int8"
+        )
     if "evaluate" in summaries:
         s = summaries["evaluate"]
         for m in s["outputs"].values():
@@ -100,6 +107,64 @@ def counts(outcome: BuildOutcome) -> dict[str, int]:
     for r in outcome.results.values():
         out[r.status] = out.get(r.status, 0) + 1
     return out
+
+
+def render_search(console, sensitivity: dict | None, search: dict | None) -> None:
+    """`npubuild report`: the sensitivity ranking, the search path and the chosen precisions."""
+    from rich.table import Table
+
+    if sensitivity:
+        table = Table(
+            title="sensitivity (most sensitive first)",
+            title_justify="left",
+            box=None,
+            pad_edge=False,
+            header_style="bold",
+        )
+        for col in ("layer", "op", "MACs", "int8 alone: cos", "float alone: cos", "score"):
+            table.add_column(col, justify="left" if col in ("layer", "op") else "right")
+        rows = {r["node"]: r for r in sensitivity["layers"]}
+        for name in sensitivity["ranking"][:15]:
+            r = rows[name]
+            table.add_row(
+                escape(name),
+                r["op_type"],
+                f"{r['macs']:,}",
+                f"{r['quantized_alone']['cosine']:.5f}",
+                f"{r['float_alone']['cosine']:.5f}",
+                f"{r['score']:.2e}",
+            )
+        console.print(table)
+    if search:
+        table = Table(
+            title=f"precision search, goal {search['goal']}",
+            title_justify="left",
+            box=None,
+            pad_edge=False,
+            header_style="bold",
+        )
+        for col in ("step", "action", "cosine", "SQNR dB", "cost", "goal"):
+            table.add_column(col, justify="left" if col == "action" else "right")
+        for p in search["path"]:
+            table.add_row(
+                str(p["step"]),
+                escape(p["action"]),
+                f"{p['cosine']:.5f}",
+                f"{p['sqnr_db']:.2f}",
+                f"{p['cost']:,}",
+                "met" if p["goal_met"] else "-",
+            )
+        console.print(table)
+        chosen = {k: v for k, v in search["precision"].items() if v != "int8"}
+        verdict = "reached" if search["reached"] else "NOT reached (best result shown)"
+        console.print(
+            f"  goal {verdict}: cosine {search['cosine']:.5f}, SQNR {search['sqnr_db']:.2f} dB, "
+            f"{search['int8_mac_share']:.1%} of MACs in int8, estimated cost {search['cost']:,} cycles "
+            f"(all int8: {search['cost_all_base']:,})",
+            highlight=False,
+        )
+        for name, precision in chosen.items():
+            console.print(f"  {escape(name)}: {precision}", highlight=False)
 
 
 def render_accuracy(console, label: str, report: dict) -> None:

@@ -10,8 +10,11 @@ from npubuild.stages import ALL_PIPELINE_STAGES, NPU_MODEL_PIPELINE, STAGES
 from npubuild.stages.optimize import PASS_NAMES
 from npubuild.workspace import Workspace
 
-# The accuracy report uses at most this many evaluation samples.
+# The accuracy report uses at most this many evaluation samples; the sensitivity pass a subset of
+# them, the precision search's verification runs the number the bar names.
 EVALUATION_SAMPLES = 64
+SENSITIVITY_SAMPLES = 4
+SEARCH_SAMPLES = 16
 _DATASET_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif", ".npy", ".npz")
 
 
@@ -122,12 +125,41 @@ class Planner:
         )
         plan.steps.append(("calibrate", cal))
         self._expose(plan, cal)
+        settings = {**attrs.quantize.model_dump(), "overrides": [o.model_dump() for o in attrs.overrides]}
+        quant_inputs: dict[str, Input] = {"model": optimized, "stats": Output(cal, "stats")}
+        if attrs.mixed_precision is not None and self._wanted("sensitivity"):
+            probe_inputs = {**quant_inputs, "evaluation": Output(evaluation_set, "tensors")}
+            sens = self._action(
+                "sensitivity",
+                {"samples": SENSITIVITY_SAMPLES, "quantize": settings},
+                probe_inputs,
+                owner,
+                target,
+            )
+            plan.steps.append(("sensitivity", sens))
+            self._expose(plan, sens)
+            if not self._wanted("search"):
+                return
+            mp = attrs.mixed_precision
+            search_params = {
+                "samples": SEARCH_SAMPLES,
+                "quantize": settings,
+                "goal": mp.goal.model_dump(),
+                "candidates": mp.candidates,
+                "enforce": mp.enforce,
+                "target": self.ws.target_spec(target).model_dump(),
+            }
+            search_inputs = {**probe_inputs, "sensitivity": Output(sens, "report")}
+            found = self._action("search", search_params, search_inputs, owner, target)
+            plan.steps.append(("search", found))
+            self._expose(plan, found)
+            quant_inputs["precision"] = Output(found, "table")
+        elif attrs.precision_table is not None:
+            path = self.ws.source_path(target, attrs.precision_table, "precision_table")
+            quant_inputs["precision"] = SourceFile(path, f"{target.label.package}/{attrs.precision_table}")
         if not self._wanted("quantize"):
             return
-        settings = {**attrs.quantize.model_dump(), "overrides": [o.model_dump() for o in attrs.overrides]}
-        quant = self._action(
-            "quantize", settings, {"model": optimized, "stats": Output(cal, "stats")}, owner, target
-        )
+        quant = self._action("quantize", settings, quant_inputs, owner, target)
         plan.steps.append(("quantize", quant))
         self._expose(plan, quant)
         if not self._wanted("evaluate"):

@@ -109,6 +109,14 @@ class MixedPrecision(Strict):
     candidates: list[Literal["int8", "int16", "float"]] = ["int8", "int16", "float"]
     enforce: bool = False
 
+    @model_validator(mode="after")
+    def _usable(self) -> MixedPrecision:
+        if self.goal.cosine is None and self.goal.sqnr is None:
+            raise ValueError("the goal needs 'cosine' and/or 'sqnr'")
+        if len(set(self.candidates)) < 2:
+            raise ValueError("candidates need at least two precisions to choose from")
+        return self
+
 
 class Gates(Strict):
     min_cosine: float | None = Field(None, gt=0, le=1)
@@ -127,7 +135,16 @@ class NpuModelAttrs(Strict):
     quantize: QuantizeConfig = QuantizeConfig()
     overrides: list[LayerOverride] = []
     mixed_precision: MixedPrecision | None = None
+    precision_table: str | None = Field(
+        None, description="a hand-written precision table (JSON) of the package"
+    )
     gates: Gates = Gates()
+
+    @model_validator(mode="after")
+    def _one_precision_source(self) -> NpuModelAttrs:
+        if self.mixed_precision is not None and self.precision_table is not None:
+            raise ValueError("give either mixed_precision (a search) or precision_table (by hand), not both")
+        return self
 
 
 class NpuTargetAttrs(Strict):

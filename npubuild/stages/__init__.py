@@ -71,6 +71,20 @@ STAGES: dict[str, StageInfo] = {
             ("quantize", "tensorfile.py"),
         ),
         StageInfo(
+            "sensitivity",
+            "1",
+            "npubuild.stages.sensitivity",
+            {"report": "sensitivity.json"},
+            ("sensitivity.py", "quantize", "optimize/check.py", "tensorfile.py"),
+        ),
+        StageInfo(
+            "search",
+            "1",
+            "npubuild.stages.search",
+            {"table": "precision.json", "summary": "search.json"},
+            ("search.py", "quantize", "optimize/check.py", "tensorfile.py"),
+        ),
+        StageInfo(
             "evaluate",
             "1",
             "npubuild.stages.evaluate",
@@ -82,14 +96,15 @@ STAGES: dict[str, StageInfo] = {
 
 # The stages of an npu_model in pipeline order; `--until` cuts the full list. Later issues add
 # sensitivity, partition, codegen and simulate.
-NPU_MODEL_PIPELINE = ("import", "optimize", "calibrate", "quantize", "evaluate")
+NPU_MODEL_PIPELINE = ("import", "optimize", "calibrate", "sensitivity", "search", "quantize", "evaluate")
 ALL_PIPELINE_STAGES = (
     "import",
     "optimize",
     "calibrate",
+    "sensitivity",
+    "search",
     "quantize",
     "evaluate",
-    "sensitivity",
     "partition",
     "codegen",
     "simulate",

@@ -48,6 +48,7 @@ class Program:
     tensors: dict[str, dict] = field(default_factory=dict)
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     float_nodes: list[dict] = field(default_factory=list)
+    integer_nodes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
     def add_array(self, key: str, value: np.ndarray) -> str:
@@ -68,22 +69,39 @@ def node_label(node: onnx.NodeProto) -> str:
 
 
 class Builder:
-    def __init__(self, model: onnx.ModelProto, stats_meta: dict, stats_arrays: dict, config: dict):
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        stats_meta: dict,
+        stats_arrays: dict,
+        config: dict,
+        dry: bool = False,
+        range_cache: dict | None = None,
+    ):
+        # dry: decide every tensor's parameters and which nodes are integer, but build no arrays
+        # (weights, tables): what the precision search needs, many times over, cheaply.
+        self.dry = dry
+        self.range_cache = range_cache if range_cache is not None else {}
         self.model = model
         self.graph = model.graph
         self.config = config
         self.stats_meta = stats_meta
         self.stats_arrays = stats_arrays
-        self.constants = {t.name: numpy_helper.to_array(t) for t in self.graph.initializer}
-        self.shapes = {}
-        for v in [*self.graph.input, *self.graph.value_info, *self.graph.output]:
-            dims = v.type.tensor_type.shape.dim
-            self.shapes[v.name] = [d.dim_value for d in dims]
-        self.consumers: dict[str, list[onnx.NodeProto]] = {}
-        for n in self.graph.node:
-            for i in n.input:
-                self.consumers.setdefault(i, []).append(n)
-        self.outputs = {o.name for o in self.graph.output}
+        info = self.range_cache.get("__graph__")
+        if info is None:  # what does not depend on the settings, shared by dry runs over one model
+            constants = {t.name: numpy_helper.to_array(t) for t in self.graph.initializer}
+            shapes = {}
+            for v in [*self.graph.input, *self.graph.value_info, *self.graph.output]:
+                shapes[v.name] = [d.dim_value for d in v.type.tensor_type.shape.dim]
+            consumers: dict[str, list[onnx.NodeProto]] = {}
+            for n in self.graph.node:
+                for i in n.input:
+                    consumers.setdefault(i, []).append(n)
+            info = (constants, shapes, consumers, {o.name for o in self.graph.output})
+            self.range_cache["__graph__"] = info
+        constants, self.shapes, self.consumers, self.outputs = info
+        # handlers add derived constants (a Div's reciprocal): keep the shared dict untouched
+        self.constants = dict(constants)
         self.program = Program()
         self.params: dict[str, TensorParams] = {}
         self.matched_overrides: set[int] = set()
@@ -152,8 +170,10 @@ class Builder:
             i and i not in self.constants for i in node.input[1:]
         ):
             return f"{op} with non-constant parameters"
-        if op == "AveragePool" and (_attr(node, "auto_pad", "NOTSET") not in ("NOTSET", "VALID")
-                                    or any(d != 1 for d in _attr(node, "dilations", []))):
+        if op == "AveragePool" and (
+            _attr(node, "auto_pad", "NOTSET") not in ("NOTSET", "VALID")
+            or any(d != 1 for d in _attr(node, "dilations", []))
+        ):
             return "AveragePool with SAME padding or dilations"
         if op == "MaxPool" and len(node.output) > 1 and node.output[1]:
             return "MaxPool with indices"
@@ -161,9 +181,18 @@ class Builder:
 
     # tensor parameters ------------------------------------------------------------------------
     def from_stats(self, name: str, bits: int, method: str) -> TensorParams:
+        key = (name, bits, method)
+        if key not in self.range_cache:
+            self.range_cache[key] = self._from_stats(name, bits, method)
+        params, warnings = self.range_cache[key]
+        self.program.warnings.extend(w for w in warnings if w not in self.program.warnings)
+        return params
+
+    def _from_stats(self, name: str, bits: int, method: str) -> tuple[TensorParams, list[str]]:
+        warnings = []
         meta = self.stats_meta.get(name)
         if meta is None or meta["count"] == 0:
-            self.program.warnings.append(f"no calibration statistics for '{name}'; using range [-1, 1]")
+            warnings.append(f"no calibration statistics for '{name}'; using range [-1, 1]")
             lo, hi = -1.0, 1.0
         else:
             hist = self.stats_arrays[f"{name}/hist"]
@@ -171,12 +200,12 @@ class Builder:
                 meta, hist, bits, self.config["symmetric_activations"], self.config["percentile"]
             )
             if meta.get("nonfinite"):
-                self.program.warnings.append(
+                warnings.append(
                     f"'{name}' had {meta['nonfinite']} NaN/Inf values in calibration; "
                     "they were left out of its range"
                 )
         scale, zp = ranges.quant_params(float(lo), float(hi), bits, self.config["symmetric_activations"])
-        return TensorParams(scale, zp, bits)
+        return TensorParams(scale, zp, bits), warnings
 
     def set_params(self, name: str, params: TensorParams) -> None:
         self.params[name] = params
@@ -237,6 +266,15 @@ class Builder:
 
     def float_op(self, node: onnx.NodeProto, reason: str, choices: dict) -> None:
         prog = self.program
+        if self.dry:
+            prog.float_nodes.append({"node": node_label(node), "op_type": node.op_type, "reason": reason})
+            for out in node.output:
+                integer_users = [u for u in self.consumers.get(out, []) if choices[id(u)].integer]
+                if integer_users:
+                    self.ensure_quantized(
+                        out, max(choices[id(u)].bits for u in integer_users), self.config["method"]
+                    )
+            return
         key = f"node/{len(prog.ops)}"
         prog.add_array(key, np.frombuffer(node.SerializeToString(deterministic=True), dtype=np.uint8))
         const_keys = {}
@@ -264,6 +302,7 @@ class Builder:
 
     def integer_op(self, node: onnx.NodeProto, choice: NodeChoice, activation: onnx.NodeProto | None) -> None:
         op = node.op_type
+        self.program.integer_nodes.append(node_label(node))
         data_inputs = [i for i in node.input if i and i not in self.constants]
         for i in data_inputs:
             self.ensure_quantized(i, choice.bits, choice.method)
@@ -272,7 +311,8 @@ class Builder:
             for o in node.output:
                 if o:
                     self.set_params(o, self.params[node.input[0]])
-            self.move_op(node)
+            if not self.dry:
+                self.move_op(node)
             return
         if op in ("Relu", "Clip"):
             self.set_params(out, self.params[node.input[0]])
@@ -291,6 +331,8 @@ class Builder:
         if op == "Resize":
             out_params = self.params[node.input[0]]
         self.set_params(out, out_params)
+        if self.dry:
+            return
         handler = {
             "Conv": self.conv,
             "ConvTranspose": self.conv,

@@ -11,12 +11,25 @@ from npubuild.errors import UserError
 from npubuild.stages import tensorfile
 from npubuild.stages.onnx_utils import default_opset, load_model, save_model, write_json
 from npubuild.stages.quantize.builder import Builder
+from npubuild.stages.quantize.precision import Layers, load_table
+from npubuild.stages.quantize.probe import precision_overrides
 from npubuild.stages.quantize.qdq import export_qdq
 
 
 def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     model = load_model(inputs["model"], "the optimized model")
     stats_arrays, stats = tensorfile.load(inputs["stats"])
+    warnings: list[str] = []
+    if "precision" in inputs:
+        table = load_table(inputs["precision"])
+        layers = Layers(model, stats["tensors"], stats_arrays, params)
+        warnings += [
+            f"precision table names '{n}', which is not a node of the model" for n in layers.unknown(table)
+        ]
+        params = {
+            **params,
+            "overrides": list(params["overrides"]) + precision_overrides(layers.expand(table)),
+        }
     builder = Builder(model, stats["tensors"], stats_arrays, params)
     program = builder.build()
     initializers = {t.name for t in model.graph.initializer}
@@ -49,7 +62,7 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
         "op_kinds": dict(sorted(kinds.items())),
         "tensor_bits": {str(k): v for k, v in sorted(bits.items())},
         "settings": params,
-        "warnings": program.warnings,
+        "warnings": warnings + program.warnings,
     }
     return {
         "integer": outdir / "quantized.npq",

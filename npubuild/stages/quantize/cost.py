@@ -1,0 +1,54 @@
+"""A per-op cost estimate for the precision search, in target cycles.
+
+int8 MACs run on the R x C array; int16 at the target's int16 rate; other ops on the vector lanes;
+a float op falls back to the CPU (CPU_MACS_PER_CYCLE at the NPU clock) and moves its input and
+output through DRAM both ways. The back end's cycle model will refine this; the search only needs
+the order of magnitude right: int16 costs more than int8, float costs most.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from npubuild.stages.quantize.builder import node_label
+
+CPU_MACS_PER_CYCLE = 8.0
+
+
+def op_work(model: onnx.ModelProto) -> dict[str, dict]:
+    """Per node: MACs (for MAC ops), output elements, and input+output bytes in int8."""
+    shapes = {}
+    for v in [*model.graph.input, *model.graph.value_info, *model.graph.output]:
+        shapes[v.name] = [d.dim_value for d in v.type.tensor_type.shape.dim]
+    consts = {t.name: list(t.dims) for t in model.graph.initializer}
+
+    def size(name: str) -> int:
+        s = shapes.get(name) or consts.get(name) or []
+        return int(np.prod(s, dtype=np.int64)) if s else 0
+
+    work = {}
+    for n in model.graph.node:
+        out = size(n.output[0]) if n.output else 0
+        macs = 0
+        if n.op_type in ("Conv", "ConvTranspose") and len(n.input) > 1 and n.input[1] in consts:
+            w = consts[n.input[1]]
+            per = int(np.prod(w[1:]))  # Cin/g * k...  (ConvTranspose: Cout/g * k)
+            macs = out * per if n.op_type == "Conv" else size(n.input[0]) * per
+        elif n.op_type in ("MatMul", "Gemm") and len(n.input) > 1:
+            w = consts.get(n.input[1]) or shapes.get(n.input[1]) or [0]
+            macs = out * int(w[0] if n.op_type == "MatMul" else w[-1])
+        bytes_moved = sum(size(i) for i in n.input if i and i not in consts) + out
+        work[node_label(n)] = {"macs": macs, "elements": out, "bytes": bytes_moved, "op_type": n.op_type}
+    return work
+
+
+def layer_cost(work: dict, precision: str, target: dict) -> float:
+    peak = target["mac_rows"] * target["mac_cols"]
+    lanes = target["vector_lanes"]
+    if precision == "int8":
+        return work["macs"] / peak + work["elements"] / lanes
+    if precision == "int16":
+        return work["macs"] / (peak * target["int16_rate"]) + 2 * work["elements"] / lanes
+    transfer = 2 * 4 * work["bytes"] / target["dram_bytes_per_cycle"]  # float32 out to the CPU and back
+    return (work["macs"] + work["elements"]) / CPU_MACS_PER_CYCLE + transfer

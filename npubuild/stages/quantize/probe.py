@@ -1,0 +1,272 @@
+"""A fast stand-in for "build the quantized model with these per-layer precisions and run it".
+
+One onnxruntime session over the float model in which every activation can pass through an int8
+or an int16 QuantizeLinear/DequantizeLinear pair and every MAC weight can be swapped for its
+quantized (and bias-corrected) version, each switched by a boolean input. Which switches are on
+for a given precision table comes from the quantizer itself (a dry run of the Builder), so the
+probe quantizes exactly the tensors, with exactly the parameters, that the integer model would.
+It is the QDQ twin of that integer model, built once and reconfigured per run; the golden
+interpreter and the QDQ model agree within 1 LSB op by op.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from npubuild.stages.optimize.check import session
+from npubuild.stages.quantize.builder import Builder, node_label
+from npubuild.stages.quantize.precision import Layers
+
+MAC_TYPES = ("Conv", "ConvTranspose", "MatMul", "Gemm")
+
+
+def precision_overrides(table: dict[str, str]) -> list[dict]:
+    """A precision table as quantize overrides (exact node names)."""
+    out = []
+    for node, precision in sorted(table.items()):
+        override = {
+            "match": _escape_glob(node),
+            "op_type": None,
+            "bits": None,
+            "method": None,
+            "keep_float": False,
+        }
+        if precision == "float":
+            override["keep_float"] = True
+        else:
+            override["bits"] = 16 if precision == "int16" else 8
+        out.append(override)
+    return out
+
+
+def _escape_glob(name: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[]" else c for c in name)
+
+
+class Agreement:
+    def __init__(self) -> None:
+        self.dot = self.ref2 = self.cand2 = self.err2 = 0.0
+
+    def update(self, r: np.ndarray, c: np.ndarray) -> None:
+        r = np.asarray(r, np.float64).reshape(-1)
+        c = np.asarray(c, np.float64).reshape(-1)
+        ok = np.isfinite(r) & np.isfinite(c)
+        r, c = r[ok], c[ok]
+        d = r - c
+        self.dot += float(r @ c)
+        self.ref2 += float(r @ r)
+        self.cand2 += float(c @ c)
+        self.err2 += float(d @ d)
+
+    def result(self) -> dict:
+        denom = math.sqrt(self.ref2 * self.cand2)
+        cosine = self.dot / denom if denom > 0 else (1.0 if self.err2 == 0 else 0.0)
+        sqnr = (
+            200.0 if self.err2 == 0 else (10 * math.log10(self.ref2 / self.err2) if self.ref2 > 0 else -200.0)
+        )
+        return {"cosine": cosine, "sqnr_db": sqnr}
+
+
+class PrecisionProbe:
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        stats_meta: dict,
+        stats_arrays: dict,
+        settings: dict,
+        feeds: list[dict[str, np.ndarray]],
+    ):
+        self.model = model
+        self.stats_meta, self.stats_arrays = stats_meta, stats_arrays
+        self.settings = settings
+        self.feeds = feeds
+        self.range_cache: dict = {}
+        self.layers = Layers(model, stats_meta, stats_arrays, settings)
+        self.producers = {o: n for n in model.graph.node for o in n.output}
+        self.outputs = [o.name for o in model.graph.output]
+        self._build_graph()
+        self.runs = 0
+        float_session = session(model)
+        self.references = [float_session.run(self.outputs, f) for f in feeds]
+
+    # the switchable graph ---------------------------------------------------------------------
+    def _params(self, name: str, bits: int):
+        builder = Builder(
+            self.model,
+            self.stats_meta,
+            self.stats_arrays,
+            self.settings,
+            dry=True,
+            range_cache=self.range_cache,
+        )
+        return builder.from_stats(name, bits, self.settings["method"])
+
+    def _build_graph(self) -> None:
+        model = onnx.ModelProto()
+        model.CopyFrom(self.model)
+        g = model.graph
+        initializers = {t.name: t for t in g.initializer}
+        new_nodes: list[onnx.NodeProto] = []
+        new_inits: list[onnx.TensorProto] = []
+        self.tensor_switches: dict[str, tuple[str, str]] = {}
+        self.weight_switches: dict[str, str] = {}
+        rename: dict[str, str] = {}
+        graph_outputs = {o.name for o in g.output}
+
+        def switch_tensor(name: str, source: str | None = None) -> list[onnx.NodeProto]:
+            """Where(on16, QDQ16(x), Where(on8, QDQ8(x), x)) with `name`'s parameters, reading `source`."""
+            source = source or name
+            nodes, variants = [], {}
+            for bits in (8, 16):
+                p = self._params(name, bits)
+                dtype = TensorProto.INT8 if bits == 8 else TensorProto.INT16
+                domain = "" if bits == 8 else "com.microsoft"
+                s, z = f"{name}__s{bits}", f"{name}__z{bits}"
+                new_inits.append(helper.make_tensor(s, TensorProto.FLOAT, [], [p.scale]))
+                new_inits.append(helper.make_tensor(z, dtype, [], [p.zero_point]))
+                q, dq = f"{name}__q{bits}", f"{name}__dq{bits}"
+                nodes.append(helper.make_node("QuantizeLinear", [source, s, z], [q], domain=domain))
+                nodes.append(helper.make_node("DequantizeLinear", [q, s, z], [dq], domain=domain))
+                variants[bits] = dq
+            on8, on16 = f"{name}__on8", f"{name}__on16"
+            mid, out = f"{name}__sel8", f"{name}__probe"
+            nodes.append(helper.make_node("Where", [on8, variants[8], source], [mid]))
+            nodes.append(helper.make_node("Where", [on16, variants[16], mid], [out]))
+            self.tensor_switches[name] = (on8, on16)
+            rename[name] = out
+            return nodes
+
+        for value in g.input:
+            if value.name not in initializers:
+                new_nodes += switch_tensor(value.name)
+        weight_nodes = []
+        for node in g.node:
+            if node.op_type in MAC_TYPES and len(node.input) > 1 and node.input[1] in initializers:
+                weight_nodes.append(node)
+        quantized_weights = self._quantized_weights(weight_nodes, initializers)
+        for node in g.node:
+            label = node_label(node)
+            if label in quantized_weights:
+                w8, bias8, bias_name = quantized_weights[label]
+                flag = f"{label}__wq"
+                self.weight_switches[label] = flag
+                wn, bn = f"{label}__w8", f"{label}__b8"
+                new_inits.append(numpy_helper.from_array(w8, wn))
+                sel_w = f"{label}__wsel"
+                new_nodes.append(helper.make_node("Where", [flag, wn, node.input[1]], [sel_w]))
+                node.input[1] = sel_w
+                if bias8 is not None:
+                    new_inits.append(numpy_helper.from_array(bias8, bn))
+                    sel_b = f"{label}__bsel"
+                    if bias_name:
+                        new_nodes.append(helper.make_node("Where", [flag, bn, bias_name], [sel_b]))
+                        node.input[2] = sel_b
+            for k, i in enumerate(node.input):
+                if i in rename:
+                    node.input[k] = rename[i]
+            new_nodes.append(node)
+            for o in node.output:
+                if o and o not in graph_outputs:
+                    new_nodes += switch_tensor(o)
+                elif o in graph_outputs:
+                    raw = f"{o}__raw"
+                    node.output[list(node.output).index(o)] = raw
+                    nodes = switch_tensor(o, source=raw)
+                    nodes.append(helper.make_node("Identity", [rename.pop(o)], [o]))
+                    new_nodes += nodes
+        del g.node[:]
+        g.node.extend(new_nodes)
+        g.initializer.extend(new_inits)
+        del g.value_info[:]
+        for flag in [f for pair in self.tensor_switches.values() for f in pair] + list(
+            self.weight_switches.values()
+        ):
+            g.input.append(helper.make_tensor_value_info(flag, TensorProto.BOOL, []))
+        if not any(o.domain == "com.microsoft" for o in model.opset_import):
+            model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+        self.session = session(model)
+
+    def _quantized_weights(self, nodes, initializers) -> dict:
+        """Per MAC node: dequantized int8 weights and the bias-corrected bias, as the Builder makes them."""
+        builder = Builder(
+            self.model,
+            self.stats_meta,
+            self.stats_arrays,
+            self.settings,
+            dry=True,
+            range_cache=self.range_cache,
+        )
+        out = {}
+        for node in nodes:
+            w = numpy_helper.to_array(initializers[node.input[1]])
+            transpose = node.op_type == "ConvTranspose"
+            group = next((a.i for a in node.attribute if a.name == "group"), 1)
+            if node.op_type in ("MatMul", "Gemm"):
+                if node.op_type == "Gemm" or w.ndim != 2:
+                    continue  # Gemm layouts vary; its weight stays float in the probe
+                axis = 1
+            elif transpose:
+                if group != 1:
+                    continue
+                axis = 1
+            else:
+                axis = 0
+            wq, wscale = builder.quantize_weight(node, w, axis)
+            shape = [1] * w.ndim
+            shape[axis] = -1
+            w8 = (wq.astype(np.float64) * wscale.reshape(shape)).astype(np.float32)
+            bias_name = node.input[2] if len(node.input) > 2 and node.input[2] in initializers else None
+            bias8 = None
+            if node.op_type in ("Conv", "ConvTranspose"):
+                bias = (
+                    numpy_helper.to_array(initializers[bias_name]).astype(np.float64)
+                    if bias_name
+                    else np.zeros(w.shape[0] if not transpose else w.shape[1])
+                )
+                corrected = builder.bias_correction(node.input[0], w, wq, wscale, bias, group, transpose)
+                bias8 = corrected.astype(np.float32) if bias_name else None
+            out[node_label(node)] = (w8, bias8, bias_name)
+        return out
+
+    # running a configuration -------------------------------------------------------------------
+    def plan(self, table: dict[str, str]) -> tuple[dict, set[str]]:
+        """The quantized tensors (name -> bits) and integer nodes the Builder makes for a table."""
+        settings = {
+            **self.settings,
+            "overrides": list(self.settings.get("overrides", []))
+            + precision_overrides(self.layers.expand(table)),
+        }
+        builder = Builder(
+            self.model, self.stats_meta, self.stats_arrays, settings, dry=True, range_cache=self.range_cache
+        )
+        program = builder.build()
+        bits = {}
+        for name, t in program.tensors.items():
+            # A tensor that inherits its input's grid (Reshape, MaxPool, an unfused ReLU) is
+            # already on it; only tensors with parameters of their own get a Q/DQ pair.
+            own = self._params(name, t["bits"])
+            if (own.scale, own.zero_point) == (t["scale"], t["zero_point"]) or name not in self.producers:
+                bits[name] = t["bits"]
+        return bits, set(program.integer_nodes)
+
+    def run(self, table: dict[str, str]) -> dict:
+        bits, integer_nodes = self.plan(table)
+        flags = {}
+        true, false = np.array(True), np.array(False)
+        for name, (on8, on16) in self.tensor_switches.items():
+            b = bits.get(name)
+            flags[on8] = true if b == 8 else false
+            flags[on16] = true if b == 16 else false
+        for label, flag in self.weight_switches.items():
+            flags[flag] = true if label in integer_nodes else false
+        agreement = Agreement()
+        for feed, reference in zip(self.feeds, self.references):
+            result = self.session.run(self.outputs, {**feed, **flags})
+            for r, c in zip(reference, result):
+                agreement.update(r, c)
+        self.runs += 1
+        return agreement.result()

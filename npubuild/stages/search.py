@@ -1,0 +1,174 @@
+"""search: per-layer precision that meets the accuracy goal at the least estimated cost.
+
+From all layers at the lowest candidate, layers are promoted in sensitivity order (most
+sensitive first) to the next candidate up: the smallest prefix that meets the goal is found by
+doubling and then bisection, each step verified by running the quantized model (the precision
+probe) on the evaluation samples. If every layer at one level is not enough, the next level
+(float) is searched the same way on top. Then promoted layers are handed back one level at a
+time, least sensitive first, wherever the goal still holds. Every run is recorded in the path.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from npubuild.errors import UserError
+from npubuild.stages import tensorfile
+from npubuild.stages.onnx_utils import load_model, write_json
+from npubuild.stages.optimize.check import SampleFile, iterate_feeds
+from npubuild.stages.quantize.cost import layer_cost, op_work
+from npubuild.stages.quantize.probe import PrecisionProbe
+
+LADDER = ("int8", "int16", "float")
+
+
+def meets(metrics: dict, goal: dict) -> bool:
+    if goal.get("cosine") is not None and metrics["cosine"] < goal["cosine"]:
+        return False
+    return not (goal.get("sqnr") is not None and metrics["sqnr_db"] < goal["sqnr"])
+
+
+class Search:
+    def __init__(
+        self,
+        probe: PrecisionProbe,
+        ranking: list[str],
+        goal: dict,
+        candidates: list[str],
+        target: dict,
+        work: dict,
+    ):
+        self.probe, self.goal, self.target, self.work = probe, goal, target, work
+        self.units = [u for u in ranking if u in set(probe.layers.units)]
+        self.levels = [c for c in LADDER if c in candidates]
+        self.path: list[dict] = []
+        self.best: tuple[dict, dict] | None = None
+
+    def cost(self, table: dict[str, str]) -> float:
+        base = self.levels[0]
+        return sum(layer_cost(self.work[u], table.get(u, base), self.target) for u in self.units)
+
+    def evaluate(self, table: dict[str, str], action: str) -> bool:
+        metrics = self.probe.run({u: p for u, p in table.items() if p != "int8"})
+        ok = meets(metrics, self.goal)
+        self.path.append(
+            {
+                "step": len(self.path) + 1,
+                "action": action,
+                "cosine": round(metrics["cosine"], 6),
+                "sqnr_db": round(metrics["sqnr_db"], 3),
+                "cost": round(self.cost(table)),
+                "goal_met": ok,
+                "non_base_layers": sum(1 for p in table.values() if p != self.levels[0]),
+            }
+        )
+        if self.best is None or _better(metrics, self.best[1], self.goal):
+            self.best = (dict(table), metrics)
+        return ok
+
+    def prefix(self, base: dict[str, str], level: str, k: int) -> dict[str, str]:
+        table = dict(base)
+        for u in self.units[:k]:
+            table[u] = level
+        return table
+
+    def run(self) -> tuple[dict[str, str], bool]:
+        table = {u: self.levels[0] for u in self.units}
+        if self.evaluate(table, f"all layers {self.levels[0]}"):
+            return table, True
+        for level in self.levels[1:]:
+            found = self.smallest_prefix(table, level)
+            if found is not None:
+                return self.hand_back(found), True
+            table = self.prefix(table, level, len(self.units))
+        return (self.best[0] if self.best else table), False
+
+    def smallest_prefix(self, base: dict[str, str], level: str) -> dict[str, str] | None:
+        n = len(self.units)
+        low, high, k = 0, None, 1
+        while k <= n:  # doubling: the first prefix length that meets the goal
+            if self.evaluate(self.prefix(base, level, k), f"{k} most sensitive layers {level}"):
+                high = k
+                break
+            low = k
+            k = n if k < n and 2 * k > n else 2 * k
+            if low == n:
+                break
+        if high is None:
+            return None
+        while high - low > 1:  # bisection between a failing and a passing length
+            mid = (low + high) // 2
+            if self.evaluate(self.prefix(base, level, mid), f"{mid} most sensitive layers {level}"):
+                high = mid
+            else:
+                low = mid
+        return self.prefix(base, level, high)
+
+    def hand_back(self, table: dict[str, str]) -> dict[str, str]:
+        promoted = [u for u in self.units if table[u] != self.levels[0]]
+        for unit in reversed(promoted):  # least sensitive first
+            current = self.levels.index(table[unit])
+            for lower in reversed(self.levels[:current]):
+                trial = {**table, unit: lower}
+                if self.evaluate(trial, f"hand {unit} back to {lower}"):
+                    table = trial
+                else:
+                    break
+        return table
+
+
+def _better(a: dict, b: dict, goal: dict) -> bool:
+    key = "sqnr_db" if goal.get("cosine") is None else "cosine"
+    return a[key] > b[key]
+
+
+def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
+    model = load_model(inputs["model"], "the optimized model")
+    stats_arrays, stats = tensorfile.load(inputs["stats"])
+    sensitivity = json.loads(Path(inputs["sensitivity"]).read_text())
+    feeds = list(iterate_feeds(model, SampleFile(inputs["evaluation"]), params["samples"]))
+    probe = PrecisionProbe(model, stats["tensors"], stats_arrays, params["quantize"], feeds)
+    work = op_work(model)
+    search = Search(
+        probe, sensitivity["ranking"], params["goal"], params["candidates"], params["target"], work
+    )
+    table, reached = search.run()
+    final_metrics = probe.run({u: p for u, p in table.items() if p != "int8"}) if reached else search.best[1]
+    macs_total = sum(work[u]["macs"] for u in search.units)
+    macs_int8 = sum(work[u]["macs"] for u in search.units if table[u] == "int8")
+    all_base = {u: search.levels[0] for u in search.units}
+    summary = {
+        "goal": params["goal"],
+        "candidates": search.levels,
+        "reached": reached,
+        "cosine": final_metrics["cosine"],
+        "sqnr_db": final_metrics["sqnr_db"],
+        "int8_mac_share": macs_int8 / macs_total if macs_total else 1.0,
+        "cost": round(search.cost(table)),
+        "cost_all_base": round(search.cost(all_base)),
+        "precision": {u: table[u] for u in search.units},
+        "path": search.path,
+        "ranking": search.units,
+        "samples": len(feeds),
+        "warnings": []
+        if reached
+        else [
+            f"goal {params['goal']} not reached; best found: cosine {final_metrics['cosine']:.5f}, "
+            f"SQNR {final_metrics['sqnr_db']:.2f} dB"
+        ],
+    }
+    if not reached and params["enforce"]:
+        best = f"cosine {final_metrics['cosine']:.5f}, SQNR {final_metrics['sqnr_db']:.2f} dB"
+        raise UserError(
+            f"mixed precision goal {params['goal']} is not reachable with {search.levels}: "
+            f"best found {best} after {len(search.path)} runs"
+        )
+    table_path = write_json(
+        outdir / "precision.json",
+        {
+            "version": 1,
+            "layers": {u: p for u, p in sorted(table.items()) if p != "int8"},
+        },
+    )
+    return {"table": table_path, "summary": write_json(outdir / "search.json", summary)}
