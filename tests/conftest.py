@@ -67,7 +67,7 @@ dataset(name = "eval", srcs = glob(["eval/*.png"]), preprocess = PRE)
 
 @pytest.fixture
 def small_ws(tmp_path, cls_model) -> Path:
-    """A workspace with the real cls model as a local file and four real photos (PNG)."""
+    """A workspace with the real cls model as a local file and the nine real photos (PNG, 192x48)."""
     from PIL import Image
 
     ws = tmp_path / "ws"
@@ -75,11 +75,13 @@ def small_ws(tmp_path, cls_model) -> Path:
     write(ws / "models" / "BUILD", MODELS_BUILD)
     shutil.copy(cls_model, ws / "models" / "cls.onnx")
     write(ws / "data" / "BUILD", DATA_BUILD)
-    photos = sorted((PHOTOS / "calib").glob("*.jpg"))
-    for i, src in enumerate(photos[:4]):
-        dest = ws / "data" / ("calib" if i < 2 else "eval") / f"{src.stem}.png"
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        Image.open(src).convert("RGB").resize((192, 48)).save(dest, compress_level=6)
+    for role in ("calib", "eval"):
+        for src in sorted((PHOTOS / role).glob("*.*")):
+            if src.suffix.lower() not in (".jpg", ".png"):
+                continue
+            dest = ws / "data" / role / f"{src.stem}.png"
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            Image.open(src).convert("RGB").resize((192, 48)).save(dest, compress_level=6)
     return ws
 
 

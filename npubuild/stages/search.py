@@ -21,6 +21,7 @@ from npubuild.stages.quantize.cost import layer_cost, op_work
 from npubuild.stages.quantize.probe import PrecisionProbe
 
 LADDER = ("int8", "int16", "float")
+CONFIRM_ATTEMPTS = 6
 
 
 def meets(metrics: dict, goal: dict) -> bool:
@@ -44,6 +45,7 @@ class Search:
         self.levels = [c for c in LADDER if c in candidates]
         self.path: list[dict] = []
         self.best: tuple[dict, dict] | None = None
+        self.final: dict | None = None
 
     def cost(self, table: dict[str, str]) -> float:
         base = self.levels[0]
@@ -52,6 +54,12 @@ class Search:
     def evaluate(self, table: dict[str, str], action: str) -> bool:
         metrics = self.probe.run({u: p for u, p in table.items() if p != "int8"})
         ok = meets(metrics, self.goal)
+        self.record(table, metrics, ok, action)
+        if self.best is None or _better(metrics, self.best[1], self.goal):
+            self.best = (dict(table), metrics)
+        return ok
+
+    def record(self, table: dict[str, str], metrics: dict, ok: bool, action: str) -> None:
         self.path.append(
             {
                 "step": len(self.path) + 1,
@@ -63,9 +71,6 @@ class Search:
                 "non_base_layers": sum(1 for p in table.values() if p != self.levels[0]),
             }
         )
-        if self.best is None or _better(metrics, self.best[1], self.goal):
-            self.best = (dict(table), metrics)
-        return ok
 
     def prefix(self, base: dict[str, str], level: str, k: int) -> dict[str, str]:
         table = dict(base)
@@ -76,13 +81,35 @@ class Search:
     def run(self) -> tuple[dict[str, str], bool]:
         table = {u: self.levels[0] for u in self.units}
         if self.evaluate(table, f"all layers {self.levels[0]}"):
-            return table, True
+            return self.confirmed(table)
         for level in self.levels[1:]:
             found = self.smallest_prefix(table, level)
             if found is not None:
-                return self.hand_back(found), True
+                return self.confirmed(self.hand_back(found))
             table = self.prefix(table, level, len(self.units))
         return (self.best[0] if self.best else table), False
+
+    def confirmed(self, table: dict[str, str]) -> tuple[dict[str, str], bool]:
+        """Check the choice on the integer model itself; where the probe was optimistic, promote
+        the next most sensitive layers one at a time until the integer model meets the goal."""
+        for _ in range(CONFIRM_ATTEMPTS):
+            metrics = self.probe.confirm({u: p for u, p in table.items() if p != "int8"})
+            ok = meets(metrics, self.goal)
+            self.record(table, metrics, ok, "confirm on the integer model (golden interpreter)")
+            if ok:
+                self.final = metrics
+                return table, True
+            nxt = next((u for u in self.units if table[u] != self.levels[-1]), None)
+            if nxt is None:
+                break
+            table = {**table, nxt: self.levels[self.levels.index(table[nxt]) + 1]}
+            self.record(
+                table,
+                self.probe.run({u: p for u, p in table.items() if p != "int8"}),
+                None,
+                f"promote {nxt} to {table[nxt]}",
+            )
+        return table, False
 
     def smallest_prefix(self, base: dict[str, str], level: str) -> dict[str, str] | None:
         n = len(self.units)
@@ -134,7 +161,7 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
         probe, sensitivity["ranking"], params["goal"], params["candidates"], params["target"], work
     )
     table, reached = search.run()
-    final_metrics = probe.run({u: p for u, p in table.items() if p != "int8"}) if reached else search.best[1]
+    final_metrics = search.final if reached else search.best[1]
     macs_total = sum(work[u]["macs"] for u in search.units)
     macs_int8 = sum(work[u]["macs"] for u in search.units if table[u] == "int8")
     all_base = {u: search.levels[0] for u in search.units}

@@ -148,10 +148,15 @@ class PrecisionProbe:
             if node.op_type in MAC_TYPES and len(node.input) > 1 and node.input[1] in initializers:
                 weight_nodes.append(node)
         quantized_weights = self._quantized_weights(weight_nodes, initializers)
+        self.constant_switches: dict[str, tuple[str, str]] = {}
         for node in g.node:
             label = node_label(node)
+            if node.op_type in ("Add", "Sub", "Mul", "Div", "Concat") and any(
+                i in initializers for i in node.input
+            ):
+                new_nodes += self._switch_constants(node, initializers, new_inits)
             if label in quantized_weights:
-                w8, bias8, bias_name = quantized_weights[label]
+                w8, bias8, bias_name, shift = quantized_weights[label]
                 flag = f"{label}__wq"
                 self.weight_switches[label] = flag
                 wn, bn = f"{label}__w8", f"{label}__b8"
@@ -165,10 +170,26 @@ class PrecisionProbe:
                     if bias_name:
                         new_nodes.append(helper.make_node("Where", [flag, bn, bias_name], [sel_b]))
                         node.input[2] = sel_b
+                if shift is not None:
+                    zero, corr = f"{label}__shift0", f"{label}__shift"
+                    new_inits.append(numpy_helper.from_array(np.zeros_like(shift), zero))
+                    new_inits.append(numpy_helper.from_array(shift, corr))
+                    raw, sel = f"{node.output[0]}__mm", f"{label}__shiftsel"
+                    new_nodes.append(helper.make_node("Where", [flag, corr, zero], [sel]))
+                    after = helper.make_node("Add", [raw, sel], [node.output[0]])
+                    node.output[0] = raw
+                    pending_after = after
+                else:
+                    pending_after = None
+            else:
+                pending_after = None
             for k, i in enumerate(node.input):
                 if i in rename:
                     node.input[k] = rename[i]
             new_nodes.append(node)
+            if pending_after is not None:
+                new_nodes.append(pending_after)
+                node = pending_after
             for o in node.output:
                 if o and o not in graph_outputs:
                     new_nodes += switch_tensor(o)
@@ -182,13 +203,50 @@ class PrecisionProbe:
         g.node.extend(new_nodes)
         g.initializer.extend(new_inits)
         del g.value_info[:]
-        for flag in [f for pair in self.tensor_switches.values() for f in pair] + list(
-            self.weight_switches.values()
-        ):
+        switches = [*self.tensor_switches.values(), *self.constant_switches.values()]
+        for flag in [f for pair in switches for f in pair] + list(self.weight_switches.values()):
             g.input.append(helper.make_tensor_value_info(flag, TensorProto.BOOL, []))
         if not any(o.domain == "com.microsoft" for o in model.opset_import):
             model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
         self.session = session(model)
+
+    def _switch_constants(self, node, initializers, new_inits) -> list[onnx.NodeProto]:
+        """Constant operands quantized to their own grid, as the integer Add/Mul/Concat use them
+        (a Div by a constant becomes a Mul by its quantized reciprocal)."""
+        builder = Builder(
+            self.model,
+            self.stats_meta,
+            self.stats_arrays,
+            self.settings,
+            dry=True,
+            range_cache=self.range_cache,
+        )
+        label = node_label(node)
+        on8, on16 = f"{label}__c8", f"{label}__c16"
+        nodes = []
+        for k, name in enumerate(node.input):
+            if name not in initializers:
+                continue
+            value = numpy_helper.to_array(initializers[name]).astype(np.float64)
+            if node.op_type == "Div" and k == 1:
+                value = 1.0 / value
+            exact = value.astype(np.float32)
+            variants = {}
+            for bits in (8, 16):
+                params, q = builder.constant_params(value, bits)
+                dq = ((q.astype(np.float64) - params.zero_point) * params.scale).astype(np.float32)
+                variants[bits] = f"{label}__const{k}_{bits}"
+                new_inits.append(numpy_helper.from_array(dq.reshape(value.shape), variants[bits]))
+            plain = f"{label}__const{k}"
+            new_inits.append(numpy_helper.from_array(exact.reshape(value.shape), plain))
+            mid, out = f"{label}__const{k}_sel8", f"{label}__const{k}_sel"
+            nodes.append(helper.make_node("Where", [on8, variants[8], plain], [mid]))
+            nodes.append(helper.make_node("Where", [on16, variants[16], mid], [out]))
+            node.input[k] = out
+        if node.op_type == "Div":
+            node.op_type = "Mul"
+        self.constant_switches[label] = (on8, on16)
+        return nodes
 
     def _quantized_weights(self, nodes, initializers) -> dict:
         """Per MAC node: dequantized int8 weights and the bias-corrected bias, as the Builder makes them."""
@@ -229,7 +287,12 @@ class PrecisionProbe:
                 )
                 corrected = builder.bias_correction(node.input[0], w, wq, wscale, bias, group, transpose)
                 bias8 = corrected.astype(np.float32) if bias_name else None
-            out[node_label(node)] = (w8, bias8, bias_name)
+            shift = None
+            mean = self.stats_arrays.get(f"{node.input[0]}/channel_mean")
+            if node.op_type == "MatMul" and self.settings["bias_correction"] and mean is not None:
+                delta = wq.astype(np.float64) * wscale.reshape(1, -1) - w
+                shift = (-(mean.astype(np.float64) @ delta)).astype(np.float32)  # the bias MatMul gains
+            out[node_label(node)] = (w8, bias8, bias_name, shift)
         return out
 
     # running a configuration -------------------------------------------------------------------
@@ -251,7 +314,33 @@ class PrecisionProbe:
             own = self._params(name, t["bits"])
             if (own.scale, own.zero_point) == (t["scale"], t["zero_point"]) or name not in self.producers:
                 bits[name] = t["bits"]
+        # an integer Add/Mul/Concat quantizes its constants at its output's width
+        self.constant_bits = {}
+        for label in self.constant_switches:
+            out = self.layers.nodes[label].output[0]
+            if out in program.tensors:
+                self.constant_bits[label] = program.tensors[out]["bits"]
         return bits, set(program.integer_nodes)
+
+    def confirm(self, table: dict[str, str]) -> dict:
+        """The same configuration as the integer model itself, run by the golden interpreter."""
+        from npubuild.stages.quantize.interpreter import Interpreter
+        from npubuild.stages.quantize.stage import build_integer_model
+
+        overrides = precision_overrides(self.layers.expand(table))
+        settings = {**self.settings, "overrides": list(self.settings.get("overrides", [])) + overrides}
+        _, meta, arrays = build_integer_model(
+            self.model, self.stats_meta, self.stats_arrays, settings, range_cache=self.range_cache
+        )
+        opset = next((o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx")), 13)
+        interpreter = Interpreter(meta, arrays, list(self.model.functions), {"": opset, "npubuild": 1})
+        agreement = Agreement()
+        for feed, reference in zip(self.feeds, self.references):
+            outputs, _ = interpreter.run(feed)
+            for name, r in zip(self.outputs, reference):
+                agreement.update(r, outputs[name])
+        self.runs += 1
+        return agreement.result()
 
     def run(self, table: dict[str, str]) -> dict:
         bits, integer_nodes = self.plan(table)
@@ -263,6 +352,10 @@ class PrecisionProbe:
             flags[on16] = true if b == 16 else false
         for label, flag in self.weight_switches.items():
             flags[flag] = true if label in integer_nodes else false
+        for label, (on8, on16) in self.constant_switches.items():
+            b = self.constant_bits.get(label) if label in integer_nodes else None
+            flags[on8] = true if b == 8 else false
+            flags[on16] = true if b == 16 else false
         agreement = Agreement()
         for feed, reference in zip(self.feeds, self.references):
             result = self.session.run(self.outputs, {**feed, **flags})

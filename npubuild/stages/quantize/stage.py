@@ -16,22 +16,9 @@ from npubuild.stages.quantize.probe import precision_overrides
 from npubuild.stages.quantize.qdq import export_qdq
 
 
-def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
-    model = load_model(inputs["model"], "the optimized model")
-    stats_arrays, stats = tensorfile.load(inputs["stats"])
-    warnings: list[str] = []
-    if "precision" in inputs:
-        table = load_table(inputs["precision"])
-        layers = Layers(model, stats["tensors"], stats_arrays, params)
-        warnings += [
-            f"precision table names '{n}', which is not a node of the model" for n in layers.unknown(table)
-        ]
-        params = {
-            **params,
-            "overrides": list(params["overrides"]) + precision_overrides(layers.expand(table)),
-        }
-    builder = Builder(model, stats["tensors"], stats_arrays, params)
-    program = builder.build()
+def build_integer_model(model, stats_meta: dict, stats_arrays: dict, params: dict, range_cache=None):
+    """The program, its JSON header and its arrays, as stored in quantized.npq."""
+    program = Builder(model, stats_meta, stats_arrays, params, range_cache=range_cache).build()
     initializers = {t.name for t in model.graph.initializer}
     meta = {
         "version": 1,
@@ -48,6 +35,24 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
         key = f"function/{i}"
         arrays[key] = np.frombuffer(f.SerializeToString(deterministic=True), dtype=np.uint8)
         meta["functions"].append(key)
+    return program, meta, arrays
+
+
+def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
+    model = load_model(inputs["model"], "the optimized model")
+    stats_arrays, stats = tensorfile.load(inputs["stats"])
+    warnings: list[str] = []
+    if "precision" in inputs:
+        table = load_table(inputs["precision"])
+        layers = Layers(model, stats["tensors"], stats_arrays, params)
+        warnings += [
+            f"precision table names '{n}', which is not a node of the model" for n in layers.unknown(table)
+        ]
+        params = {
+            **params,
+            "overrides": list(params["overrides"]) + precision_overrides(layers.expand(table)),
+        }
+    program, meta, arrays = build_integer_model(model, stats["tensors"], stats_arrays, params)
     tensorfile.save(outdir / "quantized.npq", arrays, meta)
     try:
         qdq = export_qdq(model, meta, arrays)

@@ -1,0 +1,134 @@
+"""Sensitivity and mixed-precision search on the real PP-OCR classifier (small_ws)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import cli, run_build
+
+SEARCH = ("search", "//models:cls_npu")
+SENSITIVITY = ("sensitivity", "//models:cls_npu")
+AFTER_SEARCH = {SEARCH, ("quantize", "//models:cls_npu"), ("evaluate", "//models:cls_npu")}
+
+
+def set_attr(ws, line: str) -> None:
+    build = ws / "models" / "BUILD"
+    text = build.read_text()
+    marker = '    optimize = {"check_samples": 2},\n'
+    assert marker in text
+    build.write_text(text.replace(marker, marker + line))
+
+
+def read(ws, name):
+    return json.loads((ws / "npubuild-out" / "models" / "cls_npu" / name).read_text())
+
+
+def test_without_a_goal_nothing_of_the_search_runs(small_ws, store):
+    outcome = run_build(small_ws, store)
+    assert {a.stage for a in outcome.actions}.isdisjoint({"sensitivity", "search"})
+
+
+def test_goal_is_met_at_least_cost_and_changing_it_reruns_only_the_search(small_ws, store):
+    set_attr(small_ws, '    mixed_precision = {"goal": {"cosine": 0.999}},\n')
+    first = run_build(small_ws, store)
+    assert first.ok, first.errors
+    assert {SENSITIVITY, SEARCH} <= first.executed()
+    search, sens = read(small_ws, "search.json"), read(small_ws, "sensitivity.json")
+    int8 = search["path"][0]
+    assert int8["action"] == "all layers int8" and not int8["goal_met"]
+    assert search["reached"] and search["cosine"] >= 0.999
+    promoted = {k: v for k, v in search["precision"].items() if v != "int8"}
+    assert promoted and search["int8_mac_share"] > 0.8
+    # the promoted layers come from the top of the ranking; the table is what quantize read
+    assert set(promoted) <= set(sens["ranking"][: len(promoted) + 5])
+    assert read(small_ws, "precision.json")["layers"] == promoted
+    program_bits = {r["node"]: r["bits"] for r in read(small_ws, "accuracy.json")["layers"]}
+    assert all(
+        program_bits.get(node) == 16 for node, p in promoted.items() if p == "int16" and node in program_bits
+    )
+    # the integer model itself (golden interpreter) meets the goal on the evaluation set
+    (metrics,) = read(small_ws, "accuracy.json")["outputs"].values()
+    assert metrics["cosine"] >= 0.999
+    # hand-back: each remaining promoted layer was tried one level down and that failed the goal
+    hand_backs = [p for p in search["path"] if p["action"].startswith("hand ")]
+    assert all(not p["goal_met"] for p in hand_backs if p["action"].split()[1] in promoted)
+
+    build = small_ws / "models" / "BUILD"
+    build.write_text(build.read_text().replace('"cosine": 0.999}', '"cosine": 0.9985}'))
+    second = run_build(small_ws, store)
+    assert second.executed() == AFTER_SEARCH or second.executed() == {SEARCH}  # identical table: early cutoff
+    assert SENSITIVITY not in second.executed()
+
+
+def test_unreachable_goal_is_reported_and_fails_only_when_enforced(small_ws, tmp_path):
+    cache = tmp_path / "cache"
+    set_attr(small_ws, '    mixed_precision = {"goal": {"sqnr": 300.0}, "candidates": ["int8", "int16"]},\n')
+    proc = cli(["build", "//models:cls_npu"], small_ws, cache)
+    assert proc.returncode == 0, proc.stderr
+    assert "goal NOT met" in proc.stdout
+    warning = [ln for ln in proc.stdout.splitlines() if ln.startswith("warning:") and "not reached" in ln]
+    assert warning and "best found" in warning[0]
+    build = small_ws / "models" / "BUILD"
+    build.write_text(
+        build.read_text().replace(
+            '"candidates": ["int8", "int16"]}', '"candidates": ["int8", "int16"], "enforce": True}'
+        )
+    )
+    failed = cli(["build", "//models:cls_npu"], small_ws, cache)
+    assert failed.returncode == 1 and "Traceback" not in failed.stderr
+    errors = [ln for ln in failed.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "not reachable" in errors[0] and "best found cosine" in errors[0]
+    assert "models/BUILD:" in errors[0]
+
+
+def test_hand_written_precision_table(small_ws, store):
+    (small_ws / "models" / "precision.json").write_text(
+        json.dumps(
+            {"version": 1, "layers": {"Conv@0": "int16", "Softmax@0": "float", "NoSuchLayer": "int16"}}
+        )
+    )
+    set_attr(small_ws, '    precision_table = "precision.json",\n')
+    outcome = run_build(small_ws, store)
+    assert outcome.ok, outcome.errors
+    quantize = read(small_ws, "quantize.json")
+    assert any("'NoSuchLayer'" in w for w in quantize["warnings"])
+    bits = {r["node"]: r["bits"] for r in read(small_ws, "accuracy.json")["layers"]}
+    assert bits["Conv@0"] == 16
+    # editing the table reruns quantize and evaluate only
+    (small_ws / "models" / "precision.json").write_text(
+        json.dumps({"version": 1, "layers": {"Conv@0": "float"}})
+    )
+    again = run_build(small_ws, store)
+    assert again.executed() == {("quantize", "//models:cls_npu"), ("evaluate", "//models:cls_npu")}
+    assert any(f["node"] == "Conv@0" for f in read(small_ws, "quantize.json")["float_nodes"])
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('    mixed_precision = {"goal": {}},\n', "the goal needs 'cosine' and/or 'sqnr'"),
+        (
+            '    mixed_precision = {"goal": {"cosine": 0.99}, "candidates": ["int8"]},\n',
+            "at least two precisions",
+        ),
+        ('    mixed_precision = {"goal": {"cosine": 0.99}},\n    precision_table = "p.json",\n', "not both"),
+    ],
+    ids=["empty goal", "one candidate", "both"],
+)
+def test_bad_mixed_precision_settings(small_ws, tmp_path, line, message):
+    set_attr(small_ws, line)
+    proc = cli(["build", "//models:cls_npu"], small_ws, tmp_path / "cache")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and message in errors[0] and "models/BUILD:" in errors[0]
+
+
+def test_bad_precision_value_in_a_table(small_ws, tmp_path):
+    (small_ws / "models" / "p.json").write_text(json.dumps({"version": 1, "layers": {"Conv@0": "int4"}}))
+    set_attr(small_ws, '    precision_table = "p.json",\n')
+    proc = cli(["build", "//models:cls_npu"], small_ws, tmp_path / "cache")
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert proc.returncode == 1 and len(errors) == 1
+    assert "'Conv@0' has precision 'int4'" in errors[0]
