@@ -175,6 +175,7 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
         "cost": round(search.cost(table)),
         "cost_all_base": round(search.cost(all_base)),
         "precision": {u: table[u] for u in search.units},
+        "macs": {u: work[u]["macs"] for u in search.units},
         "path": search.path,
         "ranking": search.units,
         "samples": len(feeds),
