@@ -22,6 +22,7 @@ from npubuild.stages.quantize.probe import PrecisionProbe
 
 LADDER = ("int8", "int16", "float")
 CONFIRM_ATTEMPTS = 6
+HAND_BACK_RUNS = 48
 
 
 def meets(metrics: dict, goal: dict) -> bool:
@@ -133,15 +134,32 @@ class Search:
         return self.prefix(base, level, high)
 
     def hand_back(self, table: dict[str, str]) -> dict[str, str]:
-        promoted = [u for u in self.units if table[u] != self.levels[0]]
-        for unit in reversed(promoted):  # least sensitive first
-            current = self.levels.index(table[unit])
-            for lower in reversed(self.levels[:current]):
-                trial = {**table, unit: lower}
-                if self.evaluate(trial, f"hand {unit} back to {lower}"):
-                    table = trial
-                else:
-                    break
+        """Lower promoted layers one level where the goal still holds: least sensitive first, in
+        blocks that are split in halves when they fail, so layers that can all go back cost one
+        run, not one run each. At most HAND_BACK_RUNS runs."""
+        budget = [HAND_BACK_RUNS]
+
+        def lower(t: dict[str, str], block: list[str]) -> dict[str, str]:
+            return {**t, **{u: self.levels[self.levels.index(t[u]) - 1] for u in block}}
+
+        def attempt(t: dict[str, str], block: list[str]) -> dict[str, str]:
+            if not block or budget[0] <= 0:
+                return t
+            budget[0] -= 1
+            trial = lower(t, block)
+            label = block[0] if len(block) == 1 else f"{len(block)} layers ({block[0]} ...)"
+            if self.evaluate(trial, f"hand {label} back one level"):
+                return trial
+            if len(block) == 1:
+                return t
+            half = len(block) // 2
+            return attempt(attempt(t, block[:half]), block[half:])
+
+        for _ in range(len(self.levels) - 1):  # float -> int16 -> int8 takes two passes
+            promoted = [u for u in reversed(self.units) if table[u] != self.levels[0]]
+            if not promoted or budget[0] <= 0:
+                break
+            table = attempt(table, promoted)
         return table
 
 
