@@ -71,6 +71,13 @@ def workspace(root: Path) -> None:
 
 
 def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=sorted(MODELS))
+    chosen = parser.parse_args().models
+    for name in [m for m in MODELS if m not in chosen]:
+        del MODELS[name]
     from npubuild.cache.store import Store
     from npubuild.engine.run import build
 
@@ -79,7 +86,8 @@ def main() -> None:
         ws = tmp / "ws"
         workspace(ws)
         store = Store(tmp / "cache")
-        outcome = build(ws, store, ["//models:all"], jobs=1)
+        targets = [f"//models:{s}_{v}" for s in MODELS for v in ("int8", *(f"mp{k}" for k in GOALS))]
+        outcome = build(ws, store, targets, jobs=1)
         assert outcome.ok, outcome.errors
         seconds = {
             (a.stage, a.owner): outcome.result(a).seconds

@@ -231,3 +231,26 @@ def test_average_pool_border_counts_match_onnxruntime(tmp_path, include_pad, cei
     assert by_kind["avgpool"]["within_1_lsb"] == 1.0
     (out,) = report["outputs"].values()
     assert out["cosine"] > 0.995
+
+
+def test_int16_layers_keep_large_biases_exact(tmp_path):
+    # A bias of 300 at in_scale * w_scale ~ 1e-8 would overflow int32: int16 layers use int64.
+    w = RNG.normal(size=(2, 3, 1, 1)).astype(np.float32) * 0.1
+    b = np.array([300.0, -250.0], np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w", "b"], ["y"], name="conv")],
+        "bias",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4, 4])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    samples = (RNG.normal(size=(4, 3, 4, 4)) * 0.01).astype(np.float32)
+    _, q, report, _ = pipeline(tmp_path, model, {**SETTINGS, "activation_bits": 16}, samples=samples)
+    arrays, program = tensorfile.load(q["integer"])
+    (conv,) = [op for op in program["ops"] if op["kind"] == "conv"]
+    assert np.abs(arrays[conv["arrays"]["bias"]]).max() > 2**31
+    (out,) = report["outputs"].values()
+    assert out["sqnr_db"] > 60
+    assert report["golden_vs_qdq"]["op_by_op"]["within_1_lsb"] == 1.0

@@ -453,7 +453,10 @@ class Builder:
     def mac_op(self, kind, node, x, out, wq, wscale, bias, xp, yp, activation, attrs) -> None:
         prog = self.program
         acc_scale = xp.scale * wscale
-        bias_q = np.clip(np.rint(bias / acc_scale), -(2**31), 2**31 - 1).astype(np.int64)
+        # int8 inputs: an int32 bias; int16 inputs: int64 (TFLite's 16x8 scheme), whose scale
+        # in_scale * w_scale is ~256x finer and would overflow int32 for ordinary biases.
+        limit = 2**31 - 1 if xp.bits == 8 else 2**47
+        bias_q = np.clip(np.rint(bias / acc_scale), -limit - 1, limit).astype(np.int64)
         mbits = 31 if xp.bits == 8 else 15
         m0, shift = zip(*(quantize_multiplier(float(s / yp.scale)) for s in acc_scale))
         m0 = np.array(m0, np.int64)

@@ -132,7 +132,14 @@ class _Export:
             f"{label}.weight", weight, wscale.astype(np.float32), np.zeros(len(wscale)), waxis, 8
         )
         bias_scale = (xscale * wscale).astype(np.float32)
-        b_dq = self._dq_const(f"{label}.bias", bias.astype(np.int32), bias_scale, np.zeros(len(bias)), 0, 32)
+        if self.program["tensors"][x]["bits"] == 8:
+            b_dq = self._dq_const(
+                f"{label}.bias", bias.astype(np.int32), bias_scale, np.zeros(len(bias)), 0, 32
+            )
+        else:  # an int64 bias has no DequantizeLinear: store its exact value in float
+            b_dq = self._init(
+                f"{label}.bias__float", (bias * (xscale * wscale.astype(np.float64))).astype(np.float32)
+            )
         inputs = list(node.input)
         inputs[1] = w_dq
         if node.op_type in ("Conv", "ConvTranspose", "Gemm"):
