@@ -11,12 +11,11 @@ interpreter and the QDQ model agree within 1 LSB op by op.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from npubuild.stages.evaluate import Agreement
 from npubuild.stages.optimize.check import session
 from npubuild.stages.quantize.builder import Builder, node_label
 from npubuild.stages.quantize.precision import Layers
@@ -45,30 +44,6 @@ def precision_overrides(table: dict[str, str]) -> list[dict]:
 
 def _escape_glob(name: str) -> str:
     return "".join(f"[{c}]" if c in "*?[]" else c for c in name)
-
-
-class Agreement:
-    def __init__(self) -> None:
-        self.dot = self.ref2 = self.cand2 = self.err2 = 0.0
-
-    def update(self, r: np.ndarray, c: np.ndarray) -> None:
-        r = np.asarray(r, np.float64).reshape(-1)
-        c = np.asarray(c, np.float64).reshape(-1)
-        ok = np.isfinite(r) & np.isfinite(c)
-        r, c = r[ok], c[ok]
-        d = r - c
-        self.dot += float(r @ c)
-        self.ref2 += float(r @ r)
-        self.cand2 += float(c @ c)
-        self.err2 += float(d @ d)
-
-    def result(self) -> dict:
-        denom = math.sqrt(self.ref2 * self.cand2)
-        cosine = self.dot / denom if denom > 0 else (1.0 if self.err2 == 0 else 0.0)
-        sqnr = (
-            200.0 if self.err2 == 0 else (10 * math.log10(self.ref2 / self.err2) if self.ref2 > 0 else -200.0)
-        )
-        return {"cosine": cosine, "sqnr_db": sqnr}
 
 
 class PrecisionProbe:
