@@ -9,7 +9,7 @@ import onnx
 
 from npubuild.errors import UserError
 from npubuild.stages import tensorfile
-from npubuild.stages.onnx_utils import load_model, write_json
+from npubuild.stages.onnx_utils import load_model, with_outputs, write_json
 from npubuild.stages.optimize.check import SampleFile, iterate_feeds, session
 from npubuild.stages.quantize.histogram import TensorStats
 
@@ -44,12 +44,7 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     if len(tensors) == 0:
         raise UserError("the calibration set has no samples")
     names, axes = observed_tensors(model)
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    existing = {o.name for o in probe.graph.output}
-    for name in names:
-        if name not in existing:
-            probe.graph.output.add().name = name
+    probe = with_outputs(model, names)
     sess = session(probe)
     stats = {name: TensorStats() for name in names}
     samples = 0

@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 
 from npubuild.stages import tensorfile
-from npubuild.stages.onnx_utils import load_model, write_json
+from npubuild.stages.onnx_utils import load_model, with_outputs, write_json
 from npubuild.stages.optimize.check import samples_for, session
 from npubuild.stages.quantize.interpreter import Interpreter, dequantize
 
@@ -118,18 +118,10 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     # Layers to compare: every quantized tensor the float model also has (not its inputs).
     produced = {o for n in model.graph.node for o in n.output}
     layer_names = [t for t in program["tensors"] if t in produced]
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    existing = {o.name for o in probe.graph.output}
-    for name in layer_names:
-        if name not in existing:
-            probe.graph.output.add().name = name
+    probe = with_outputs(model, layer_names)
     # The QDQ model with every quantized tensor's integer codes (the QuantizeLinear outputs) exposed.
-    qdq_probe = onnx.ModelProto()
-    qdq_probe.CopyFrom(qdq)
     code_names = [f"{t}__q" for t in program["tensors"]]
-    for name in code_names:
-        qdq_probe.graph.output.add().name = name
+    qdq_probe = with_outputs(qdq, code_names)
     qdq_fetch = [o.name for o in qdq.graph.output] + code_names
     float_session, qdq_session = session(probe), session(qdq_probe)
     op_by_op = OpAgreement()

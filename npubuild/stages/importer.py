@@ -15,6 +15,7 @@ from npubuild.stages.onnx_utils import (
     load_model,
     op_histogram,
     save_model,
+    with_outputs,
     write_json,
 )
 
@@ -97,12 +98,7 @@ def _complete_shapes_by_execution(model: onnx.ModelProto) -> int:
         )
     import onnxruntime as ort
 
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    outputs = {o.name for o in probe.graph.output}
-    for name in missing:
-        if name not in outputs:
-            probe.graph.output.add().name = name
+    probe = with_outputs(model, missing)
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL

@@ -24,6 +24,18 @@ def load_model(path: Path, what: str) -> onnx.ModelProto:
     return model
 
 
+def with_outputs(model: onnx.ModelProto, names) -> onnx.ModelProto:
+    """A copy of the model that also returns these tensors (to observe intermediate values)."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    existing = {o.name for o in probe.graph.output}
+    for name in names:
+        if name not in existing:
+            probe.graph.output.add().name = name
+            existing.add(name)
+    return probe
+
+
 def save_model(model: onnx.ModelProto, path: Path) -> Path:
     path.write_bytes(model.SerializeToString(deterministic=True))
     return path

@@ -68,16 +68,20 @@ class PrecisionProbe:
         float_session = session(model)
         self.references = [float_session.run(self.outputs, f) for f in feeds]
 
-    # the switchable graph ---------------------------------------------------------------------
-    def _params(self, name: str, bits: int):
-        builder = Builder(
+    def _dry_builder(self, settings: dict | None = None) -> Builder:
+        """A dry quantizer over this model, sharing the range cache across every use."""
+        return Builder(
             self.model,
             self.stats_meta,
             self.stats_arrays,
-            self.settings,
+            settings or self.settings,
             dry=True,
             range_cache=self.range_cache,
         )
+
+    # the switchable graph ---------------------------------------------------------------------
+    def _params(self, name: str, bits: int):
+        builder = self._dry_builder()
         return builder.from_stats(name, bits, self.settings["method"])
 
     def _build_graph(self) -> None:
@@ -188,14 +192,7 @@ class PrecisionProbe:
     def _switch_constants(self, node, initializers, new_inits) -> list[onnx.NodeProto]:
         """Constant operands quantized to their own grid, as the integer Add/Mul/Concat use them
         (a Div by a constant becomes a Mul by its quantized reciprocal)."""
-        builder = Builder(
-            self.model,
-            self.stats_meta,
-            self.stats_arrays,
-            self.settings,
-            dry=True,
-            range_cache=self.range_cache,
-        )
+        builder = self._dry_builder()
         label = node_label(node)
         on8, on16 = f"{label}__c8", f"{label}__c16"
         nodes = []
@@ -225,14 +222,7 @@ class PrecisionProbe:
 
     def _quantized_weights(self, nodes, initializers) -> dict:
         """Per MAC node: dequantized int8 weights and the bias-corrected bias, as the Builder makes them."""
-        builder = Builder(
-            self.model,
-            self.stats_meta,
-            self.stats_arrays,
-            self.settings,
-            dry=True,
-            range_cache=self.range_cache,
-        )
+        builder = self._dry_builder()
         out = {}
         for node in nodes:
             w = numpy_helper.to_array(initializers[node.input[1]])
@@ -278,9 +268,7 @@ class PrecisionProbe:
             "overrides": list(self.settings.get("overrides", []))
             + precision_overrides(self.layers.expand(table)),
         }
-        builder = Builder(
-            self.model, self.stats_meta, self.stats_arrays, settings, dry=True, range_cache=self.range_cache
-        )
+        builder = self._dry_builder(settings)
         program = builder.build()
         bits = {}
         for name, t in program.tensors.items():
