@@ -143,7 +143,7 @@ def render_search(console, sensitivity: dict | None, search: dict | None) -> Non
             pad_edge=False,
             header_style="bold",
         )
-        for col in ("step", "action", "cosine", "SQNR dB", "cost", "goal"):
+        for col in ("step", "action", "cosine", "SQNR dB", "cost", "int8 MACs", "goal"):
             table.add_column(col, justify="left" if col == "action" else "right")
         for p in search["path"]:
             table.add_row(
@@ -152,6 +152,7 @@ def render_search(console, sensitivity: dict | None, search: dict | None) -> Non
                 f"{p['cosine']:.5f}",
                 f"{p['sqnr_db']:.2f}",
                 f"{p['cost']:,}",
+                f"{p['int8_mac_share']:.1%}",
                 "met" if p["goal_met"] else "-",
             )
         console.print(table)

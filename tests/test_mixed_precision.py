@@ -35,14 +35,14 @@ def test_goal_is_met_at_least_cost_and_changing_it_reruns_only_the_search(small_
     first = run_build(small_ws, store)
     assert first.ok, first.errors
     assert {SENSITIVITY, SEARCH} <= first.executed()
-    search, sens = read(small_ws, "search.json"), read(small_ws, "sensitivity.json")
+    search = read(small_ws, "search.json")
     int8 = search["path"][0]
     assert int8["action"] == "all layers int8" and not int8["goal_met"]
     assert search["reached"] and search["cosine"] >= 0.999
     promoted = {k: v for k, v in search["precision"].items() if v != "int8"}
     assert promoted and search["int8_mac_share"] > 0.8
-    # the promoted layers come from the top of the ranking; the table is what quantize read
-    assert set(promoted) <= set(sens["ranking"][: len(promoted) + 5])
+    # the promoted layers come from the top of the search order; the table is what quantize read
+    assert set(promoted) <= set(search["search_order"][: len(promoted) + 5])
     assert read(small_ws, "precision.json")["layers"] == promoted
     program_bits = {r["node"]: r["bits"] for r in read(small_ws, "accuracy.json")["layers"]}
     assert all(

@@ -1,7 +1,8 @@
 """search: per-layer precision that meets the accuracy goal at the least estimated cost.
 
-From all layers at the lowest candidate, layers are promoted in sensitivity order (most
-sensitive first) to the next candidate up: the smallest prefix that meets the goal is found by
+From all layers at the lowest candidate, layers are promoted in order of error removed per
+cycle (the output noise a layer adds when it alone is quantized, over what promoting it one level
+costs) to the next candidate up: the smallest prefix that meets the goal is found by
 doubling and then bisection, each step verified by running the quantized model (the precision
 probe) on the evaluation samples. If every layer at one level is not enough, the next level
 (float) is searched the same way on top. Then promoted layers are handed back one level at a
@@ -25,6 +26,24 @@ CONFIRM_ATTEMPTS = 6
 HAND_BACK_RUNS = 48
 
 
+def search_order(rows: list[dict], work: dict, target: dict, levels: list[str]) -> list[str]:
+    """Most output noise removed per extra cycle first. A layer's noise is the power of the error
+    it causes alone, 10^(-SQNR/10) of its "quantized alone" view; its price is the cost of moving
+    it one level up. Cheap vector ops that hurt come before big convolutions that hurt as much."""
+
+    def noise(row: dict) -> float:
+        return 10.0 ** (-row["quantized_alone"]["sqnr_db"] / 10.0)
+
+    def price(node: str) -> float:
+        up = layer_cost(work[node], levels[min(1, len(levels) - 1)], target) - layer_cost(
+            work[node], levels[0], target
+        )
+        return max(up, 1.0)
+
+    scored = [(noise(r) / price(r["node"]), r["node"]) for r in rows if r["node"] in work]
+    return [node for _, node in sorted(scored, key=lambda s: (-s[0], s[1]))]
+
+
 def meets(metrics: dict, goal: dict) -> bool:
     if goal.get("cosine") is not None and metrics["cosine"] < goal["cosine"]:
         return False
@@ -43,14 +62,32 @@ class Search:
     ):
         self.probe, self.goal, self.target, self.work = probe, goal, target, work
         self.units = [u for u in ranking if u in set(probe.layers.units)]
-        self.levels = [c for c in LADDER if c in candidates]
+        self.levels = _levels(candidates)
         self.path: list[dict] = []
         self.best: tuple[dict, dict] | None = None
         self.final: dict | None = None
 
+    def effective(self, table: dict[str, str]) -> dict[str, str]:
+        """The precision each layer runs at: a MAC left at int8 that reads a 16-bit tensor (its
+        producer was promoted) runs at the int16 rate, and is counted so."""
+        self.probe.plan({u: p for u, p in table.items() if p != "int8"})
+        out = {}
+        for u in self.units:
+            p = table.get(u, self.levels[0])
+            if p == "int8" and self.probe.mac_input_bits.get(u) == 16:
+                p = "int16"
+            out[u] = p
+        return out
+
     def cost(self, table: dict[str, str]) -> float:
-        base = self.levels[0]
-        return sum(layer_cost(self.work[u], table.get(u, base), self.target) for u in self.units)
+        runs_at = self.effective(table)
+        return sum(layer_cost(self.work[u], runs_at[u], self.target) for u in self.units)
+
+    def int8_mac_share(self, table: dict[str, str]) -> float:
+        runs_at = self.effective(table)
+        total = sum(self.work[u]["macs"] for u in self.units)
+        int8 = sum(self.work[u]["macs"] for u in self.units if runs_at[u] == "int8")
+        return int8 / total if total else 1.0
 
     def evaluate(self, table: dict[str, str], action: str) -> bool:
         metrics = self.probe.run({u: p for u, p in table.items() if p != "int8"})
@@ -68,6 +105,7 @@ class Search:
                 "cosine": round(metrics["cosine"], 6),
                 "sqnr_db": round(metrics["sqnr_db"], 3),
                 "cost": round(self.cost(table)),
+                "int8_mac_share": round(self.int8_mac_share(table), 4),
                 "goal_met": ok,
                 "non_base_layers": sum(1 for p in table.values() if p != self.levels[0]),
             }
@@ -163,6 +201,10 @@ class Search:
         return table
 
 
+def _levels(candidates: list[str]) -> list[str]:
+    return [c for c in LADDER if c in candidates]
+
+
 def _better(a: dict, b: dict, goal: dict) -> bool:
     key = "sqnr_db" if goal.get("cosine") is None else "cosine"
     return a[key] > b[key]
@@ -176,12 +218,15 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     probe = PrecisionProbe(model, stats["tensors"], stats_arrays, params["quantize"], feeds)
     work = op_work(model)
     search = Search(
-        probe, sensitivity["ranking"], params["goal"], params["candidates"], params["target"], work
+        probe,
+        search_order(sensitivity["layers"], work, params["target"], _levels(params["candidates"])),
+        params["goal"],
+        params["candidates"],
+        params["target"],
+        work,
     )
     table, reached = search.run()
     final_metrics = search.final if reached else search.best[1]
-    macs_total = sum(work[u]["macs"] for u in search.units)
-    macs_int8 = sum(work[u]["macs"] for u in search.units if table[u] == "int8")
     all_base = {u: search.levels[0] for u in search.units}
     summary = {
         "goal": params["goal"],
@@ -189,13 +234,14 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
         "reached": reached,
         "cosine": final_metrics["cosine"],
         "sqnr_db": final_metrics["sqnr_db"],
-        "int8_mac_share": macs_int8 / macs_total if macs_total else 1.0,
+        "int8_mac_share": search.int8_mac_share(table),
+        "runs_at": search.effective(table),
         "cost": round(search.cost(table)),
         "cost_all_base": round(search.cost(all_base)),
         "precision": {u: table[u] for u in search.units},
         "macs": {u: work[u]["macs"] for u in search.units},
         "path": search.path,
-        "ranking": search.units,
+        "search_order": search.units,
         "samples": len(feeds),
         "warnings": []
         if reached

@@ -270,6 +270,13 @@ class PrecisionProbe:
         }
         builder = self._dry_builder(settings)
         program = builder.build()
+        # A MAC that reads a 16-bit tensor runs at the int16 rate whatever its own output width.
+        self.mac_input_bits = {
+            label: program.tensors[self.layers.nodes[label].input[0]]["bits"]
+            for label in program.integer_nodes
+            if self.layers.nodes[label].op_type in MAC_TYPES
+            and self.layers.nodes[label].input[0] in program.tensors
+        }
         bits = {}
         for name, t in program.tensors.items():
             # A tensor that inherits its input's grid (Reshape, MaxPool, an unfused ReLU) is
