@@ -158,6 +158,26 @@ def pool_counts(spatial, attrs) -> np.ndarray:
     return win.sum(axis=tuple(range(-nd, 0)))[0, 0].astype(np.int64)
 
 
+def nearest_indices(size_in: int, size_out: int, attrs: dict) -> np.ndarray:
+    """The source index of each output position of a nearest-neighbour Resize along one axis."""
+    scale = size_out / size_in
+    o = np.arange(size_out, dtype=np.float64)
+    if attrs["coordinate_transformation_mode"] == "asymmetric":
+        src = o / scale
+    else:
+        src = (o + 0.5) / scale - 0.5
+    mode = attrs["nearest_mode"]
+    if mode == "floor":
+        idx = np.floor(src)
+    elif mode == "ceil":
+        idx = np.ceil(src)
+    elif mode == "round_prefer_ceil":
+        idx = np.floor(src + 0.5)
+    else:
+        idx = np.ceil(src - 0.5)
+    return np.clip(idx, 0, size_in - 1).astype(np.int64)
+
+
 class Interpreter:
     def __init__(self, program: dict, arrays: dict[str, np.ndarray], functions=(), opsets=None):
         self.program = program
@@ -293,29 +313,10 @@ class Interpreter:
 
     def _resize_nearest(self, op, env):
         x = env[op["inputs"][0]]
-        at = op["attrs"]
-        out_shape = at["out_shape"]
         result = x
-        for axis, (size_in, size_out) in enumerate(zip(x.shape, out_shape)):
-            if size_in == size_out:
-                continue
-            scale = size_out / size_in
-            o = np.arange(size_out, dtype=np.float64)
-            if at["coordinate_transformation_mode"] == "asymmetric":
-                src = o / scale
-            else:
-                src = (o + 0.5) / scale - 0.5
-            mode = at["nearest_mode"]
-            if mode == "floor":
-                idx = np.floor(src)
-            elif mode == "ceil":
-                idx = np.ceil(src)
-            elif mode == "round_prefer_ceil":
-                idx = np.floor(src + 0.5)
-            else:
-                idx = np.ceil(src - 0.5)
-            idx = np.clip(idx, 0, size_in - 1).astype(np.int64)
-            result = np.take(result, idx, axis=axis)
+        for axis, (size_in, size_out) in enumerate(zip(x.shape, op["attrs"]["out_shape"])):
+            if size_in != size_out:
+                result = np.take(result, nearest_indices(size_in, size_out, op["attrs"]), axis=axis)
         env[op["outputs"][0]] = result
 
     def _lut(self, op, env):

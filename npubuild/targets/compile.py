@@ -1,0 +1,204 @@
+"""Partition plan + integer model -> a .npub binary, its listing and its statistics."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import onnx
+
+from npubuild.targets import npub
+from npubuild.targets.codegen import Codegen, DoesNotFit, Stream
+from npubuild.targets.cpu import CpuSubgraph
+from npubuild.targets.isa import ENGINES, encode
+from npubuild.targets.partition import order, partition
+from npubuild.targets.spec import TargetSpec
+
+
+def target_digest(target: TargetSpec) -> bytes:
+    return hashlib.sha256(json.dumps(target.model_dump(), sort_keys=True).encode()).digest()
+
+
+def model_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
+    shapes = {}
+    for v in [*model.graph.input, *model.graph.value_info, *model.graph.output]:
+        shapes[v.name] = [d.dim_value for d in v.type.tensor_type.shape.dim]
+    for t in model.graph.initializer:
+        shapes[t.name] = list(t.dims)
+    return shapes
+
+
+def plan_partition(program: dict, arrays: dict, model: onnx.ModelProto, target: TargetSpec) -> dict:
+    """partition(), then every NPU op is dry-run through the code generator: one that cannot be
+    tiled into this SRAM at all goes to the CPU with that reason."""
+    shapes = model_shapes(model)
+    plan = partition(program, arrays, shapes, target)
+    ops = program["ops"]
+    devices = ["cpu"] * len(ops)
+    for sg in plan["subgraphs"]:
+        for i in sg["ops"]:
+            devices[i] = sg["device"]
+    dry = Codegen(program, arrays, shapes, target, plan)
+    dry.addr = _Zero()
+    for i, op in enumerate(ops):
+        if devices[i] != "npu":
+            continue
+        try:
+            dry.emit(Stream(), op)
+        except DoesNotFit:
+            devices[i] = "cpu"
+            plan["fallbacks"].append(
+                {
+                    "node": op.get("node", op["outputs"][0]),
+                    "kind": op["kind"],
+                    "reason": f"does not fit {target.name}'s {target.sram_kib} KiB SRAM even in the smallest tile",
+                }
+            )
+    plan["subgraphs"] = order(ops, devices)
+    plan["npu_ops"], plan["cpu_ops"] = devices.count("npu"), devices.count("cpu")
+    plan["transitions"] = max(len(plan["subgraphs"]) - 1, 0)
+    return plan
+
+
+class _Zero(dict):
+    def __missing__(self, key):
+        return 0
+
+
+def compile_npub(
+    program: dict, arrays: dict, model: onnx.ModelProto, target: TargetSpec, plan: dict
+) -> tuple[bytes, str, dict]:
+    shapes = model_shapes(model)
+    ops = program["ops"]
+    gen = Codegen(program, arrays, shapes, target, plan)
+    gen.allocate()
+    # which subgraph first needs each tensor, and in which state it is at each boundary
+    position = {i: k for k, sg in enumerate(plan["subgraphs"]) for i in sg["ops"]}
+    readers: dict[str, set[int]] = {}
+    for i, op in enumerate(ops):
+        for n in op["inputs"]:
+            if n and n not in op.get("constants", {}):
+                readers.setdefault(n, set()).add(position[i])
+    network_outputs = set(program["outputs"])
+    states = {n: "f" for n in program["inputs"]}
+    code = bytearray()
+    cpu_blob = bytearray()
+    listing = [f"; npubuild listing, target {target.name}", ""]
+    subgraphs = []
+    counts: dict[str, int] = {}
+    for k, sg in enumerate(plan["subgraphs"]):
+        produced: list[str] = []
+        for i in sg["ops"]:
+            produced += [o for o in ops[i]["outputs"] if o]
+        needed = sorted(
+            {n for n in produced if n in network_outputs or any(p > k for p in readers.get(n, ()))}
+        )
+        consumed = []
+        for i in sg["ops"]:
+            for n in ops[i]["inputs"]:
+                if n and n not in ops[i].get("constants", {}) and n not in consumed:
+                    consumed.append(n)
+        if sg["device"] == "npu":
+            stream = Stream()
+            marks = []
+            for i in sg["ops"]:
+                marks.append((len(stream.code), ops[i]))
+                gen.emit(stream, ops[i])
+            stream.emit("end")
+            local = set(produced)
+            inputs = [n for n in consumed if n not in local or _read_before_write(sg["ops"], ops, n)]
+            blob = encode(stream.code)
+            subgraphs.append(
+                {
+                    "device": "npu",
+                    "code": [len(code), len(blob)],
+                    "inputs": [_io(n, gen, shapes, program) for n in inputs],
+                    "outputs": [_io(n, gen, shapes, program) for n in needed],
+                    "ops": [ops[i].get("node", ops[i]["outputs"][0]) for i in sg["ops"]],
+                }
+            )
+            code += blob
+            listing.append(f"; NPU subgraph {k}: {len(sg['ops'])} ops, {len(stream.code)} instructions")
+            mark_at = dict((at, op) for at, op in reversed(marks))
+            for n, instruction in enumerate(stream.code):
+                if n in mark_at:
+                    op = mark_at[n]
+                    listing.append(f"  ; {op.get('node', op['outputs'][0])} ({op['kind']})")
+                listing.append(f"  {n:6d}  {instruction.listing()}")
+                engine = ENGINES[instruction.op]
+                counts[engine] = counts.get(engine, 0) + 1
+            for i in sg["ops"]:
+                for o in ops[i]["outputs"]:
+                    if o:
+                        states[o] = "q"
+        else:
+            cpu = CpuSubgraph(model, program, arrays, k)
+            for i in sg["ops"]:
+                cpu.add_op(ops[i], states)
+                for o in ops[i]["outputs"]:
+                    if o and o in cpu.current:
+                        states[o] = cpu.current[o][1]
+            blob, cin, cout = cpu.build(needed)
+            subgraphs.append(
+                {
+                    "device": "cpu",
+                    "model": [len(cpu_blob), len(blob)],
+                    "inputs": cin,
+                    "outputs": cout,
+                    "ops": [ops[i].get("node", ops[i]["outputs"][0]) for i in sg["ops"]],
+                }
+            )
+            cpu_blob += blob
+            listing.append(f"; CPU subgraph {k}: {', '.join(s['ops'][0] for s in [subgraphs[-1]])} ...")
+        listing.append("")
+    tensors = {
+        n: {**program["tensors"][n], "shape": shapes[n], "dram": gen.addr[n]} for n in sorted(gen.addr)
+    }
+    meta = {
+        "target": target.model_dump(),
+        "inputs": [{"name": n, "shape": shapes[n]} for n in program["inputs"]],
+        "outputs": [
+            {"name": n, "shape": shapes.get(n, []), "quant": program["tensors"].get(n)}
+            for n in program["outputs"]
+        ],
+        "tensors": tensors,
+        "dram_size": gen.tensor_area + len(gen.consts),
+        "constants_base": gen.tensor_area,
+        "subgraphs": subgraphs,
+    }
+    data = npub.write(
+        npub.Npub(
+            target_digest=target_digest(target),
+            meta=meta,
+            sections={"code": bytes(code), "constants": bytes(gen.consts), "cpu": bytes(cpu_blob)},
+        )
+    )
+    stats = {
+        "instructions": sum(counts.values()),
+        "instructions_by_engine": dict(sorted(counts.items())),
+        "dram_tensor_bytes": gen.tensor_area,
+        "constant_bytes": len(gen.consts),
+        "binary_bytes": len(data),
+        "npu_subgraphs": sum(1 for s in subgraphs if s["device"] == "npu"),
+        "cpu_subgraphs": sum(1 for s in subgraphs if s["device"] == "cpu"),
+    }
+    return data, "\n".join(listing) + "\n", stats
+
+
+def _read_before_write(indices: list[int], ops: list[dict], name: str) -> bool:
+    for i in indices:
+        if name in ops[i]["inputs"]:
+            return True
+        if name in ops[i]["outputs"]:
+            return False
+    return False
+
+
+def _io(name: str, gen: Codegen, shapes: dict, program: dict) -> dict:
+    t = program["tensors"][name]
+    return {"name": name, "dram": gen.addr[name], "shape": shapes[name], "bits": t["bits"]}
+
+
+def as_codes(value: np.ndarray, bits: int) -> np.ndarray:
+    return np.asarray(value).astype(np.int8 if bits == 8 else np.int16)

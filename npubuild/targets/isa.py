@@ -1,0 +1,254 @@
+"""The virtual NPU's instruction set: encoding, decoding, static checks and the listing.
+
+An instruction is an 8-byte header, then its operands as signed 64-bit little-endian integers:
+
+    opcode u8 | wait u8 (token mask) | signal u8 (token id, 0xFF none) | nargs u8 | reserved u32
+
+Every opcode has a fixed operand list (OPERANDS below, documented in docs/npu.md). Each
+instruction goes to one engine's in-order queue; `wait` names the tokens (0-7) it waits for and
+`signal` the token it sets when done, which is how a DMA load of the next tile overlaps the
+computation of this one.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from npubuild.targets.npub import NpubError
+
+HEAD = struct.Struct("<BBBBI")
+NO_SIGNAL = 0xFF
+TOKENS = 8
+
+_BOX = ("d0", "d1", "d2", "d3")
+OPERANDS: dict[str, tuple[str, ...]] = {
+    "load": (
+        "dram",
+        "sram",
+        "esize",
+        *_BOX,
+        "s0",
+        "s1",
+        "s2",
+        "s3",
+        "pad_top",
+        "pad_bottom",
+        "pad_left",
+        "pad_right",
+        "pad_value",
+    ),
+    "store": ("sram", "dram", "esize", *_BOX, "s0", "s1", "s2", "s3"),
+    "conv": (
+        "src",
+        "in_c",
+        "in_h",
+        "in_w",
+        "in_bits",
+        "in_zp",
+        "weights",
+        "params",
+        "dst",
+        "out_c",
+        "out_h",
+        "out_w",
+        "out_bits",
+        "out_zp",
+        "kh",
+        "kw",
+        "sh",
+        "sw",
+        "dh",
+        "dw",
+        "group",
+        "min",
+        "max",
+        "transpose",
+        "crop_top",
+        "crop_left",
+    ),
+    "matmul": (
+        "src",
+        "m",
+        "k",
+        "in_bits",
+        "in_zp",
+        "weights",
+        "params",
+        "dst",
+        "n",
+        "out_bits",
+        "out_zp",
+        "min",
+        "max",
+    ),
+    "add": (
+        "a",
+        "a0",
+        "a1",
+        "a2",
+        "a3",
+        "a_bits",
+        "b",
+        "b0",
+        "b1",
+        "b2",
+        "b3",
+        "b_bits",
+        "dst",
+        "o0",
+        "o1",
+        "o2",
+        "o3",
+        "out_bits",
+        "za",
+        "ma",
+        "zb",
+        "mb",
+        "out_zp",
+    ),
+    "mul": (
+        "a",
+        "a0",
+        "a1",
+        "a2",
+        "a3",
+        "a_bits",
+        "b",
+        "b0",
+        "b1",
+        "b2",
+        "b3",
+        "b_bits",
+        "dst",
+        "o0",
+        "o1",
+        "o2",
+        "o3",
+        "out_bits",
+        "za",
+        "zb",
+        "m0",
+        "shift",
+        "out_zp",
+    ),
+    "requant": ("src", "n", "in_bits", "in_zp", "m0", "shift", "dst", "out_bits", "out_zp"),
+    "lut": ("src", "n", "in_bits", "table", "offset", "dst", "out_bits"),
+    "clamp": ("src", "n", "bits", "min", "max", "dst"),
+    "gap": (
+        "src",
+        "c",
+        "hw",
+        "in_bits",
+        "in_zp",
+        "acc",
+        "first",
+        "last",
+        "m0",
+        "shift",
+        "dst",
+        "out_bits",
+        "out_zp",
+    ),
+    "pool": (
+        "src",
+        "c",
+        "in_h",
+        "in_w",
+        "in_bits",
+        "in_zp",
+        "kh",
+        "kw",
+        "sh",
+        "sw",
+        "dh",
+        "dw",
+        "mode",
+        "params",
+        "dst",
+        "out_h",
+        "out_w",
+        "out_bits",
+        "out_zp",
+    ),
+    "resize": ("src", "c", "in_h", "in_w", "bits", "index", "dst", "out_h", "out_w"),
+    "end": (),
+}
+OPCODES = {name: i + 1 for i, name in enumerate(OPERANDS)}
+NAMES = {v: k for k, v in OPCODES.items()}
+ENGINES = {
+    "load": "dma_in",
+    "store": "dma_out",
+    "conv": "mac",
+    "matmul": "mac",
+    "add": "vector",
+    "mul": "vector",
+    "requant": "vector",
+    "lut": "vector",
+    "clamp": "vector",
+    "gap": "vector",
+    "pool": "vector",
+    "resize": "vector",
+    "end": "control",
+}
+
+
+@dataclass
+class Instruction:
+    op: str
+    args: dict[str, int]
+    wait: int = 0
+    signal: int = NO_SIGNAL
+
+    def encode(self) -> bytes:
+        names = OPERANDS[self.op]
+        values = [int(self.args[n]) for n in names]
+        head = HEAD.pack(OPCODES[self.op], self.wait, self.signal, len(names), 0)
+        return head + struct.pack(f"<{len(values)}q", *values)
+
+    def listing(self) -> str:
+        sync = []
+        if self.wait:
+            sync.append("wait=" + ",".join(str(t) for t in range(TOKENS) if self.wait >> t & 1))
+        if self.signal != NO_SIGNAL:
+            sync.append(f"signal={self.signal}")
+        args = " ".join(f"{k}={_fmt(k, v)}" for k, v in self.args.items())
+        return f"{self.op:<8}{args}" + (f"  [{' '.join(sync)}]" if sync else "")
+
+
+def _fmt(name: str, value: int) -> str:
+    if name in ("dram", "sram", "src", "dst", "a", "b", "weights", "params", "table", "acc", "index"):
+        return f"0x{value:x}"
+    return str(value)
+
+
+def encode(program: list[Instruction]) -> bytes:
+    return b"".join(i.encode() for i in program)
+
+
+def decode(code: bytes) -> list[Instruction]:
+    """Parse a whole stream; anything malformed is an NpubError (never another exception)."""
+    out, at = [], 0
+    while at < len(code):
+        if at + HEAD.size > len(code):
+            raise NpubError(f"instruction stream truncated at byte {at}")
+        opcode, wait, signal, nargs, reserved = HEAD.unpack_from(code, at)
+        op = NAMES.get(opcode)
+        if op is None:
+            raise NpubError(f"unknown opcode {opcode} at byte {at}")
+        names = OPERANDS[op]
+        if nargs != len(names) or reserved:
+            raise NpubError(f"'{op}' at byte {at} has {nargs} operands, expected {len(names)}")
+        if signal != NO_SIGNAL and signal >= TOKENS:
+            raise NpubError(f"'{op}' at byte {at} signals token {signal}; there are {TOKENS}")
+        at += HEAD.size
+        if at + 8 * nargs > len(code):
+            raise NpubError(f"instruction stream truncated in '{op}' at byte {at}")
+        values = struct.unpack_from(f"<{nargs}q", code, at)
+        at += 8 * nargs
+        out.append(Instruction(op, dict(zip(names, values)), wait, signal))
+    if not out or out[-1].op != "end":
+        raise NpubError("instruction stream does not finish with 'end'")
+    if any(i.op == "end" for i in out[:-1]):
+        raise NpubError("'end' before the end of an instruction stream")
+    return out

@@ -1,0 +1,119 @@
+"""Run a .npub: NPU subgraphs in the simulator, CPU subgraphs in onnxruntime, in order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from npubuild.stages.quantize.interpreter import dequantize
+from npubuild.targets import npub
+from npubuild.targets.isa import decode
+from npubuild.targets.npub import NpubError
+from npubuild.targets.simulator import DTYPES, Simulator
+
+
+def load(path: Path) -> npub.Npub:
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise NpubError(f"{path}: cannot read ({exc.strerror})") from None
+    return npub.read(data, str(path))
+
+
+class Runtime:
+    def __init__(self, binary: npub.Npub):
+        self.binary = binary
+        meta = binary.meta
+        try:
+            self.subgraphs = meta["subgraphs"]
+            self.tensors = meta["tensors"]
+            self.inputs = meta["inputs"]
+            self.outputs = meta["outputs"]
+            sram = int(meta["target"]["sram_kib"]) * 1024
+            dram = int(meta["dram_size"])
+            base = int(meta["constants_base"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise NpubError(f"metadata is incomplete ({exc})") from None
+        constants = binary.constants
+        if base < 0 or dram < 0 or base + len(constants) > dram or dram > 1 << 34 or sram > 1 << 30:
+            raise NpubError("metadata: DRAM layout does not hold the constants")
+        self.programs = {}
+        for k, sg in enumerate(self.subgraphs):
+            if sg.get("device") == "npu":
+                start, size = sg["code"]
+                if start < 0 or size <= 0 or start + size > len(binary.code):
+                    raise NpubError(f"subgraph {k}: instruction stream outside the code section")
+                self.programs[k] = decode(binary.code[start : start + size])
+            elif sg.get("device") == "cpu":
+                start, size = sg["model"]
+                if start < 0 or start + size > len(binary.sections.get("cpu", b"")):
+                    raise NpubError(f"subgraph {k}: CPU model outside the cpu section")
+            else:
+                raise NpubError(f"subgraph {k}: unknown device")
+        self.sim = Simulator(sram, dram)
+        self.sim.dram.data[base : base + len(constants)] = constants
+        self.sessions: dict[int, object] = {}
+
+    def check_inputs(self, feeds: dict[str, np.ndarray]) -> None:
+        for spec in self.inputs:
+            name = spec["name"]
+            if name not in feeds:
+                raise NpubError(f"missing input '{name}' (shape {spec['shape']})")
+            value = feeds[name]
+            if list(value.shape) != list(spec["shape"]):
+                raise NpubError(
+                    f"input '{name}' has shape {list(value.shape)}; the model takes {spec['shape']}"
+                )
+            if not np.issubdtype(value.dtype, np.floating):
+                raise NpubError(f"input '{name}' has dtype {value.dtype}; the model takes float32")
+
+    def _session(self, k: int):
+        if k not in self.sessions:
+            import onnxruntime as ort
+
+            start, size = self.subgraphs[k]["model"]
+            options = ort.SessionOptions()
+            options.log_severity_level = 3
+            self.sessions[k] = ort.InferenceSession(
+                self.binary.sections["cpu"][start : start + size], options, providers=["CPUExecutionProvider"]
+            )
+        return self.sessions[k]
+
+    def run_npu(self, k: int, env: dict[str, np.ndarray]) -> None:
+        sg = self.subgraphs[k]
+        for spec in sg["inputs"]:
+            codes = np.asarray(env[spec["name"]]).astype(DTYPES[spec["bits"]])
+            self.sim.dram.write(spec["dram"], spec["bits"], codes.reshape(spec["shape"]))
+        self.sim.execute(self.programs[k])
+        for spec in sg["outputs"]:
+            env[spec["name"]] = self.sim.dram.view(spec["dram"], spec["bits"], spec["shape"]).copy()
+
+    def run_cpu(self, k: int, env: dict[str, np.ndarray]) -> None:
+        sg = self.subgraphs[k]
+        feeds = {}
+        for spec in sg["inputs"]:
+            value = env[spec["name"]]
+            if spec["state"] == "q":
+                bits = 8 if spec["dtype"] == 3 else 16  # TensorProto.INT8 or INT16
+                value = np.asarray(value).astype(DTYPES[bits])
+            else:
+                value = np.asarray(value, np.float32)
+            feeds[spec["value"]] = value
+        results = self._session(k).run([o["value"] for o in sg["outputs"]], feeds)
+        for spec, value in zip(sg["outputs"], results):
+            env[spec["name"]] = value
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.check_inputs(feeds)
+        env: dict[str, np.ndarray] = {k: np.asarray(v, np.float32) for k, v in feeds.items()}
+        for k, sg in enumerate(self.subgraphs):
+            (self.run_npu if sg["device"] == "npu" else self.run_cpu)(k, env)
+        outputs = {}
+        for spec in self.outputs:
+            value = env[spec["name"]]
+            quant = spec.get("quant")
+            if quant and np.issubdtype(np.asarray(value).dtype, np.integer):
+                value = dequantize(np.asarray(value), quant)
+            outputs[spec["name"]] = np.asarray(value, np.float32)
+        return outputs

@@ -1,0 +1,250 @@
+"""The instruction-level simulator: executes an NPU instruction stream on numpy memories.
+
+SRAM and DRAM are byte arrays. Every instruction reads and writes them exactly as docs/npu.md
+says; the arithmetic is the golden interpreter's (the same exact-integer kernels and the one
+rounding rule), applied to the tiles the code generator chose, so a wrong tile, halo, padding,
+offset or stride shows up as a mismatch against the integer model.
+
+Counters: instructions per engine, bytes moved by DMA, MACs, and the SRAM high-water mark.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+from npubuild.stages.quantize.fixedpoint import ADD_FRACTION_BITS, requantize, rounding_shift
+from npubuild.stages.quantize.interpreter import conv_accumulate, conv_transpose_accumulate, qrange
+from npubuild.targets.isa import ENGINES, Instruction
+from npubuild.targets.npub import NpubError
+
+DTYPES = {8: np.dtype("<i1"), 16: np.dtype("<i2"), 32: np.dtype("<i4"), 64: np.dtype("<i8")}
+ESIZE_BITS = {1: 8, 2: 16, 4: 32, 8: 64}
+
+
+def _saturate(v: np.ndarray, bits: int) -> np.ndarray:
+    lo, hi = qrange(bits)
+    return np.clip(v, lo, hi)
+
+
+class Memory:
+    def __init__(self, name: str, size: int):
+        self.name = name
+        self.data = bytearray(size)
+        self.high_water = 0
+
+    def view(self, addr: int, bits: int, shape, write: bool = False) -> np.ndarray:
+        dtype = DTYPES.get(bits)
+        if dtype is None:
+            raise NpubError(f"{self.name}: unsupported element width {bits}")
+        shape = tuple(int(s) for s in shape)
+        if any(s < 0 for s in shape) or addr < 0:
+            raise NpubError(f"{self.name}: negative address or extent")
+        count = int(np.prod(shape, dtype=np.int64))
+        end = addr + count * dtype.itemsize
+        if end > len(self.data):
+            raise NpubError(
+                f"{self.name}: access [{addr:#x}, {end:#x}) is outside its {len(self.data)} bytes"
+            )
+        if write:
+            self.high_water = max(self.high_water, end)
+        return np.frombuffer(self.data, dtype, count, addr).reshape(shape)
+
+    def write(self, addr: int, bits: int, values: np.ndarray) -> None:
+        target = self.view(addr, bits, values.shape, write=True)
+        target[...] = values
+
+
+class Simulator:
+    def __init__(self, sram_bytes: int, dram_bytes: int):
+        self.sram = Memory("SRAM", sram_bytes)
+        self.dram = Memory("DRAM", dram_bytes)
+        self.acc: dict[int, np.ndarray] = {}
+        self.counts: Counter = Counter()
+
+    # --- DMA ------------------------------------------------------------------------------------
+    def _dram_box(self, a: dict) -> tuple[np.ndarray, tuple]:
+        esize = a["esize"]
+        if esize not in (1, 2, 4, 8):
+            raise NpubError(f"DMA element size {esize}")
+        inner = [a["d0"], a["d1"], a["d2"] - a.get("pad_top", 0) - a.get("pad_bottom", 0)]
+        inner.append(a["d3"] - a.get("pad_left", 0) - a.get("pad_right", 0))
+        strides = [a["s0"], a["s1"], a["s2"], a["s3"]]
+        if any(d < 0 for d in inner) or any(s < 0 for s in strides) or a["dram"] < 0:
+            raise NpubError("DMA with a negative extent, stride or address")
+        span = sum((d - 1) * s for d, s in zip(inner, strides)) + 1 if all(inner) else 0
+        end = a["dram"] + span * esize
+        if end > len(self.dram.data):
+            raise NpubError(f"DMA reads or writes DRAM past its end ({end:#x})")
+        base = np.frombuffer(self.dram.data, DTYPES[ESIZE_BITS[esize]], max(span, 0), a["dram"])
+        box = np.lib.stride_tricks.as_strided(
+            base, shape=inner, strides=[s * esize for s in strides], writeable=True
+        )
+        return box, tuple(inner)
+
+    def _load(self, a: dict) -> None:
+        box, inner = self._dram_box(a)
+        bits = ESIZE_BITS[a["esize"]]
+        out = np.full((a["d0"], a["d1"], a["d2"], a["d3"]), a["pad_value"], DTYPES[bits])
+        pt, pl = a["pad_top"], a["pad_left"]
+        out[:, :, pt : pt + inner[2], pl : pl + inner[3]] = box
+        self.sram.write(a["sram"], bits, out)
+        self.counts["dma_in_bytes"] += box.size * a["esize"]
+
+    def _store(self, a: dict) -> None:
+        bits = ESIZE_BITS.get(a["esize"])
+        if bits is None:
+            raise NpubError(f"DMA element size {a['esize']}")
+        src = self.sram.view(a["sram"], bits, (a["d0"], a["d1"], a["d2"], a["d3"]))
+        box, _ = self._dram_box({**a, "pad_top": 0, "pad_bottom": 0, "pad_left": 0, "pad_right": 0})
+        box[...] = src
+        self.counts["dma_out_bytes"] += src.size * a["esize"]
+
+    # --- MAC array ------------------------------------------------------------------------------
+    def _finish(self, acc: np.ndarray, params: np.ndarray, a: dict, channel_axis: int) -> np.ndarray:
+        shape = [1] * acc.ndim
+        shape[channel_axis] = -1
+        acc = np.rint(acc).astype(np.int64) + params[:, 0].reshape(shape)
+        y = requantize(acc, params[:, 1].reshape(shape), params[:, 2].reshape(shape)) + a["out_zp"]
+        return np.clip(y, a["min"], a["max"])
+
+    def _conv(self, a: dict) -> None:
+        x = self.sram.view(a["src"], a["in_bits"], (1, a["in_c"], a["in_h"], a["in_w"]))
+        xc = x.astype(np.float64) - a["in_zp"]
+        group = a["group"]
+        if group <= 0 or a["in_c"] % group:
+            raise NpubError(f"conv with {a['in_c']} input channels in {group} groups")
+        kernel = (a["kh"], a["kw"])
+        if a["transpose"]:
+            wshape = (a["in_c"], a["out_c"] // group, *kernel)
+        else:
+            wshape = (a["out_c"], a["in_c"] // group, *kernel)
+        w = self.sram.view(a["weights"], 8, wshape)
+        params = self.sram.view(a["params"], 64, (a["out_c"], 3))
+        attrs = {
+            "strides": [a["sh"], a["sw"]],
+            "dilations": [a["dh"], a["dw"]],
+            "pads": [0, 0, 0, 0],
+            "group": group,
+            "auto_pad": "NOTSET",
+            "output_padding": [0, 0],
+        }
+        if min(a["sh"], a["sw"], a["dh"], a["dw"], a["kh"], a["kw"]) <= 0:
+            raise NpubError("conv with a non-positive kernel, stride or dilation")
+        if a["transpose"]:
+            full = conv_transpose_accumulate(xc, w, attrs)
+            acc = np.zeros((1, a["out_c"], a["out_h"], a["out_w"]))
+            t, left = a["crop_top"], a["crop_left"]
+            r0, r1 = max(t, 0), min(t + a["out_h"], full.shape[2])
+            c0, c1 = max(left, 0), min(left + a["out_w"], full.shape[3])
+            if r1 > r0 and c1 > c0:
+                acc[:, :, r0 - t : r1 - t, c0 - left : c1 - left] = full[:, :, r0:r1, c0:c1]
+        else:
+            acc = conv_accumulate(xc, w, attrs)
+            if acc.shape[2:] != (a["out_h"], a["out_w"]):
+                raise NpubError(f"conv tile gives {acc.shape[2:]}, instruction says {a['out_h'], a['out_w']}")
+        self.counts["macs"] += int(np.prod(acc.shape)) * int(np.prod(w.shape[1:]))
+        y = self._finish(acc, params, a, 1)
+        self.sram.write(a["dst"], a["out_bits"], y[0])
+
+    def _matmul(self, a: dict) -> None:
+        x = self.sram.view(a["src"], a["in_bits"], (a["m"], a["k"]))
+        w = self.sram.view(a["weights"], 8, (a["k"], a["n"]))
+        params = self.sram.view(a["params"], 64, (a["n"], 3))
+        acc = (x.astype(np.float64) - a["in_zp"]) @ w.astype(np.float64)
+        self.counts["macs"] += a["m"] * a["k"] * a["n"]
+        self.sram.write(a["dst"], a["out_bits"], self._finish(acc, params, a, 1))
+
+    # --- vector unit ----------------------------------------------------------------------------
+    def _operands(self, a: dict):
+        x = self.sram.view(a["a"], a["a_bits"], [a[f"a{i}"] for i in range(4)]).astype(np.int64)
+        y = self.sram.view(a["b"], a["b_bits"], [a[f"b{i}"] for i in range(4)]).astype(np.int64)
+        shape = tuple(a[f"o{i}"] for i in range(4))
+        try:
+            if np.broadcast_shapes(x.shape, y.shape) != shape:
+                raise ValueError
+        except ValueError:
+            raise NpubError(f"operands {x.shape} and {y.shape} do not broadcast to {shape}") from None
+        return x, y
+
+    def _add(self, a: dict) -> None:
+        x, y = self._operands(a)
+        acc = (x - a["za"]) * a["ma"] + (y - a["zb"]) * a["mb"]
+        out = _saturate(rounding_shift(acc, ADD_FRACTION_BITS) + a["out_zp"], a["out_bits"])
+        self.sram.write(a["dst"], a["out_bits"], out)
+
+    def _mul(self, a: dict) -> None:
+        x, y = self._operands(a)
+        out = requantize((x - a["za"]) * (y - a["zb"]), a["m0"], a["shift"]) + a["out_zp"]
+        self.sram.write(a["dst"], a["out_bits"], _saturate(out, a["out_bits"]))
+
+    def _requant(self, a: dict) -> None:
+        x = self.sram.view(a["src"], a["in_bits"], (a["n"],)).astype(np.int64)
+        out = _saturate(requantize(x - a["in_zp"], a["m0"], a["shift"]) + a["out_zp"], a["out_bits"])
+        self.sram.write(a["dst"], a["out_bits"], out)
+
+    def _lut(self, a: dict) -> None:
+        x = self.sram.view(a["src"], a["in_bits"], (a["n"],)).astype(np.int64)
+        table = self.sram.view(a["table"], a["out_bits"], (2 ** a["in_bits"],))
+        index = x + a["offset"]
+        if index.size and (index.min() < 0 or index.max() >= table.size):
+            raise NpubError("LUT index outside its table")
+        self.sram.write(a["dst"], a["out_bits"], _saturate(table[index], a["out_bits"]))
+
+    def _clamp(self, a: dict) -> None:
+        x = self.sram.view(a["src"], a["bits"], (a["n"],))
+        self.sram.write(a["dst"], a["bits"], np.clip(x, a["min"], a["max"]))
+
+    def _gap(self, a: dict) -> None:
+        x = self.sram.view(a["src"], a["in_bits"], (a["c"], a["hw"])).astype(np.int64) - a["in_zp"]
+        acc = self.sram.view(a["acc"], 64, (a["c"],), write=True)
+        partial = x.sum(axis=1)
+        acc[...] = partial if a["first"] else acc + partial
+        if a["last"]:
+            y = _saturate(requantize(acc, a["m0"], a["shift"]) + a["out_zp"], a["out_bits"])
+            self.sram.write(a["dst"], a["out_bits"], y)
+
+    def _pool(self, a: dict) -> None:
+        from npubuild.stages.quantize.interpreter import _windows
+
+        x = self.sram.view(a["src"], a["in_bits"], (1, a["c"], a["in_h"], a["in_w"]))
+        kernel, strides, dil = [a["kh"], a["kw"]], [a["sh"], a["sw"]], [a["dh"], a["dw"]]
+        if min(*kernel, *strides, *dil) <= 0:
+            raise NpubError("pool with a non-positive window, stride or dilation")
+        shape = (a["out_h"], a["out_w"])
+        if a["mode"] == 0:
+            win = _windows(x, kernel, strides, dil, [0, 0, 0, 0], 0)
+            y = win.max(axis=(-2, -1))
+        else:
+            xc = x.astype(np.float64) - a["in_zp"]
+            total = np.rint(_windows(xc, kernel, strides, dil, [0, 0, 0, 0], 0.0).sum(axis=(-2, -1)))
+            params = self.sram.view(a["params"], 64, (*shape, 2))
+            y = requantize(total.astype(np.int64), params[..., 0], params[..., 1]) + a["out_zp"]
+            y = _saturate(y, a["out_bits"])
+        if y.shape[2:] != shape:
+            raise NpubError(f"pool tile gives {y.shape[2:]}, instruction says {shape}")
+        self.sram.write(a["dst"], a["out_bits"], y[0])
+
+    def _resize(self, a: dict) -> None:
+        x = self.sram.view(a["src"], a["bits"], (a["c"], a["in_h"], a["in_w"]))
+        index = self.sram.view(a["index"], 32, (a["out_h"] + a["out_w"],)).astype(np.int64)
+        rows, cols = index[: a["out_h"]], index[a["out_h"] :]
+        if index.size and (
+            rows.min(initial=0) < 0 or rows.max(initial=0) >= a["in_h"] or cols.max(initial=0) >= a["in_w"]
+        ):
+            raise NpubError("resize index outside its tile")
+        if cols.size and cols.min() < 0:
+            raise NpubError("resize index outside its tile")
+        self.sram.write(a["dst"], a["bits"], x[:, rows][:, :, cols])
+
+    # --- the stream -----------------------------------------------------------------------------
+    def execute(self, program: list[Instruction]) -> None:
+        for instruction in program:
+            self.counts[f"{ENGINES[instruction.op]}_instructions"] += 1
+            if instruction.op == "end":
+                return
+            try:
+                getattr(self, f"_{instruction.op}")(instruction.args)
+            except (ValueError, IndexError, OverflowError, MemoryError) as exc:
+                raise NpubError(f"'{instruction.op}' failed: {exc}") from None
