@@ -52,7 +52,8 @@ def plan_partition(program: dict, arrays: dict, model: onnx.ModelProto, target: 
                 {
                     "node": op.get("node", op["outputs"][0]),
                     "kind": op["kind"],
-                    "reason": f"does not fit {target.name}'s {target.sram_kib} KiB SRAM even in the smallest tile",
+                    "reason": f"does not fit {target.name}'s {target.sram_kib} KiB SRAM "
+                    "even in the smallest tile",
                 }
             )
     plan["subgraphs"] = order(ops, devices)
