@@ -96,7 +96,7 @@ def test_noop_build_imports_no_onnx_onnxruntime_or_numpy(small_ws, tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], cwd=small_ws, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "HEAVY []" in proc.stdout
-    assert "Build OK: 7 actions (7 cached)" in proc.stdout
+    assert "Build OK: 10 actions (10 cached)" in proc.stdout
 
 
 def test_explain_names_the_input_that_changed(small_ws, tmp_path):
@@ -136,7 +136,7 @@ def test_query_and_cache_stats(small_ws, tmp_path):
     assert "step optimize: optimize for //models:cls_npu" in deps.stdout
     assert cli(["build", "//..."], small_ws, cache).returncode == 0
     stats = cli(["cache", "stats"], small_ws, cache).stdout
-    assert "action results (ac) 7" in stats
+    assert "action results (ac) 10" in stats
     assert cli(["clean"], small_ws, cache).returncode == 0
     assert not (small_ws / "npubuild-out").exists()
     assert cli(["clean", "--expunge"], small_ws, cache).returncode == 0
@@ -183,4 +183,4 @@ def test_two_builds_sharing_one_cache_agree(small_ws, tmp_path):
         assert p.returncode == 0, stderr
     assert outputs(small_ws) == expected
     again = cli(["build", "//..."], small_ws, shared)
-    assert "Build OK: 7 actions (7 cached)" in again.stdout
+    assert "Build OK: 10 actions (10 cached)" in again.stdout

@@ -14,7 +14,8 @@ PREPARE_CALIB = ("prepare", "//data:calib")
 PREPARE_EVAL = ("prepare", "//data:eval")
 OPTIMIZE = ("optimize", "//models:cls_npu")
 CALIBRATE = ("calibrate", "//models:cls_npu")
-AFTER_CALIBRATE = {("quantize", "//models:cls_npu"), ("evaluate", "//models:cls_npu")}
+BACK_END = {(stage, "//models:cls_npu") for stage in ("partition", "codegen", "simulate")}
+AFTER_CALIBRATE = {("quantize", "//models:cls_npu"), ("evaluate", "//models:cls_npu")} | BACK_END
 QUANTIZED = {CALIBRATE} | AFTER_CALIBRATE
 EVERYTHING = {IMPORT, PREPARE_CALIB, PREPARE_EVAL, OPTIMIZE} | QUANTIZED
 
@@ -144,6 +145,11 @@ def test_parallel_build_gives_byte_identical_artifacts(small_ws, store, tmp_path
         "quantized.qdq.onnx",
         "quantize.json",
         "accuracy.json",
+        "partition.json",
+        "codegen.json",
+        "model.npub",
+        "model.lst",
+        "simulate.json",
     }
 
 
@@ -154,4 +160,4 @@ def test_until_import_stops_the_pipeline(small_ws, store):
 
 def test_until_quantize_skips_evaluate(small_ws, store):
     executed = run_build(small_ws, store, until="quantize").executed()
-    assert executed == EVERYTHING - {("evaluate", "//models:cls_npu")}
+    assert executed == EVERYTHING - {("evaluate", "//models:cls_npu")} - BACK_END

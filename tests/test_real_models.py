@@ -51,6 +51,9 @@ def test_example_builds_every_stage(example):
         "calibrate": 3,
         "quantize": 3,
         "evaluate": 3,
+        "partition": 3,
+        "codegen": 3,
+        "simulate": 3,
         "sensitivity": 1,
         "search": 1,  # the example asks for mixed precision on ocr_cls only
     }

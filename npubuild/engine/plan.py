@@ -15,6 +15,8 @@ from npubuild.workspace import Workspace
 EVALUATION_SAMPLES = 64
 SENSITIVITY_SAMPLES = 4
 SEARCH_SAMPLES = 16
+# The simulator checks bit-exactness and end-to-end accuracy on this many evaluation samples.
+SIMULATE_SAMPLES = 4
 _DATASET_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif", ".npy", ".npz")
 
 
@@ -173,6 +175,29 @@ class Planner:
         ev = self._action("evaluate", {"samples": EVALUATION_SAMPLES}, inputs, owner, target)
         plan.steps.append(("evaluate", ev))
         self._expose(plan, ev)
+        if not self._wanted("partition"):
+            return
+        hardware = {"target": self.ws.target_spec(target).model_dump()}
+        integer = {"model": optimized, "integer": Output(quant, "integer")}
+        part = self._action("partition", hardware, integer, owner, target)
+        plan.steps.append(("partition", part))
+        self._expose(plan, part)
+        if not self._wanted("codegen"):
+            return
+        gen = self._action("codegen", hardware, {**integer, "plan": Output(part, "plan")}, owner, target)
+        plan.steps.append(("codegen", gen))
+        self._expose(plan, gen)
+        if not self._wanted("simulate"):
+            return
+        sim_inputs = {
+            **integer,
+            "qdq": Output(quant, "qdq"),
+            "binary": Output(gen, "binary"),
+            "evaluation": Output(evaluation_set, "tensors"),
+        }
+        sim = self._action("simulate", {"samples": SIMULATE_SAMPLES}, sim_inputs, owner, target)
+        plan.steps.append(("simulate", sim))
+        self._expose(plan, sim)
         assert set(NPU_MODEL_PIPELINE) <= set(STAGES)
 
     def _expose(self, plan: TargetPlan, action: Action) -> None:

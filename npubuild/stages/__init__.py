@@ -36,7 +36,7 @@ def _code_version(name: str) -> str:
         path = _HERE / rel
         files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
         for f in files:
-            h.update(str(f.relative_to(_HERE)).encode() + b"\0" + f.read_bytes())
+            h.update(str(f.resolve().relative_to(_HERE.parent)).encode() + b"\0" + f.read_bytes())
     return f"{info.version}-{h.hexdigest()[:16]}"
 
 
@@ -91,13 +91,32 @@ STAGES: dict[str, StageInfo] = {
             {"report": "accuracy.json"},
             ("evaluate.py", "quantize", "optimize/check.py", "tensorfile.py"),
         ),
+        StageInfo(
+            "partition",
+            "1",
+            "npubuild.stages.partition",
+            {"plan": "partition.json"},
+            ("partition.py", "../targets", "quantize", "tensorfile.py"),
+        ),
+        StageInfo(
+            "codegen",
+            "1",
+            "npubuild.stages.codegen",
+            {"binary": "model.npub", "listing": "model.lst", "summary": "codegen.json"},
+            ("codegen.py", "../targets", "quantize", "tensorfile.py"),
+        ),
+        StageInfo(
+            "simulate",
+            "1",
+            "npubuild.stages.simulate",
+            {"report": "simulate.json"},
+            ("simulate.py", "../targets", "quantize", "evaluate.py", "optimize/check.py", "tensorfile.py"),
+        ),
     )
 }
 
-# The stages of an npu_model in pipeline order; `--until` cuts the full list. Later issues add
-# sensitivity, partition, codegen and simulate.
-NPU_MODEL_PIPELINE = ("import", "optimize", "calibrate", "sensitivity", "search", "quantize", "evaluate")
-ALL_PIPELINE_STAGES = (
+# The stages of an npu_model in pipeline order; `--until` cuts the full list.
+NPU_MODEL_PIPELINE = (
     "import",
     "optimize",
     "calibrate",
@@ -109,3 +128,4 @@ ALL_PIPELINE_STAGES = (
     "codegen",
     "simulate",
 )
+ALL_PIPELINE_STAGES = NPU_MODEL_PIPELINE

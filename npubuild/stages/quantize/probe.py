@@ -187,6 +187,7 @@ class PrecisionProbe:
             g.input.append(helper.make_tensor_value_info(flag, TensorProto.BOOL, []))
         if not any(o.domain == "com.microsoft" for o in model.opset_import):
             model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+        self.switchable = model
         self.session = session(model)
 
     def _switch_constants(self, node, initializers, new_inits) -> list[onnx.NodeProto]:
