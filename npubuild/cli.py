@@ -264,6 +264,73 @@ def report(
         render_accuracy(out, str(target.label), data)
 
 
+def _binary_path(what: str) -> Path:
+    """A .npub file, or the model.npub an npu_model's last build materialised."""
+    path = Path(what)
+    if what.endswith(".npub") or path.is_file():
+        if not path.is_file():
+            raise UserError(f"{what}: no such file")
+        return path
+    from npubuild.labels import parse_label
+    from npubuild.layout import OUT_DIR
+
+    ws = _workspace()
+    target = ws.target(parse_label(what))
+    if target.kind != "npu_model":
+        raise UserError(f"{target.label} is a {target.kind}; 'run' takes an npu_model or a .npub file")
+    found = ws.root / OUT_DIR / target.label.package / target.label.name / "model.npub"
+    if not found.is_file():
+        raise UserError(f"{target.label} has no binary yet; run 'npubuild build {target.label}' first")
+    return found
+
+
+@app.command()
+def run(
+    what: Annotated[str, typer.Argument(help="An npu_model label or a .npub file.")],
+    inputs: Annotated[
+        list[str], typer.Option("--input", "-i", help="x.npy, or NAME=x.npy for a model with several inputs.")
+    ],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Directory for the output .npy files.")] = Path(
+        "."
+    ),
+) -> None:
+    """Execute a .npub (NPU parts in the simulator, CPU parts in onnxruntime); write its outputs."""
+    import numpy as np
+
+    from npubuild.targets.runtime import Runtime, load
+
+    runtime = Runtime(load(_binary_path(what)))
+    names = [spec["name"] for spec in runtime.inputs]
+    feeds = {}
+    for k, item in enumerate(inputs):
+        name, _, file = item.rpartition("=") if "=" in item else (None, "", item)
+        if name is None:
+            if k >= len(names):
+                raise UserError(f"--input {item}: the model takes {len(names)} input(s): {', '.join(names)}")
+            name = names[k]
+        if name not in names:
+            raise UserError(f"--input {item}: the model has no input '{name}' (inputs: {', '.join(names)})")
+        try:
+            feeds[name] = np.load(file, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise UserError(f"--input {file}: cannot read a .npy array ({exc})") from None
+    results = runtime.run(feeds)
+    output.mkdir(parents=True, exist_ok=True)
+    for name, value in results.items():
+        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+        np.save(output / f"{safe}.npy", value, allow_pickle=False)
+        out.print(f"{escape(name)}: {value.dtype} {list(value.shape)} -> {output / (safe + '.npy')}")
+
+
+@app.command()
+def disasm(file: Annotated[Path, typer.Argument(help="A .npub file.")]) -> None:
+    """Print the listing of a .npub: header, subgraphs and every instruction."""
+    from npubuild.targets.disasm import disassemble
+    from npubuild.targets.runtime import load
+
+    out.print(disassemble(load(file)), markup=False, highlight=False, soft_wrap=True)
+
+
 @app.command()
 def clean(expunge: Annotated[bool, typer.Option(help="Also delete the whole cache.")] = False) -> None:
     """Remove npubuild-out/ (and with --expunge the cache)."""

@@ -12,7 +12,8 @@ from npubuild.engine.run import BuildOutcome
 
 def _summary(store: Store, outcome: BuildOutcome, action) -> dict[str, Any] | None:
     result = outcome.result(action)
-    digest = (result.outputs.get("summary") or result.outputs.get("report")) if result.ok else None
+    outputs = result.outputs if result.ok else {}
+    digest = outputs.get("summary") or outputs.get("report") or outputs.get("plan")
     if digest is None:
         return None
     try:
@@ -81,9 +82,10 @@ def render_build(console, store: Store, outcome: BuildOutcome) -> None:
             details = f"[red]not built: {escape(', '.join(failed))}[/]; " + escape(details)
         else:
             details = escape(details)
+        shown = f"all {len(ran)} steps" if len(ran) > 4 and not cached and not failed else " ".join(ran)
         table.add_row(
             str(plan.label),
-            f"[green]{escape(' '.join(ran))}[/]" if ran else "-",
+            f"[green]{escape(shown)}[/]" if ran else "-",
             f"[cyan]{len(cached)}[/]" if cached else "-",
             details,
         )
@@ -98,8 +100,42 @@ def render_build(console, store: Store, outcome: BuildOutcome) -> None:
                 for t in report["worst_layers"]
             )
             console.print(f"{plan.label} five worst layers: {rows}", highlight=False)
+    for plan in outcome.plans:
+        backend = {step: _summary(store, outcome, a) for step, a in plan.steps}
+        if backend.get("partition") and backend.get("codegen"):
+            for line in _back_end(plan.label, backend["partition"], backend["codegen"], backend.get("simulate")):
+                console.print(line, highlight=False)
     for w in dict.fromkeys(warnings):
         console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
+
+
+def _back_end(label, part: dict, gen: dict, sim: dict | None) -> list[str]:
+    """What runs where and why, the binary's size and the simulator's check."""
+    lines = [
+        f"{label} on {part['target']}: {part['npu_ops']} ops on the NPU, {part['cpu_ops']} on the CPU "
+        f"({part['transitions']} NPU/CPU transitions), {gen['instructions']:,} instructions, "
+        f"binary {gen['binary_bytes'] / 1024:,.0f} KiB"
+    ]
+    reasons: dict[str, int] = {}
+    for f in part["fallbacks"]:
+        reasons[f["reason"]] = reasons.get(f["reason"], 0) + 1
+    for reason, n in reasons.items():
+        lines.append(f"  CPU: {n} x {escape(reason)}")
+    if sim:
+        c, exact = sim["counters"], sim["bit_exact"]
+        moved = c.get("dma_in_bytes", 0) + c.get("dma_out_bytes", 0)
+        verdict = "[green]bit-exact[/]" if exact["ok"] else "[red]DIFFERS[/]"
+        lines.append(
+            f"  simulator: {verdict} with the integer model ({exact['exact']:,} of {exact['elements']:,} "
+            f"elements, {sim['samples']} samples); SRAM peak {c.get('sram_peak_bytes', 0) / 1024:,.0f} KiB, "
+            f"DRAM moved {moved / 2**20:,.1f} MiB, {c.get('macs', 0) / 1e9:.2f} GMAC per inference"
+        )
+        for name, m in sim["end_to_end"].items():
+            lines.append(
+                f"  end to end {escape(name)}: vs QDQ cos {m['vs_qdq']['cosine']:.5f}, "
+                f"vs float cos {m['vs_float']['cosine']:.5f} SQNR {m['vs_float']['sqnr_db']:.1f} dB"
+            )
+    return lines
 
 
 def counts(outcome: BuildOutcome) -> dict[str, int]:

@@ -106,8 +106,9 @@ class Codegen:
         self._sizes: dict[str, int] = {}
 
     # --- DRAM ---------------------------------------------------------------------------------
-    def allocate(self) -> None:
-        """DRAM buffers for every tensor an NPU op touches, reused once dead (first fit)."""
+    def allocate(self, reuse: bool = True) -> None:
+        """DRAM buffers for every tensor an NPU op touches, reused once dead (first fit); without
+        reuse every tensor keeps its own buffer (for checking every op's result)."""
         ops = self.program["ops"]
         sequence = [i for sg in self.plan["subgraphs"] for i in sg["ops"]]
         npu = {i for sg in self.plan["subgraphs"] if sg["device"] == "npu" for i in sg["ops"]}
@@ -145,7 +146,7 @@ class Codegen:
         placed: dict[str, int] = {}
         top = 0
         for r in sorted(first, key=lambda k: (first[k], k)):
-            live = [b for b in live if b[0] >= first[r]]
+            live = [b for b in live if b[0] >= first[r] or not reuse]
             size = _align(max(self._sizes.get(r, 1), 1))
             start = 0
             for _, s0, sz in sorted(live, key=lambda b: b[1]):

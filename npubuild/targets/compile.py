@@ -11,6 +11,7 @@ import onnx
 from npubuild.targets import npub
 from npubuild.targets.codegen import Codegen, DoesNotFit, Stream
 from npubuild.targets.cpu import CpuSubgraph
+from npubuild.targets.disasm import disassemble
 from npubuild.targets.isa import ENGINES, encode
 from npubuild.targets.partition import order, partition
 from npubuild.targets.spec import TargetSpec
@@ -68,12 +69,17 @@ class _Zero(dict):
 
 
 def compile_npub(
-    program: dict, arrays: dict, model: onnx.ModelProto, target: TargetSpec, plan: dict
+    program: dict,
+    arrays: dict,
+    model: onnx.ModelProto,
+    target: TargetSpec,
+    plan: dict,
+    reuse_dram: bool = True,
 ) -> tuple[bytes, str, dict]:
     shapes = model_shapes(model)
     ops = program["ops"]
     gen = Codegen(program, arrays, shapes, target, plan)
-    gen.allocate()
+    gen.allocate(reuse=reuse_dram)
     # which subgraph first needs each tensor, and in which state it is at each boundary
     position = {i: k for k, sg in enumerate(plan["subgraphs"]) for i in sg["ops"]}
     readers: dict[str, set[int]] = {}
@@ -85,7 +91,6 @@ def compile_npub(
     states = {n: "f" for n in program["inputs"]}
     code = bytearray()
     cpu_blob = bytearray()
-    listing = [f"; npubuild listing, target {target.name}", ""]
     subgraphs = []
     counts: dict[str, int] = {}
     for k, sg in enumerate(plan["subgraphs"]):
@@ -120,13 +125,8 @@ def compile_npub(
                 }
             )
             code += blob
-            listing.append(f"; NPU subgraph {k}: {len(sg['ops'])} ops, {len(stream.code)} instructions")
-            mark_at = dict((at, op) for at, op in reversed(marks))
-            for n, instruction in enumerate(stream.code):
-                if n in mark_at:
-                    op = mark_at[n]
-                    listing.append(f"  ; {op.get('node', op['outputs'][0])} ({op['kind']})")
-                listing.append(f"  {n:6d}  {instruction.listing()}")
+            subgraphs[-1]["marks"] = [[at, op.get("node", op["outputs"][0]), op["kind"]] for at, op in marks]
+            for instruction in stream.code:
                 engine = ENGINES[instruction.op]
                 counts[engine] = counts.get(engine, 0) + 1
             for i in sg["ops"]:
@@ -151,8 +151,6 @@ def compile_npub(
                 }
             )
             cpu_blob += blob
-            listing.append(f"; CPU subgraph {k}: {', '.join(s['ops'][0] for s in [subgraphs[-1]])} ...")
-        listing.append("")
     tensors = {
         n: {**program["tensors"][n], "shape": shapes[n], "dram": gen.addr[n]} for n in sorted(gen.addr)
     }
@@ -184,7 +182,7 @@ def compile_npub(
         "npu_subgraphs": sum(1 for s in subgraphs if s["device"] == "npu"),
         "cpu_subgraphs": sum(1 for s in subgraphs if s["device"] == "cpu"),
     }
-    return data, "\n".join(listing) + "\n", stats
+    return data, disassemble(npub.read(data)), stats
 
 
 def _read_before_write(indices: list[int], ops: list[dict], name: str) -> bool:
