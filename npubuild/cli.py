@@ -290,9 +290,9 @@ def run(
     inputs: Annotated[
         list[str], typer.Option("--input", "-i", help="x.npy, or NAME=x.npy for a model with several inputs.")
     ],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Directory for the output .npy files.")] = Path(
-        "."
-    ),
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="Directory for the output .npy files.")
+    ] = Path("."),
 ) -> None:
     """Execute a .npub (NPU parts in the simulator, CPU parts in onnxruntime); write its outputs."""
     import numpy as np
@@ -328,7 +328,7 @@ def disasm(file: Annotated[Path, typer.Argument(help="A .npub file.")]) -> None:
     from npubuild.targets.disasm import disassemble
     from npubuild.targets.runtime import load
 
-    out.print(disassemble(load(file)), markup=False, highlight=False, soft_wrap=True)
+    sys.stdout.write(disassemble(load(file)))
 
 
 @app.command()

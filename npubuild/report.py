@@ -103,7 +103,9 @@ def render_build(console, store: Store, outcome: BuildOutcome) -> None:
     for plan in outcome.plans:
         backend = {step: _summary(store, outcome, a) for step, a in plan.steps}
         if backend.get("partition") and backend.get("codegen"):
-            for line in _back_end(plan.label, backend["partition"], backend["codegen"], backend.get("simulate")):
+            for line in _back_end(
+                plan.label, backend["partition"], backend["codegen"], backend.get("simulate")
+            ):
                 console.print(line, highlight=False)
     for w in dict.fromkeys(warnings):
         console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)

@@ -68,9 +68,26 @@ dataset(name = "eval", srcs = glob(["eval/*.png"]), preprocess = PRE)
 @pytest.fixture
 def small_ws(tmp_path, cls_model) -> Path:
     """A workspace with the real cls model as a local file and the nine real photos (PNG, 192x48)."""
+    return make_small_ws(tmp_path / "ws", cls_model)
+
+
+@pytest.fixture(scope="session")
+def cls_binary(tmp_path_factory, cls_model) -> Path:
+    """model.npub of the small workspace's cls_npu (vnpu-s), built once per session."""
+    root = tmp_path_factory.mktemp("cls_binary")
+    ws = make_small_ws(root / "ws", cls_model)
+    store = Store(root / "cache")
+    try:
+        outcome = run_build(ws, store)
+        assert outcome.ok, outcome.errors
+    finally:
+        store.close()
+    return ws / "npubuild-out" / "models" / "cls_npu" / "model.npub"
+
+
+def make_small_ws(ws: Path, cls_model: Path) -> Path:
     from PIL import Image
 
-    ws = tmp_path / "ws"
     write(ws / "WORKSPACE", "")
     write(ws / "models" / "BUILD", MODELS_BUILD)
     shutil.copy(cls_model, ws / "models" / "cls.onnx")

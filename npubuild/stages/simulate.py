@@ -63,7 +63,12 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
             versus_golden[o].update(golden_out[o], result[o])
     report = {
         "samples": samples,
-        "bit_exact": {"elements": elements, "exact": exact, "ok": elements == exact, "mismatches": mismatches},
+        "bit_exact": {
+            "elements": elements,
+            "exact": exact,
+            "ok": elements == exact,
+            "mismatches": mismatches,
+        },
         "end_to_end": {
             o: {
                 "vs_float": versus_float[o].result(),
@@ -73,6 +78,8 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
             for o in outputs
         },
         "counters": counters or {},
-        "warnings": [] if elements == exact else [f"simulator differs from the integer model: {mismatches[0]}"],
+        "warnings": []
+        if elements == exact
+        else [f"simulator differs from the integer model: {mismatches[0]}"],
     }
     return {"report": write_json(outdir / "simulate.json", report)}
