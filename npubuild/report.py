@@ -116,7 +116,9 @@ def _back_end(label, part: dict, gen: dict, sim: dict | None) -> list[str]:
     lines = [
         f"{label} on {part['target']}: {part['npu_ops']} ops on the NPU, {part['cpu_ops']} on the CPU "
         f"({part['transitions']} NPU/CPU transitions), {gen['instructions']:,} instructions, "
-        f"binary {gen['binary_bytes'] / 1024:,.0f} KiB"
+        f"binary {gen['binary_bytes'] / 1024:,.0f} KiB; "
+        f"estimated NPU time {gen['estimated_latency_ms']:.2f} ms "
+        f"({gen['estimated_cycles']:,} cycles, MAC utilisation {gen['mac_utilisation']:.0%})"
     ]
     reasons: dict[str, int] = {}
     for f in part["fallbacks"]:

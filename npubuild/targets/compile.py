@@ -11,6 +11,7 @@ import onnx
 from npubuild.targets import npub
 from npubuild.targets.codegen import Codegen, DoesNotFit, Stream
 from npubuild.targets.cpu import CpuSubgraph
+from npubuild.targets.cycles import estimate
 from npubuild.targets.disasm import disassemble
 from npubuild.targets.isa import ENGINES, encode
 from npubuild.targets.partition import order, partition
@@ -93,6 +94,7 @@ def compile_npub(
     cpu_blob = bytearray()
     subgraphs = []
     counts: dict[str, int] = {}
+    cycles = mac_count = 0
     for k, sg in enumerate(plan["subgraphs"]):
         produced: list[str] = []
         for i in sg["ops"]:
@@ -129,6 +131,10 @@ def compile_npub(
             for instruction in stream.code:
                 engine = ENGINES[instruction.op]
                 counts[engine] = counts.get(engine, 0) + 1
+            timing = estimate(stream.code, target.model_dump())
+            subgraphs[-1]["estimate"] = timing
+            cycles += timing["cycles"]
+            mac_count += timing["macs"]
             for i in sg["ops"]:
                 for o in ops[i]["outputs"]:
                     if o:
@@ -179,6 +185,10 @@ def compile_npub(
         "dram_tensor_bytes": gen.tensor_area,
         "constant_bytes": len(gen.consts),
         "binary_bytes": len(data),
+        "estimated_cycles": cycles,
+        "estimated_latency_ms": cycles / (target.clock_mhz * 1000.0),
+        "macs": mac_count,
+        "mac_utilisation": mac_count / (cycles * target.mac_rows * target.mac_cols) if cycles else 0.0,
         "npu_subgraphs": sum(1 for s in subgraphs if s["device"] == "npu"),
         "cpu_subgraphs": sum(1 for s in subgraphs if s["device"] == "cpu"),
     }

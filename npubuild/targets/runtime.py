@@ -51,7 +51,15 @@ class Runtime:
                     raise NpubError(f"subgraph {k}: CPU model outside the cpu section")
             else:
                 raise NpubError(f"subgraph {k}: unknown device")
-        self.sim = Simulator(sram, dram)
+        from pydantic import ValidationError
+
+        from npubuild.targets.spec import TargetSpec
+
+        try:
+            self.target = TargetSpec.model_validate(meta["target"])
+        except ValidationError as exc:
+            raise NpubError(f"metadata: bad target description ({exc.errors()[0]['msg']})") from None
+        self.sim = Simulator(sram, dram, self.target.model_dump())
         self.sim.dram.data[base : base + len(constants)] = constants
         self.sessions: dict[int, object] = {}
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from npubuild.stages.quantize.fixedpoint import ADD_FRACTION_BITS, requantize, rounding_shift
 from npubuild.stages.quantize.interpreter import conv_accumulate, conv_transpose_accumulate, qrange
+from npubuild.targets.cycles import Timeline
 from npubuild.targets.isa import ENGINES, Instruction
 from npubuild.targets.npub import NpubError
 
@@ -88,11 +89,11 @@ class Memory:
 
 
 class Simulator:
-    def __init__(self, sram_bytes: int, dram_bytes: int):
+    def __init__(self, sram_bytes: int, dram_bytes: int, target: dict | None = None):
         self.sram = Memory("SRAM", sram_bytes)
         self.dram = Memory("DRAM", dram_bytes)
-        self.acc: dict[int, np.ndarray] = {}
         self.counts: Counter = Counter()
+        self.target = target
 
     # --- DMA ------------------------------------------------------------------------------------
     def _dram_box(self, a: dict) -> tuple[np.ndarray, tuple]:
@@ -272,11 +273,16 @@ class Simulator:
 
     # --- the stream -----------------------------------------------------------------------------
     def execute(self, program: list[Instruction]) -> None:
+        timeline = Timeline(self.target) if self.target else None
         for instruction in program:
             self.counts[f"{ENGINES[instruction.op]}_instructions"] += 1
             if instruction.op == "end":
-                return
+                break
             try:
+                if timeline is not None:
+                    timeline.add(instruction)
                 getattr(self, f"_{instruction.op}")(instruction.args)
-            except (ValueError, IndexError, OverflowError, MemoryError) as exc:
+            except (ValueError, IndexError, KeyError, TypeError, OverflowError, MemoryError) as exc:
                 raise NpubError(f"'{instruction.op}' failed: {exc}") from None
+        if timeline is not None:
+            self.counts["cycles"] += timeline.end

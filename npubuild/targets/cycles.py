@@ -1,0 +1,110 @@
+"""The cycle model (docs/npu.md): what each instruction costs on its engine, and the timeline of
+four in-order engine queues synchronised by tokens.
+
+An instruction starts when its engine is free and every token it waits for has been signalled by
+the most recent instruction before it that signals that token; it then occupies its engine for its
+cost. DMA: latency + bytes / bandwidth. MAC array (R rows x C columns): one output position per
+cycle per fold, folds = ceil(output channels per group / C) x ceil(reduction length / R), per
+group; int16 inputs run at `int16_rate`. Vector unit: elements / lanes (x2 for 16-bit data).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from npubuild.targets.isa import ENGINES, NO_SIGNAL, TOKENS, Instruction
+
+
+def cost(i: Instruction, target: dict) -> int:
+    a = i.args
+    rows, cols, lanes = target["mac_rows"], target["mac_cols"], target["vector_lanes"]
+    if i.op in ("load", "store"):
+        moved = a["d0"] * a["d1"] * a["d2"] * a["d3"] * a["esize"]
+        if i.op == "load":
+            moved -= (
+                a["d0"]
+                * a["d1"]
+                * a["esize"]
+                * (
+                    a["d2"] * a["d3"]
+                    - (a["d2"] - a["pad_top"] - a["pad_bottom"]) * (a["d3"] - a["pad_left"] - a["pad_right"])
+                )
+            )
+        return target["dram_latency_cycles"] + math.ceil(max(moved, 0) / target["dram_bytes_per_cycle"])
+    slow = 1.0 / target["int16_rate"] if a.get("in_bits", 8) == 16 else 1.0
+    if i.op == "conv":
+        group = a["group"]
+        if a["transpose"]:
+            per_group_out, reduction = a["out_c"] // group, (a["in_c"] // group)
+            positions = a["in_h"] * a["in_w"] * a["kh"] * a["kw"]
+        else:
+            per_group_out, reduction = a["out_c"] // group, (a["in_c"] // group) * a["kh"] * a["kw"]
+            positions = a["out_h"] * a["out_w"]
+        folds = group * math.ceil(per_group_out / cols) * math.ceil(reduction / rows)
+        return math.ceil(folds * positions * slow)
+    if i.op == "matmul":
+        return math.ceil(math.ceil(a["n"] / cols) * math.ceil(a["k"] / rows) * a["m"] * slow)
+    if i.op == "end":
+        return 0
+    width = 2 if max(a.get("out_bits", 8), a.get("bits", 8), a.get("in_bits", 8)) == 16 else 1
+    if i.op in ("add", "mul"):
+        elements = a["o0"] * a["o1"] * a["o2"] * a["o3"]
+    elif i.op == "pool":
+        elements = a["c"] * a["out_h"] * a["out_w"] * a["kh"] * a["kw"]
+    elif i.op == "gap":
+        elements = a["c"] * a["hw"]
+    elif i.op == "resize":
+        elements = a["c"] * a["out_h"] * a["out_w"]
+    else:  # requant, lut, clamp
+        elements = a["n"]
+    return math.ceil(elements * width / lanes)
+
+
+@dataclass
+class Timeline:
+    target: dict
+    engine_free: dict[str, int] = field(default_factory=dict)
+    signalled: list[int] = field(default_factory=lambda: [0] * TOKENS)
+    busy: dict[str, int] = field(default_factory=dict)
+    end: int = 0
+
+    def add(self, i: Instruction) -> tuple[int, int]:
+        engine = ENGINES[i.op]
+        ready = max(
+            [self.engine_free.get(engine, 0)] + [self.signalled[t] for t in range(TOKENS) if i.wait >> t & 1]
+        )
+        if i.op == "end":
+            ready = max(ready, self.end)
+        spent = cost(i, self.target)
+        done = ready + spent
+        self.engine_free[engine] = done
+        self.busy[engine] = self.busy.get(engine, 0) + spent
+        if i.signal != NO_SIGNAL:
+            self.signalled[i.signal] = done
+        self.end = max(self.end, done)
+        return ready, done
+
+
+def estimate(program: list[Instruction], target: dict) -> dict:
+    timeline = Timeline(target)
+    for instruction in program:
+        timeline.add(instruction)
+    return {
+        "cycles": timeline.end,
+        "busy": dict(sorted(timeline.busy.items())),
+        "macs": sum(macs(i) for i in program),
+    }
+
+
+def macs(i: Instruction) -> int:
+    """Multiply-accumulates an instruction performs (MAC-array instructions only)."""
+    a = i.args
+    if i.op == "conv":
+        per_output = (a["in_c"] // a["group"]) * a["kh"] * a["kw"]
+        if a["transpose"]:  # every input position scatters into every tap and output channel
+            return a["in_h"] * a["in_w"] * a["kh"] * a["kw"] * a["in_c"] * (a["out_c"] // a["group"])
+        return a["out_c"] * a["out_h"] * a["out_w"] * per_output
+    if i.op == "matmul":
+        return a["m"] * a["k"] * a["n"]
+    return 0
