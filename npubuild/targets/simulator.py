@@ -35,8 +35,8 @@ EXACT_FLOAT32_TERMS = 512
 
 
 def _conv_int8(x: np.ndarray, zp: int, w: np.ndarray, attrs: dict) -> np.ndarray:
-    """The MAC array's convolution of an int8 tile (already padded), exact: one float32 GEMM per
-    kernel tap over at most EXACT_FLOAT32_TERMS input channels, the taps summed in float64."""
+    """The MAC array's convolution of an int8 tile (already padded), exact: float32 GEMMs over
+    im2col columns in chunks of at most EXACT_FLOAT32_TERMS products, summed in float64."""
     xc = x[0].astype(np.float32) - np.float32(zp)  # [C, H, W]
     c = xc.shape[0]
     cout, _, kh, kw = w.shape
@@ -44,19 +44,28 @@ def _conv_int8(x: np.ndarray, zp: int, w: np.ndarray, attrs: dict) -> np.ndarray
     dh, dw = attrs["dilations"]
     oh = (xc.shape[1] - (kh - 1) * dh - 1) // sh + 1
     ow = (xc.shape[2] - (kw - 1) * dw - 1) // sw + 1
-    depthwise = attrs["group"] > 1
+    span = ((kh - 1) * dh + 1, (kw - 1) * dw + 1)
+    win = np.lib.stride_tricks.sliding_window_view(xc, span, axis=(1, 2))[:, ::sh, ::sw, ::dh, ::dw]
+    win = win[:, :oh, :ow]  # [C, oh, ow, kh, kw]
+    if attrs["group"] > 1:  # depthwise, channel multiplier cout // c: <= 49 taps, exact in float32
+        taps = win.reshape(c, 1, oh * ow, kh * kw)
+        wf = w.astype(np.float32).reshape(c, cout // c, 1, kh * kw)
+        return (taps * wf).sum(axis=-1, dtype=np.float32).reshape(1, cout, oh, ow)
+    if kh == kw == 1 and sh == sw == 1:
+        cols = xc.reshape(c, oh * ow)
+    else:  # one strided copy per kernel tap (much faster than transposing the window view)
+        cols = np.empty((c, kh, kw, oh, ow), np.float32)
+        for i in range(kh):
+            for j in range(kw):
+                cols[:, i, j] = win[:, :, :, i, j]
+        cols = cols.reshape(c * kh * kw, oh * ow)
+    wf = w.reshape(cout, -1).astype(np.float32)
+    k = c * kh * kw
+    if k <= EXACT_FLOAT32_TERMS:  # float32 holds the exact integer sums
+        return (wf @ cols).reshape(1, cout, oh, ow)
     acc = np.zeros((cout, oh * ow), np.float64)
-    wf = w.astype(np.float32)
-    for i in range(kh):
-        for j in range(kw):
-            tap = xc[:, i * dh : i * dh + (oh - 1) * sh + 1 : sh, j * dw : j * dw + (ow - 1) * sw + 1 : sw]
-            tap = tap.reshape(c, oh * ow)
-            if depthwise:  # channel multiplier cout // c
-                acc += np.repeat(tap, cout // c, axis=0) * wf[:, 0, i, j][:, None]
-                continue
-            for k0 in range(0, c, EXACT_FLOAT32_TERMS):
-                k1 = min(k0 + EXACT_FLOAT32_TERMS, c)
-                acc += wf[:, k0:k1, i, j] @ tap[k0:k1]
+    for k0 in range(0, k, EXACT_FLOAT32_TERMS):
+        acc += wf[:, k0 : k0 + EXACT_FLOAT32_TERMS] @ cols[k0 : k0 + EXACT_FLOAT32_TERMS]
     return acc.reshape(1, cout, oh, ow)
 
 
@@ -137,7 +146,9 @@ class Simulator:
     def _finish(self, acc: np.ndarray, params: np.ndarray, a: dict, channel_axis: int) -> np.ndarray:
         shape = [1] * acc.ndim
         shape[channel_axis] = -1
-        acc = np.rint(acc).astype(np.int64) + params[:, 0].reshape(shape)
+        acc = (acc if acc.dtype == np.float32 else np.rint(acc)).astype(np.int64) + params[:, 0].reshape(
+            shape
+        )
         y = requantize(acc, params[:, 1].reshape(shape), params[:, 2].reshape(shape)) + a["out_zp"]
         return np.clip(y, a["min"], a["max"])
 

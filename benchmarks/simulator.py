@@ -1,0 +1,83 @@
+"""Per-image time of the NPU simulator on YOLOv8n against onnxruntime running the float model.
+
+    python benchmarks/simulator.py
+
+Builds YOLOv8n for both built-in targets (the example workspace's data), then times, on the same
+evaluation images and in the same run: onnxruntime on the imported float model, and `model.npub`
+end to end (NPU subgraphs in the instruction-level simulator, CPU subgraphs in onnxruntime), each
+image after one warm-up. Prints the ratio (goal <= 10x).
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _workspace_gen import EXAMPLE  # noqa: E402
+
+ROUNDS = 3
+
+
+def main() -> None:
+    import onnx
+
+    from npubuild.cache.store import Store
+    from npubuild.engine.run import build
+    from npubuild.stages.optimize.check import session
+    from npubuild.stages.prepare import _image
+    from npubuild.targets.runtime import Runtime, load
+
+    tmp = Path(tempfile.mkdtemp(prefix="npubuild-sim-"))
+    try:
+        ws = tmp / "ws"
+        shutil.copytree(EXAMPLE, ws, ignore=shutil.ignore_patterns("npubuild-out"))
+        models = ws / "models" / "BUILD"
+        models.write_text(
+            models.read_text()
+            + '\nnpu_model(name = "yolo_s", model = ":yolov8n", calibration = "//data:yolo_calib",\n'
+            + '          evaluation = "//data:yolo_eval", target = "vnpu-s")\n'
+        )
+        store = Store(tmp / "cache")
+        outcome = build(ws, store, ["//models:yolo", "//models:yolo_s"], jobs=2)
+        assert outcome.ok, outcome.errors
+        out = ws / "npubuild-out" / "models"
+        pp = {"resize": [320, 320], "color": "RGB", "scale": 1 / 255, "mean": [0.0], "std": [1.0]}
+        pp.update(dtype="float32", layout="NCHW")
+        photos = sorted(
+            p for p in (ws / "data" / "photos" / "eval").iterdir() if p.suffix in (".jpg", ".png")
+        )
+        images = [_image(p, p.name, pp)[None] for p in photos]
+        float_model = session(onnx.load(out / "yolo" / "canonical.onnx"))
+        name = float_model.get_inputs()[0].name
+
+        def per_image(run) -> float:
+            run(images[0])
+            times = []
+            for _ in range(ROUNDS):
+                for x in images:
+                    started = time.perf_counter()
+                    run(x)
+                    times.append(time.perf_counter() - started)
+            return statistics.median(times)
+
+        ort_s = per_image(lambda x: float_model.run(None, {name: x}))
+        print(f"YOLOv8n, {len(images)} images x {ROUNDS} rounds, median per image")
+        print(f"  onnxruntime float model: {ort_s * 1000:8.1f} ms")
+        for label, target in (("yolo", "vnpu-m"), ("yolo_s", "vnpu-s")):
+            runtime = Runtime(load(out / label / "model.npub"))
+            sim_s = per_image(lambda x, r=runtime: r.run({name: x}))
+            print(
+                f"  simulator, {target}:      {sim_s * 1000:8.1f} ms   ratio {sim_s / ort_s:5.1f}x (goal <= 10x)"
+            )
+        store.close()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
