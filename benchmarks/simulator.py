@@ -72,7 +72,8 @@ def main() -> None:
             runtime = Runtime(load(out / label / "model.npub"))
             sim_s = per_image(lambda x, r=runtime: r.run({name: x}))
             print(
-                f"  simulator, {target}:      {sim_s * 1000:8.1f} ms   ratio {sim_s / ort_s:5.1f}x (goal <= 10x)"
+                f"  simulator, {target}:      {sim_s * 1000:8.1f} ms   "
+                f"ratio {sim_s / ort_s:5.1f}x (goal <= 10x)"
             )
         store.close()
     finally:
