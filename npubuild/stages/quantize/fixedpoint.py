@@ -34,8 +34,9 @@ def rounding_shift(values: np.ndarray, n: np.ndarray | int) -> np.ndarray:
     v = np.asarray(values, dtype=np.int64)
     n = np.asarray(n, dtype=np.int64)
     half = np.where(n > 0, np.left_shift(np.int64(1), np.maximum(n - 1, 0)), 0)
-    magnitude = np.right_shift(np.abs(v) + half, n)
-    return np.where(v < 0, -magnitude, magnitude)
+    # -floor((-v + h) / 2^n) == floor((v + h - 1) / 2^n) for v < 0 and h = 2^(n-1): one
+    # arithmetic shift instead of abs / shift / negate / select
+    return np.right_shift(v + half - ((v < 0) & (n > 0)), n)
 
 
 def requantize(acc: np.ndarray, m0: np.ndarray | int, shift: np.ndarray | int) -> np.ndarray:
