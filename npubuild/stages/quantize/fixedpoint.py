@@ -46,7 +46,8 @@ def requantize(acc: np.ndarray, m0: np.ndarray | int, shift: np.ndarray | int) -
     total = 31 + np.asarray(shift, dtype=np.int64)
     left = np.maximum(-total, 0)
     right = np.maximum(total, 0)
-    return rounding_shift(np.left_shift(acc, left) * m0, right)
+    scaled = np.left_shift(acc, left) * m0 if left.any() else acc * m0
+    return rounding_shift(scaled, right)
 
 
 # Element-wise adds rescale both sides to a common fixed-point grid with this many fraction bits.
