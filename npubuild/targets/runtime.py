@@ -24,42 +24,37 @@ def load(path: Path) -> npub.Npub:
 class Runtime:
     def __init__(self, binary: npub.Npub):
         self.binary = binary
-        meta = binary.meta
+        from pydantic import ValidationError
+
+        from npubuild.targets.meta import Meta
+
         try:
-            self.subgraphs = meta["subgraphs"]
-            self.tensors = meta["tensors"]
-            self.inputs = meta["inputs"]
-            self.outputs = meta["outputs"]
-            sram = int(meta["target"]["sram_kib"]) * 1024
-            dram = int(meta["dram_size"])
-            base = int(meta["constants_base"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise NpubError(f"metadata is incomplete ({exc})") from None
+            meta = Meta.model_validate(binary.meta)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            raise NpubError(f"metadata: {where}: {err['msg']}") from None
+        self.target = meta.target
+        self.subgraphs = [sg.model_dump() for sg in meta.subgraphs]
+        self.tensors = {k: t.model_dump() for k, t in meta.tensors.items()}
+        self.inputs = [i.model_dump() for i in meta.inputs]
+        self.outputs = [o.model_dump() for o in meta.outputs]
         constants = binary.constants
-        if base < 0 or dram < 0 or base + len(constants) > dram or dram > 1 << 34 or sram > 1 << 30:
+        if meta.constants_base + len(constants) > meta.dram_size:
             raise NpubError("metadata: DRAM layout does not hold the constants")
         self.programs = {}
         for k, sg in enumerate(self.subgraphs):
-            if sg.get("device") == "npu":
+            if sg["device"] == "npu":
                 start, size = sg["code"]
-                if start < 0 or size <= 0 or start + size > len(binary.code):
+                if start + size > len(binary.code):
                     raise NpubError(f"subgraph {k}: instruction stream outside the code section")
                 self.programs[k] = decode(binary.code[start : start + size])
-            elif sg.get("device") == "cpu":
-                start, size = sg["model"]
-                if start < 0 or start + size > len(binary.sections.get("cpu", b"")):
-                    raise NpubError(f"subgraph {k}: CPU model outside the cpu section")
             else:
-                raise NpubError(f"subgraph {k}: unknown device")
-        from pydantic import ValidationError
-
-        from npubuild.targets.spec import TargetSpec
-
-        try:
-            self.target = TargetSpec.model_validate(meta["target"])
-        except ValidationError as exc:
-            raise NpubError(f"metadata: bad target description ({exc.errors()[0]['msg']})") from None
-        self.sim = Simulator(sram, dram, self.target.model_dump())
+                start, size = sg["model"]
+                if start + size > len(binary.sections.get("cpu", b"")):
+                    raise NpubError(f"subgraph {k}: CPU model outside the cpu section")
+        self.sim = Simulator(meta.target.sram_kib * 1024, meta.dram_size, meta.target.model_dump())
+        base = meta.constants_base
         self.sim.dram.data[base : base + len(constants)] = constants
         self.sessions: dict[int, object] = {}
 
