@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
-
 import numpy as np
 import onnx
 
@@ -15,11 +12,7 @@ from npubuild.targets.cycles import estimate
 from npubuild.targets.disasm import disassemble
 from npubuild.targets.isa import ENGINES, encode
 from npubuild.targets.partition import order, partition
-from npubuild.targets.spec import TargetSpec
-
-
-def target_digest(target: TargetSpec) -> bytes:
-    return hashlib.sha256(json.dumps(target.model_dump(), sort_keys=True).encode()).digest()
+from npubuild.targets.spec import TargetSpec, target_digest
 
 
 def model_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:

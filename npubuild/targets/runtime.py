@@ -35,6 +35,10 @@ class Runtime:
             where = ".".join(str(p) for p in err["loc"])
             raise NpubError(f"metadata: {where}: {err['msg']}") from None
         self.target = meta.target
+        from npubuild.targets.spec import target_digest
+
+        if target_digest(meta.target) != binary.target_digest:
+            raise NpubError("the header's target digest does not match the target in the metadata")
         self.subgraphs = [sg.model_dump() for sg in meta.subgraphs]
         self.tensors = {k: t.model_dump() for k, t in meta.tensors.items()}
         self.inputs = [i.model_dump() for i in meta.inputs]

@@ -36,6 +36,14 @@ class TargetSpec(BaseModel):
         return self
 
 
+def target_digest(target: TargetSpec) -> bytes:
+    """SHA-256 of the target description, as a .npub header records it."""
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(target.model_dump(), sort_keys=True).encode()).digest()
+
+
 _COMMON_OPS = (
     "Conv",
     "ConvTranspose",
