@@ -133,6 +133,60 @@ def build(
         raise typer.Exit(code)
 
 
+@app.command()
+def test(
+    patterns: Annotated[list[str], typer.Argument(help="Targets or patterns: //pkg:name, //pkg:all, //...")],
+    junit: Annotated[
+        Path | None, typer.Option(help="JUnit XML report (default npubuild-out/testlogs/junit.xml).")
+    ] = None,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1)] = os.cpu_count() or 1,
+) -> None:
+    """Build, then check every npu_model's gates. Exit 0: all passed; 3: a gate failed; 1: build error."""
+    from npubuild.engine.run import build as run_build
+    from npubuild.gates import check
+    from npubuild.gates import junit as junit_xml
+    from npubuild.labels import parse_label
+    from npubuild.layout import OUT_DIR
+    from npubuild.report import summary_of
+
+    root, store = _root(), _store()
+    progress = _LiveProgress()
+    try:
+        outcome = run_build(root, store, patterns, jobs=jobs, keep_going=True, progress=progress)
+    finally:
+        progress.stop()
+    build_code = _finish_build(store, outcome)
+    ws = _workspace()
+    results, build_errors = {}, {}
+    for plan in outcome.plans:
+        if plan.kind != "npu_model":
+            continue
+        label = str(plan.label)
+        failed = [step for step, a in plan.steps if outcome.result(a).status not in ("ran", "cached")]
+        if failed:
+            build_errors[label] = f"not built: {', '.join(failed)}"
+            continue
+        summaries = {step: summary_of(store, outcome, a) for step, a in plan.steps}
+        gates = ws.target(parse_label(label)).attrs.gates.model_dump()
+        results[label] = check(label, gates, {k: v for k, v in summaries.items() if v})
+    for label, rows in results.items():
+        for r in rows:
+            mark = "[green]PASS[/]" if r.ok else "[red]FAIL[/]"
+            out.print(f"{mark} {escape(label)} {escape(r.describe())}")
+        if not rows:
+            out.print(f"[cyan]NO GATES[/] {escape(label)}")
+    path = junit or root / OUT_DIR / "testlogs" / "junit.xml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(junit_xml(results, build_errors, outcome.seconds))
+    gate_failed = any(not r.ok for rows in results.values() for r in rows)
+    tally = sum(len(rows) for rows in results.values())
+    out.print(f"{tally} gates on {len(results)} targets; JUnit XML: {path}")
+    if build_code or build_errors:
+        raise typer.Exit(1)
+    if gate_failed:
+        raise typer.Exit(3)
+
+
 def _finish_build(store, outcome) -> int:
     """Print the summary, the errors and the verdict; the exit code."""
     from npubuild.report import counts, render_build

@@ -10,7 +10,7 @@ from npubuild.cache.store import CorruptBlob, Store
 from npubuild.engine.run import BuildOutcome
 
 
-def _summary(store: Store, outcome: BuildOutcome, action) -> dict[str, Any] | None:
+def summary_of(store: Store, outcome: BuildOutcome, action) -> dict[str, Any] | None:
     result = outcome.result(action)
     outputs = result.outputs if result.ok else {}
     digest = outputs.get("summary") or outputs.get("report") or outputs.get("plan")
@@ -73,7 +73,7 @@ def render_build(console, store: Store, outcome: BuildOutcome) -> None:
         for step, action in plan.steps:
             result = outcome.result(action)
             {"ran": ran, "cached": cached}.get(result.status, failed).append(step)
-            summary = _summary(store, outcome, action)
+            summary = summary_of(store, outcome, action)
             if summary is not None:
                 summaries[step.replace(" dataset", "")] = summary
                 warnings += [f"{plan.label} {step}: {w}" for w in summary.get("warnings", [])]
@@ -92,7 +92,7 @@ def render_build(console, store: Store, outcome: BuildOutcome) -> None:
     console.print(table)
     for plan in outcome.plans:
         evaluate = [a for step, a in plan.steps if step == "evaluate"]
-        report = _summary(store, outcome, evaluate[0]) if evaluate else None
+        report = summary_of(store, outcome, evaluate[0]) if evaluate else None
         if report:
             worst = {r["tensor"]: r for r in report["layers"]}
             rows = ", ".join(
@@ -101,7 +101,7 @@ def render_build(console, store: Store, outcome: BuildOutcome) -> None:
             )
             console.print(f"{plan.label} five worst layers: {rows}", highlight=False)
     for plan in outcome.plans:
-        backend = {step: _summary(store, outcome, a) for step, a in plan.steps}
+        backend = {step: summary_of(store, outcome, a) for step, a in plan.steps}
         if backend.get("partition") and backend.get("codegen"):
             for line in _back_end(
                 plan.label, backend["partition"], backend["codegen"], backend.get("simulate")

@@ -61,6 +61,25 @@ class Agreement:
 OP_BY_OP_SAMPLES = 2
 
 
+class Top1:
+    """How often the integer model's arg-max over axis 1 (the class axis of NCHW / N x classes
+    outputs) equals the float model's, over every other position."""
+
+    def __init__(self) -> None:
+        self.agree = self.total = 0
+
+    def update(self, ref: np.ndarray, cand: np.ndarray) -> None:
+        ref, cand = np.asarray(ref), np.asarray(cand)
+        if ref.ndim < 2 or ref.shape[1] < 2 or ref.shape != cand.shape:
+            return
+        same = np.argmax(ref, axis=1) == np.argmax(cand, axis=1)
+        self.agree += int(same.sum())
+        self.total += same.size
+
+    def result(self) -> dict:
+        return {"top1_agreement": self.agree / self.total} if self.total else {}
+
+
 class OpAgreement:
     """Each integer op of the golden interpreter against the QDQ model in onnxruntime, fed the same
     integer inputs (the QDQ model's codes), so differences do not compound from layer to layer."""
@@ -127,6 +146,7 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     op_by_op = OpAgreement()
     fetch = list(dict.fromkeys([o.name for o in model.graph.output] + layer_names))
     outputs = {o.name: Agreement() for o in model.graph.output}
+    top1 = {o.name: Top1() for o in model.graph.output}
     layers = {name: Agreement() for name in layer_names}
     within, total, exact = 0, 0, 0
     for feed in feeds:
@@ -134,6 +154,7 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
         result, env = interpreter.run(feed, keep=True)
         for name, agreement in outputs.items():
             agreement.update(reference[name], result[name])
+            top1[name].update(reference[name], result[name])
         for name, agreement in layers.items():
             agreement.update(reference[name], dequantize(env[name], program["tensors"][name]))
         qdq_out = dict(zip(qdq_fetch, qdq_session.run(qdq_fetch, feed)))
@@ -164,7 +185,7 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     worst = sorted(layer_rows, key=lambda r: (r["sqnr_db"], r["cosine"]))[:5]
     report = {
         "samples": len(feeds),
-        "outputs": {name: a.result() for name, a in outputs.items()},
+        "outputs": {name: {**a.result(), **top1[name].result()} for name, a in outputs.items()},
         "layers": layer_rows,
         "worst_layers": [r["tensor"] for r in worst],
         "float_nodes": program["float_nodes"],
