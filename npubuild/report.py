@@ -120,6 +120,15 @@ def _back_end(label, part: dict, gen: dict, sim: dict | None) -> list[str]:
         f"estimated NPU time {gen['estimated_latency_ms']:.2f} ms "
         f"({gen['estimated_cycles']:,} cycles, MAC utilisation {gen['mac_utilisation']:.0%})"
     ]
+    if gen.get("roofline_cycles"):
+        bound_ms = gen["roofline_cycles"] / gen["estimated_cycles"] * gen["estimated_latency_ms"]
+        lines.append(
+            f"  roofline bound {bound_ms:.2f} ms "
+            f"(estimate {gen['estimated_cycles'] / gen['roofline_cycles']:.1f}x "
+            f"the bound); DRAM traffic {gen['dram_bytes'] / 2**20:.1f} MiB, "
+            f"{gen['dram_bytes'] / max(gen['compulsory_dram_bytes'], 1):.1f}x the compulsory "
+            f"{gen['compulsory_dram_bytes'] / 2**20:.1f} MiB"
+        )
     reasons: dict[str, int] = {}
     for f in part["fallbacks"]:
         reasons[f["reason"]] = reasons.get(f["reason"], 0) + 1

@@ -8,7 +8,7 @@ import onnx
 from npubuild.targets import npub
 from npubuild.targets.codegen import Codegen, DoesNotFit, Stream
 from npubuild.targets.cpu import CpuSubgraph
-from npubuild.targets.cycles import estimate
+from npubuild.targets.cycles import estimate, per_op, roofline
 from npubuild.targets.disasm import disassemble
 from npubuild.targets.isa import ENGINES, encode
 from npubuild.targets.partition import order, partition
@@ -88,6 +88,12 @@ def compile_npub(
     subgraphs = []
     counts: dict[str, int] = {}
     cycles = mac_count = 0
+    layers: list[dict] = []
+    weight_bytes = {
+        op.get("node", ""): int(arrays[op["arrays"]["weight"]].size)
+        for op in ops
+        if op["kind"] in ("conv", "matmul")
+    }
     for k, sg in enumerate(plan["subgraphs"]):
         produced: list[str] = []
         for i in sg["ops"]:
@@ -128,6 +134,10 @@ def compile_npub(
             subgraphs[-1]["estimate"] = timing
             cycles += timing["cycles"]
             mac_count += timing["macs"]
+            for row in per_op(stream.code, subgraphs[-1]["marks"], target.model_dump()):
+                row["weight_bytes"] = weight_bytes.get(row["node"], 0)
+                row["roofline_cycles"] = roofline(row["macs"], row["weight_bytes"], target.model_dump())
+                layers.append(row)
             for i in sg["ops"]:
                 for o in ops[i]["outputs"]:
                     if o:
@@ -172,6 +182,13 @@ def compile_npub(
             sections={"code": bytes(code), "constants": bytes(gen.consts), "cpu": bytes(cpu_blob)},
         )
     )
+    # compulsory traffic: every weight once, the network's inputs and outputs once (NPU side)
+    io_bytes = sum(
+        int(np.prod(shapes[n], dtype=np.int64)) * (1 if program["tensors"][n]["bits"] == 8 else 2)
+        for n in {*program["inputs"], *program["outputs"]}
+        if n in program["tensors"] and n in gen.addr
+    )
+    compulsory = sum(weight_bytes.values()) + io_bytes
     stats = {
         "instructions": sum(counts.values()),
         "instructions_by_engine": dict(sorted(counts.items())),
@@ -182,6 +199,10 @@ def compile_npub(
         "estimated_latency_ms": cycles / (target.clock_mhz * 1000.0),
         "macs": mac_count,
         "mac_utilisation": mac_count / (cycles * target.mac_rows * target.mac_cols) if cycles else 0.0,
+        "dram_bytes": sum(r["dram_bytes"] for r in layers),
+        "compulsory_dram_bytes": compulsory,
+        "roofline_cycles": roofline(mac_count, compulsory, target.model_dump()),
+        "layers": layers,
         "npu_subgraphs": sum(1 for s in subgraphs if s["device"] == "npu"),
         "cpu_subgraphs": sum(1 for s in subgraphs if s["device"] == "cpu"),
     }

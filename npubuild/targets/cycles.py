@@ -108,3 +108,60 @@ def macs(i: Instruction) -> int:
     if i.op == "matmul":
         return a["m"] * a["k"] * a["n"]
     return 0
+
+
+def dram_bytes(i: Instruction) -> int:
+    """Bytes a DMA instruction moves across the DRAM interface (padding excluded)."""
+    a = i.args
+    if i.op == "store":
+        return a["d0"] * a["d1"] * a["d2"] * a["d3"] * a["esize"]
+    if i.op == "load":
+        inner = (a["d2"] - a["pad_top"] - a["pad_bottom"]) * (a["d3"] - a["pad_left"] - a["pad_right"])
+        return a["d0"] * a["d1"] * max(inner, 0) * a["esize"]
+    return 0
+
+
+def per_op(program: list[Instruction], marks: list, target: dict) -> list[dict]:
+    """Each op's share of the timeline: its span, compute and DMA busy cycles, MACs, DRAM bytes."""
+    timeline = Timeline(target)
+    bounds = sorted({at for at, _, _ in marks} | {len(program)})
+    names = {}
+    for at, node, kind in marks:
+        names.setdefault(at, (node, kind))  # an op with no instructions shares its index: first wins
+    rows = []
+    for start, end in zip(bounds, bounds[1:]):
+        if start not in names:
+            continue
+        first = last = None
+        compute = dma = moved = work = 0
+        for i in program[start:end]:
+            ready, done = timeline.add(i)
+            first = ready if first is None else min(first, ready)
+            last = done if last is None else max(last, done)
+            spent = done - ready
+            if ENGINES[i.op] in ("dma_in", "dma_out"):
+                dma += spent
+                moved += dram_bytes(i)
+            elif ENGINES[i.op] in ("mac", "vector"):
+                compute += spent
+            work += macs(i)
+        node, kind = names[start]
+        rows.append(
+            {
+                "node": node,
+                "kind": kind,
+                "start": first or 0,
+                "end": last or 0,
+                "compute_cycles": compute,
+                "dma_cycles": dma,
+                "dram_bytes": moved,
+                "macs": work,
+            }
+        )
+    return rows
+
+
+def roofline(macs_count: int, compulsory_bytes: int, target: dict) -> int:
+    """max(MACs / peak MACs per cycle, compulsory DRAM bytes / bandwidth), in cycles."""
+    peak = target["mac_rows"] * target["mac_cols"]
+    return math.ceil(max(macs_count / peak, compulsory_bytes / target["dram_bytes_per_cycle"]))
