@@ -191,3 +191,18 @@ def test_loader_fuzz_on_a_real_binary_raises_only_its_own_error(real_binary, dat
         Runtime(npub.read(_reseal(mutated)))
     except NpubError:
         pass
+
+
+def test_simulator_counters_agree_with_the_code_generators_estimate(small_ws, store):
+    """The simulator counts what it executed (MACs from the tiles it computed, bytes its DMAs
+    moved, the timeline of what it ran); codegen estimated the same from the stream it emitted."""
+    outcome = run_build(small_ws, store)
+    assert outcome.ok, outcome.errors
+    estimate = json.loads(out(small_ws, "codegen.json").read_text())
+    counted = json.loads(out(small_ws, "simulate.json").read_text())["counters"]
+    assert counted["cycles"] == estimate["estimated_cycles"] > 0
+    assert counted["macs"] == estimate["macs"] > 0
+    assert counted["dma_in_bytes"] + counted["dma_out_bytes"] == estimate["dram_bytes"]
+    # every op's cycles lie within the total, and the network bound is below the estimate
+    assert all(0 <= r["start"] <= r["end"] <= estimate["estimated_cycles"] for r in estimate["layers"])
+    assert 0 < estimate["roofline_cycles"] <= estimate["estimated_cycles"]
