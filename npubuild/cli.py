@@ -289,8 +289,13 @@ def explain(label: Annotated[str, typer.Argument(help="The target to explain.")]
 def report(
     label: Annotated[str, typer.Argument(help="An npu_model.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    html: Annotated[
+        bool,
+        typer.Option("--html", help="Write one self-contained HTML page (npubuild-out/.../report.html)."),
+    ] = False,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Where --html writes.")] = None,
 ) -> None:
-    """The accuracy report of LABEL's last build: outputs and per-layer cosine/SQNR."""
+    """The report of LABEL's last build: accuracy per layer, mixed precision, and with --html everything."""
     import json
 
     from npubuild.engine import history
@@ -300,18 +305,33 @@ def report(
     ws, store = _workspace(), _store()
     target = ws.target(parse_label(label))
     record = history.last(store, str(target.label)) or {"steps": []}
-    step = next((s for s in record["steps"] if s["stage"] == "evaluate" and s.get("key")), None)
-    entry = store.get_action(step["key"]) if step else None
-    if entry is None:
+
+    def stage_output(stage: str, name: str) -> dict | None:
+        step = next((s for s in record["steps"] if s["stage"] == stage and s.get("key")), None)
+        entry = store.get_action(step["key"]) if step else None
+        return store.read_json(entry["outputs"][name]) if entry is not None else None
+
+    data = stage_output("evaluate", "report")
+    if data is None:
         raise UserError(f"no accuracy report for {target.label}; run 'npubuild build {target.label}' first")
-    data = store.read_json(entry["outputs"]["report"])
-    extra = {}
-    for stage, output in (("sensitivity", "report"), ("search", "summary")):
-        s = next((s for s in record["steps"] if s["stage"] == stage and s.get("key")), None)
-        found = store.get_action(s["key"]) if s else None
-        if found is not None:
-            extra[stage] = store.read_json(found["outputs"][output])
-    if as_json:
+    extra = {
+        stage: found
+        for stage, name in (("sensitivity", "report"), ("search", "summary"))
+        if (found := stage_output(stage, name)) is not None
+    }
+    if html:
+        from npubuild.html_report import render
+        from npubuild.layout import OUT_DIR
+
+        pages = {"evaluate": data, **extra, "target": ws.target_spec(target).model_dump()}
+        for stage, name in (("partition", "plan"), ("codegen", "summary"), ("simulate", "report")):
+            if (found := stage_output(stage, name)) is not None:
+                pages[stage] = found
+        path = output or ws.root / OUT_DIR / target.label.package / target.label.name / "report.html"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(render(str(target.label), record["steps"], pages))
+        out.print(f"wrote {path}")
+    elif as_json:
         out.print_json(json.dumps({"accuracy": data, **extra}))
     else:
         render_search(out, extra.get("sensitivity"), extra.get("search"))
