@@ -204,10 +204,12 @@ def render(label: str, steps: list[dict], data: dict[str, dict]) -> str:
                 f"<p>Float ops</p><table><tr><th>node</th><th>op</th><th>reason</th></tr>{items}</table>"
             )
     if sensitivity:
-        body.append("<h2>Sensitivity ranking (most sensitive first: 1 - cosine when quantized alone)</h2>")
+        body.append(
+            "<h2>Sensitivity ranking (score = (1 - cos quantized alone) + (cos float alone - cos all int8))</h2>"
+        )
         by_node = {r["node"]: r for r in sensitivity["layers"]}
         top = [by_node[n] for n in sensitivity["ranking"][:25] if n in by_node]
-        body.append(_bars([(r["node"], 1 - r["quantized_alone"]["cosine"], "#8e6bd8") for r in top], ""))
+        body.append(_bars([(f"{r['node']} ({r['op_type']})", max(r["score"], 0.0), "#8e6bd8") for r in top], ""))
     if search:
         verdict = "reached" if search["reached"] else "NOT reached"
         body.append(

@@ -53,3 +53,24 @@ def test_a_build_error_exits_1(small_ws, tmp_path):
     assert "Traceback" not in proc.stderr
     (case,) = junit(small_ws).iter("testcase")
     assert case.find("error") is not None
+
+
+def test_html_report_is_self_contained_and_has_every_section(small_ws, tmp_path):
+    import re
+
+    cache = tmp_path / "cache"
+    assert cli(["build", "//models:cls_npu"], small_ws, cache).returncode == 0
+    proc = cli(["report", "//models:cls_npu", "--html"], small_ws, cache)
+    assert proc.returncode == 0, proc.stderr
+    page = (small_ws / "npubuild-out" / "models" / "cls_npu" / "report.html").read_text()
+    # nothing fetched: no external URLs, scripts, stylesheets or images by reference
+    assert not re.search(r"(src|href)\s*=", page) and "http" not in page.replace("http://www.w3.org", "")
+    assert "<script" not in page and "<link" not in page
+    for section in ("Pipeline", "Accuracy of the integer model", "Partition on", "Cycles per layer", "Roofline"):
+        assert section in page, section
+    assert page.count("<svg") >= 4
+    # every layer of the accuracy report has a bar
+    import json
+
+    layers = json.loads((small_ws / "npubuild-out" / "models" / "cls_npu" / "accuracy.json").read_text())["layers"]
+    assert all(f"{r['node']} ({r['op_type']})"[:48] in page for r in layers)
