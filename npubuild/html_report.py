@@ -209,7 +209,9 @@ def render(label: str, steps: list[dict], data: dict[str, dict]) -> str:
         )
         by_node = {r["node"]: r for r in sensitivity["layers"]}
         top = [by_node[n] for n in sensitivity["ranking"][:25] if n in by_node]
-        body.append(_bars([(f"{r['node']} ({r['op_type']})", max(r["score"], 0.0), "#8e6bd8") for r in top], ""))
+        body.append(
+            _bars([(f"{r['node']} ({r['op_type']})", max(r["score"], 0.0), "#8e6bd8") for r in top], "")
+        )
     if search:
         verdict = "reached" if search["reached"] else "NOT reached"
         body.append(

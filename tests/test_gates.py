@@ -66,11 +66,19 @@ def test_html_report_is_self_contained_and_has_every_section(small_ws, tmp_path)
     # nothing fetched: no external URLs, scripts, stylesheets or images by reference
     assert not re.search(r"(src|href)\s*=", page) and "http" not in page.replace("http://www.w3.org", "")
     assert "<script" not in page and "<link" not in page
-    for section in ("Pipeline", "Accuracy of the integer model", "Partition on", "Cycles per layer", "Roofline"):
+    for section in (
+        "Pipeline",
+        "Accuracy of the integer model",
+        "Partition on",
+        "Cycles per layer",
+        "Roofline",
+    ):
         assert section in page, section
     assert page.count("<svg") >= 4
     # every layer of the accuracy report has a bar
     import json
 
-    layers = json.loads((small_ws / "npubuild-out" / "models" / "cls_npu" / "accuracy.json").read_text())["layers"]
+    layers = json.loads((small_ws / "npubuild-out" / "models" / "cls_npu" / "accuracy.json").read_text())[
+        "layers"
+    ]
     assert all(f"{r['node']} ({r['op_type']})"[:48] in page for r in layers)
