@@ -26,6 +26,8 @@ from npubuild.targets.spec import TargetSpec
 ALIGN = 64
 T_CONST, T_IN, T_DONE, T_STORED = 0, (1, 2), (3, 4), (5, 6)
 ALIASES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
+# A tensor kept in SRAM between the ops of one NPU subgraph has this bit in its address.
+SRAM_FLAG = 1 << 40
 
 
 def _align(n: int) -> int:
@@ -98,7 +100,9 @@ class Codegen:
         self.program, self.arrays, self.shapes, self.target = program, arrays, shapes, target
         self.tensors = program["tensors"]
         self.plan = plan
-        self.sram = target.sram_kib * 1024
+        self.sram_total = target.sram_kib * 1024
+        self.sram = self.sram_total  # the part ops tile into; the top is for resident tensors
+        self.resident: dict[str, int] = {}
         self.consts = bytearray()
         self.const_keys: dict[str, int] = {}
         self.addr: dict[str, int] = {}
@@ -106,9 +110,12 @@ class Codegen:
         self._sizes: dict[str, int] = {}
 
     # --- DRAM ---------------------------------------------------------------------------------
-    def allocate(self, reuse: bool = True) -> None:
-        """DRAM buffers for every tensor an NPU op touches, reused once dead (first fit); without
-        reuse every tensor keeps its own buffer (for checking every op's result)."""
+    def allocate(self, reuse: bool = True, resident_bytes: int = 0) -> None:
+        """Where every tensor an NPU op touches lives. Tensors produced and consumed only inside one
+        NPU subgraph may stay in the top `resident_bytes` of SRAM (first fit by liveness, in order
+        of definition) and never touch DRAM: that is how a run of layers becomes one group. The
+        rest get DRAM buffers, reused once dead (first fit); without reuse every tensor keeps its
+        own buffer (for checking every op's result)."""
         ops = self.program["ops"]
         sequence = [i for sg in self.plan["subgraphs"] for i in sg["ops"]]
         npu = {i for sg in self.plan["subgraphs"] if sg["device"] == "npu" for i in sg["ops"]}
@@ -142,10 +149,14 @@ class Codegen:
             if n in outputs or n in self.program["inputs"]:
                 last[r] = len(sequence)
             self._sizes[r] = max(self._sizes.get(r, 0), size)
+        on_chip = self._resident_roots(ops, root, find, touched, first, last, resident_bytes)
         live: list[tuple[int, int, int]] = []  # (end position, start, size)
         placed: dict[str, int] = {}
         top = 0
         for r in sorted(first, key=lambda k: (first[k], k)):
+            if r in on_chip:
+                placed[r] = on_chip[r]
+                continue
             live = [b for b in live if b[0] >= first[r] or not reuse]
             size = _align(max(self._sizes.get(r, 1), 1))
             start = 0
@@ -158,7 +169,54 @@ class Codegen:
             top = max(top, start + size)
         for n in touched:
             self.addr[n] = placed[find(n)]
+            if find(n) in on_chip:
+                self.resident[n] = placed[find(n)] - SRAM_FLAG
+        self.sram = self.sram_total - _align(resident_bytes)
         self.tensor_area = _align(top)
+
+    def _resident_roots(self, ops, root, find, touched, first, last, budget: int) -> dict[str, int]:
+        if budget <= 0:
+            return {}
+        device, group = {}, {}
+        for k, sg in enumerate(self.plan["subgraphs"]):
+            for i in sg["ops"]:
+                device[i], group[i] = sg["device"], k
+        writers: dict[str, list[int]] = {}
+        readers: dict[str, list[int]] = {}
+        for i, op in enumerate(ops):
+            for n in op["inputs"]:
+                readers.setdefault(n, []).append(i)
+            for n in op["outputs"]:
+                writers.setdefault(n, []).append(i)
+        boundary = set(self.program["outputs"]) | set(self.program["inputs"])
+        members: dict[str, list[str]] = {}
+        for n in touched:
+            members.setdefault(find(n), []).append(n)
+        eligible = []
+        for r, names in members.items():
+            home = {group[i] for n in names for i in writers.get(n, []) if device.get(i) == "npu"}
+            if len(home) != 1 or any(n in boundary for n in names):
+                continue
+            (k,) = home
+            users = [i for n in names for i in readers.get(n, []) + writers.get(n, [])]
+            if all(device.get(i) == "npu" and group.get(i) == k for i in users):
+                eligible.append(r)
+        live: list[tuple[int, int, int]] = []
+        placed = {}
+        base = self.sram_total - _align(budget)
+        for r in sorted(eligible, key=lambda k: (first[k], k)):
+            live = [b for b in live if b[0] >= first[r]]
+            size = _align(max(self._sizes.get(r, 1), 1))
+            start = 0
+            for _, s0, sz in sorted(live, key=lambda b: b[1]):
+                if start + size <= s0:
+                    break
+                start = max(start, s0 + sz)
+            if start + size > _align(budget):
+                continue
+            placed[r] = SRAM_FLAG + base + start
+            live.append((last[r], start, size))
+        return placed
 
     def const(self, key: str, array: np.ndarray) -> int:
         """DRAM address of a constant array (deduplicated by key)."""
@@ -181,9 +239,10 @@ class Codegen:
     def load(self, s: Stream, sram, dram, bits, box, strides, start, pads=(0, 0, 0, 0), value=0, **sync):
         """Load a box of `box` (SRAM dims incl. padding) whose unpadded part starts at `start`."""
         e = esize(bits) if bits in (8, 16) else bits // 8
-        origin = dram + sum(int(a) * int(b) for a, b in zip(start, strides)) * e
+        space, origin = _space(dram + sum(int(a) * int(b) for a, b in zip(start, strides)) * e)
         s.emit(
             "load",
+            space=space,
             dram=origin,
             sram=sram,
             esize=e,
@@ -205,9 +264,10 @@ class Codegen:
 
     def store(self, s: Stream, sram, dram, bits, box, strides, start, **sync):
         e = esize(bits)
-        origin = dram + sum(int(a) * int(b) for a, b in zip(start, strides)) * e
+        space, origin = _space(dram + sum(int(a) * int(b) for a, b in zip(start, strides)) * e)
         s.emit(
             "store",
+            space=space,
             sram=sram,
             dram=origin,
             esize=e,
@@ -227,6 +287,7 @@ class Codegen:
             "load",
             wait=(1 << T_DONE[0]) | (1 << T_DONE[1]),
             signal=signal,
+            space=0,
             dram=addr,
             sram=sram,
             esize=1,
@@ -1149,6 +1210,11 @@ class Codegen:
                 wait=1 << T_IN[b],
                 signal=T_STORED[b],
             )
+
+
+def _space(address: int) -> tuple[int, int]:
+    """(memory space, address): resident tensors carry SRAM_FLAG in their address."""
+    return (1, address - SRAM_FLAG) if address >= SRAM_FLAG else (0, address)
 
 
 def _window(o0: int, o1: int, stride: int, k: int, d: int, pad: int, size: int) -> tuple[int, int, int, int]:

@@ -62,6 +62,10 @@ class _Zero(dict):
         return 0
 
 
+# Shares of SRAM the grouping search tries to reserve for tensors kept on chip between layers.
+RESIDENT_SHARES = (0.0, 0.25, 0.5, 0.75)
+
+
 def compile_npub(
     program: dict,
     arrays: dict,
@@ -69,11 +73,49 @@ def compile_npub(
     target: TargetSpec,
     plan: dict,
     reuse_dram: bool = True,
+    group: bool = True,
+) -> tuple[bytes, str, dict]:
+    """The binary with the least estimated latency over the grouping choices: how much SRAM keeps
+    intermediates on chip (layers whose tensors stay there form one group, no DRAM round trip)
+    versus how much is left for tiles. Without grouping (or when checking every op's result),
+    every tensor goes through DRAM."""
+    shares = RESIDENT_SHARES if group and reuse_dram else (0.0,)
+    best = None
+    tried = []
+    for share in shares:
+        budget = int(share * target.sram_kib * 1024)
+        try:
+            result = _compile(program, arrays, model, target, plan, reuse_dram, budget)
+        except DoesNotFit:
+            continue
+        stats = result[2]
+        tried.append(
+            {
+                "resident_bytes": budget,
+                "estimated_cycles": stats["estimated_cycles"],
+                "dram_bytes": stats["dram_bytes"],
+            }
+        )
+        if best is None or stats["estimated_cycles"] < best[2]["estimated_cycles"]:
+            best = result
+    data, listing, stats = best
+    stats["grouping_search"] = tried
+    return data, listing, stats
+
+
+def _compile(
+    program: dict,
+    arrays: dict,
+    model: onnx.ModelProto,
+    target: TargetSpec,
+    plan: dict,
+    reuse_dram: bool,
+    resident_bytes: int,
 ) -> tuple[bytes, str, dict]:
     shapes = model_shapes(model)
     ops = program["ops"]
     gen = Codegen(program, arrays, shapes, target, plan)
-    gen.allocate(reuse=reuse_dram)
+    gen.allocate(reuse=reuse_dram, resident_bytes=resident_bytes)
     # which subgraph first needs each tensor, and in which state it is at each boundary
     position = {i: k for k, sg in enumerate(plan["subgraphs"]) for i in sg["ops"]}
     readers: dict[str, set[int]] = {}
@@ -161,7 +203,9 @@ def compile_npub(
             )
             cpu_blob += blob
     tensors = {
-        n: {**program["tensors"][n], "shape": shapes[n], "dram": gen.addr[n]} for n in sorted(gen.addr)
+        n: {**program["tensors"][n], "shape": shapes[n], "dram": gen.addr[n]}
+        for n in sorted(gen.addr)
+        if n not in gen.resident
     }
     meta = {
         "target": target.model_dump(),
@@ -193,6 +237,8 @@ def compile_npub(
         "instructions": sum(counts.values()),
         "instructions_by_engine": dict(sorted(counts.items())),
         "dram_tensor_bytes": gen.tensor_area,
+        "resident_bytes": resident_bytes,
+        "resident_tensors": len(gen.resident),
         "constant_bytes": len(gen.consts),
         "binary_bytes": len(data),
         "estimated_cycles": cycles,

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 from npubuild.targets.isa import ENGINES, NO_SIGNAL, TOKENS, Instruction
 
+SRAM_COPY_LATENCY = 4
+
 
 def cost(i: Instruction, target: dict) -> int:
     a = i.args
@@ -31,6 +33,8 @@ def cost(i: Instruction, target: dict) -> int:
                     - (a["d2"] - a["pad_top"] - a["pad_bottom"]) * (a["d3"] - a["pad_left"] - a["pad_right"])
                 )
             )
+        if a["space"] == 1:  # on-chip copy of a resident tensor: no DRAM latency, SRAM bandwidth
+            return SRAM_COPY_LATENCY + math.ceil(max(moved, 0) / target["sram_bytes_per_cycle"])
         return target["dram_latency_cycles"] + math.ceil(max(moved, 0) / target["dram_bytes_per_cycle"])
     slow = 1.0 / target["int16_rate"] if a.get("in_bits", 8) == 16 else 1.0
     if i.op == "conv":
@@ -113,6 +117,8 @@ def macs(i: Instruction) -> int:
 def dram_bytes(i: Instruction) -> int:
     """Bytes a DMA instruction moves across the DRAM interface (padding excluded)."""
     a = i.args
+    if i.op in ("load", "store") and a["space"] != 0:
+        return 0
     if i.op == "store":
         return a["d0"] * a["d1"] * a["d2"] * a["d3"] * a["esize"]
     if i.op == "load":

@@ -24,6 +24,7 @@ TOKENS = 8
 _BOX = ("d0", "d1", "d2", "d3")
 OPERANDS: dict[str, tuple[str, ...]] = {
     "load": (
+        "space",
         "dram",
         "sram",
         "esize",
@@ -38,7 +39,7 @@ OPERANDS: dict[str, tuple[str, ...]] = {
         "pad_right",
         "pad_value",
     ),
-    "store": ("sram", "dram", "esize", *_BOX, "s0", "s1", "s2", "s3"),
+    "store": ("space", "sram", "dram", "esize", *_BOX, "s0", "s1", "s2", "s3"),
     "conv": (
         "src",
         "in_c",

@@ -114,11 +114,14 @@ class Simulator:
         strides = [a["s0"], a["s1"], a["s2"], a["s3"]]
         if any(d < 0 for d in inner) or any(s < 0 for s in strides) or a["dram"] < 0:
             raise NpubError("DMA with a negative extent, stride or address")
+        far = {0: self.dram, 1: self.sram}.get(a["space"])
+        if far is None:
+            raise NpubError(f"DMA memory space {a['space']}")
         span = sum((d - 1) * s for d, s in zip(inner, strides)) + 1 if all(inner) else 0
         end = a["dram"] + span * esize
-        if end > len(self.dram.data):
-            raise NpubError(f"DMA reads or writes DRAM past its end ({end:#x})")
-        base = np.frombuffer(self.dram.data, DTYPES[ESIZE_BITS[esize]], max(span, 0), a["dram"])
+        if end > len(far.data):
+            raise NpubError(f"DMA reads or writes {far.name} past its end ({end:#x})")
+        base = np.frombuffer(far.data, DTYPES[ESIZE_BITS[esize]], max(span, 0), a["dram"])
         box = np.lib.stride_tricks.as_strided(
             base, shape=inner, strides=[s * esize for s in strides], writeable=True
         )
@@ -131,7 +134,7 @@ class Simulator:
         pt, pl = a["pad_top"], a["pad_left"]
         out[:, :, pt : pt + inner[2], pl : pl + inner[3]] = box
         self.sram.write(a["sram"], bits, out)
-        self.counts["dma_in_bytes"] += box.size * a["esize"]
+        self.counts["dma_in_bytes" if a["space"] == 0 else "sram_copy_bytes"] += box.size * a["esize"]
 
     def _store(self, a: dict) -> None:
         bits = ESIZE_BITS.get(a["esize"])
@@ -140,7 +143,9 @@ class Simulator:
         src = self.sram.view(a["sram"], bits, (a["d0"], a["d1"], a["d2"], a["d3"]))
         box, _ = self._dram_box({**a, "pad_top": 0, "pad_bottom": 0, "pad_left": 0, "pad_right": 0})
         box[...] = src
-        self.counts["dma_out_bytes"] += src.size * a["esize"]
+        if a["space"] == 1:
+            self.sram.high_water = max(self.sram.high_water, a["dram"] + src.size * a["esize"])
+        self.counts["dma_out_bytes" if a["space"] == 0 else "sram_copy_bytes"] += src.size * a["esize"]
 
     # --- MAC array ------------------------------------------------------------------------------
     def _finish(self, acc: np.ndarray, params: np.ndarray, a: dict, channel_axis: int) -> np.ndarray:

@@ -23,6 +23,7 @@ class TargetSpec(BaseModel):
     accumulator_kib: PositiveInt
     dram_bytes_per_cycle: float = Field(gt=0)
     dram_latency_cycles: int = Field(ge=0)
+    sram_bytes_per_cycle: float = Field(64.0, gt=0, description="on-chip copy bandwidth (resident tensors)")
     alignment_bytes: PositiveInt = 16
     activation_dtypes: tuple[Literal["int8", "int16"], ...] = ("int8", "int16")
     supported_ops: tuple[str, ...] = ()
@@ -41,7 +42,8 @@ def target_digest(target: TargetSpec) -> bytes:
     import hashlib
     import json
 
-    return hashlib.sha256(json.dumps(target.model_dump(), sort_keys=True).encode()).digest()
+    canonical = TargetSpec.model_validate(json.loads(json.dumps(target.model_dump())))  # as a reader sees it
+    return hashlib.sha256(json.dumps(canonical.model_dump(), sort_keys=True).encode()).digest()
 
 
 _COMMON_OPS = (
