@@ -103,6 +103,9 @@ class Codegen:
         self.sram_total = target.sram_kib * 1024
         self.sram = self.sram_total  # the part ops tile into; the top is for resident tensors
         self.resident: dict[str, int] = {}
+        self.fusions: dict[int, dict] = {}  # id(conv op) -> the LUT op applied in its output path
+        self.fused_luts: set[int] = set()
+        self.fused_away: set[str] = set()  # conv results that never exist outside the MAC array
         self.consts = bytearray()
         self.const_keys: dict[str, int] = {}
         self.addr: dict[str, int] = {}
@@ -110,6 +113,31 @@ class Codegen:
         self._sizes: dict[str, int] = {}
 
     # --- DRAM ---------------------------------------------------------------------------------
+    def fuse(self) -> None:
+        """A LUT activation whose only input is a 2-D int8 convolution's result, read by nothing
+        else, runs in that convolution's output path: one op, no intermediate tensor."""
+        ops = self.program["ops"]
+        device = {i: sg["device"] for sg in self.plan["subgraphs"] for i in sg["ops"]}
+        group = {i: k for k, sg in enumerate(self.plan["subgraphs"]) for i in sg["ops"]}
+        readers: dict[str, list[int]] = {}
+        for i, op in enumerate(ops):
+            for n in op["inputs"]:
+                readers.setdefault(n, []).append(i)
+        outputs = set(self.program["outputs"])
+        for i, op in enumerate(ops):
+            if op["kind"] != "conv" or op["attrs"]["transpose"] or device.get(i) != "npu":
+                continue
+            y = op["outputs"][0]
+            users = readers.get(y, [])
+            if len(users) != 1 or y in outputs or self.tensors[y]["bits"] != 8:
+                continue
+            (j,) = users
+            lut = ops[j]
+            if lut["kind"] == "lut" and device.get(j) == "npu" and group.get(j) == group.get(i):
+                self.fusions[id(op)] = lut
+                self.fused_luts.add(id(lut))
+                self.fused_away.add(y)
+
     def allocate(self, reuse: bool = True, resident_bytes: int = 0) -> None:
         """Where every tensor an NPU op touches lives. Tensors produced and consumed only inside one
         NPU subgraph may stay in the top `resident_bytes` of SRAM (first fit by liveness, in order
@@ -130,7 +158,7 @@ class Codegen:
         for i in npu:
             op = ops[i]
             for n in [*op["inputs"], *op["outputs"]]:
-                if n and n not in op.get("constants", {}) and n in self.tensors:
+                if n and n not in op.get("constants", {}) and n in self.tensors and n not in self.fused_away:
                     touched.add(n)
             if op["kind"] == "move" and op["op_type"] in ALIASES:
                 root[op["outputs"][0]] = op["inputs"][0]
@@ -138,7 +166,10 @@ class Codegen:
         last: dict[str, int] = {}
         outputs = set(self.program["outputs"])
         for pos, i in enumerate(sequence):
-            for n in [*ops[i]["inputs"], *ops[i]["outputs"]]:
+            written = ops[i]["outputs"]
+            if id(ops[i]) in self.fusions:  # the convolution writes its activation's result
+                written = self.fusions[id(ops[i])]["outputs"]
+            for n in [*ops[i]["inputs"], *written]:
                 if n in touched:
                     r = find(n)
                     first.setdefault(r, pos)
@@ -319,6 +350,8 @@ class Codegen:
     # --- per kind -------------------------------------------------------------------------------
     def emit(self, s: Stream, op: dict) -> None:
         s.begin_op()
+        if id(op) in self.fused_luts:
+            return  # applied by the convolution before it
         kind = op["kind"]
         if kind == "move":
             if op["op_type"] in ALIASES:
@@ -336,9 +369,18 @@ class Codegen:
     def conv(self, s: Stream, op: dict) -> None:
         if op["attrs"]["transpose"]:
             return self.conv_transpose(s, op)
-        x, y = op["inputs"][0], op["outputs"][0]
+        x, raw = op["inputs"][0], op["outputs"][0]
+        lut = self.fusions.get(id(op))
+        y = lut["outputs"][0] if lut else raw  # what is stored: the activation's result when fused
+        table_bytes = 0
+        if lut:
+            table = self.arrays[lut["arrays"]["table"]].astype(
+                np.int8 if self.tensors[y]["bits"] == 8 else np.int16
+            )
+            taddr = self.const(lut["arrays"]["table"] + f"#{self.tensors[y]['bits']}", table)
+            table_bytes = _align(table.nbytes)
         _, c, h, w = self.shapes[x]
-        _, oc, oh, ow = self.shapes[y]
+        _, oc, oh, ow = self.shapes[raw]
         weight = self.arrays[op["arrays"]["weight"]]
         kh, kw = weight.shape[2:]
         at = op["attrs"]
@@ -359,7 +401,7 @@ class Codegen:
             return (n - 1) * stride + (k - 1) * d + 1
 
         def sizes(ocb, rows, cols):
-            fixed = ocb * cg * kh * kw + ocb * 24
+            fixed = table_bytes + ocb * cg * kh * kw + ocb * 24
             tile = (
                 in_channels(ocb) * span(rows, sh, kh, dh) * span(cols, sw, kw, dw) * xb
                 + ocb * rows * cols * yb
@@ -380,13 +422,16 @@ class Codegen:
         fixed, tile = sizes(ocb, rows, cols)
         bufs = self.buffers(fixed, tile)
         xs, ys = row_major([1, c, h, w]), row_major([1, oc, oh, ow])
+        if lut:
+            self.load_const(s, 0, taddr, table.nbytes, signal=NO_SIGNAL)
         for o0 in range(0, oc, ocb):
             o1 = min(o0 + ocb, oc)
             n_out = o1 - o0
-            self.load_const(s, 0, waddr + o0 * cg * kh * kw, n_out * cg * kh * kw, signal=NO_SIGNAL)
-            params_at = _align(n_out * cg * kh * kw)
+            wbase = table_bytes
+            self.load_const(s, wbase, waddr + o0 * cg * kh * kw, n_out * cg * kh * kw, signal=NO_SIGNAL)
+            params_at = wbase + _align(n_out * cg * kh * kw)
             if params_at + n_out * 24 > _align(fixed):
-                params_at = n_out * cg * kh * kw  # tight packing when alignment would not fit
+                params_at = wbase + n_out * cg * kh * kw  # tight packing when alignment would not fit
             self.load_const(s, params_at, paddr + o0 * 24, n_out * 24)
             ci0 = 0 if group == 1 else (o0 // og) * cg
             cin = in_channels(n_out)
@@ -422,14 +467,14 @@ class Codegen:
                         in_w=cols_in,
                         in_bits=self.tensors[x]["bits"],
                         in_zp=self.tensors[x]["zero_point"],
-                        weights=0,
+                        weights=wbase,
                         params=params_at,
                         dst=dst,
                         out_c=n_out,
                         out_h=r1 - r0,
                         out_w=c1 - c0,
-                        out_bits=self.tensors[y]["bits"],
-                        out_zp=self.tensors[y]["zero_point"],
+                        out_bits=self.tensors[raw]["bits"],
+                        out_zp=self.tensors[raw]["zero_point"],
                         kh=kh,
                         kw=kw,
                         sh=sh,
@@ -442,6 +487,9 @@ class Codegen:
                         transpose=0,
                         crop_top=0,
                         crop_left=0,
+                        lut=0 if lut else -1,
+                        lut_offset=lut["attrs"]["offset"] if lut else 0,
+                        lut_bits=self.tensors[y]["bits"],
                     )
                     self.store(
                         s,
@@ -559,6 +607,9 @@ class Codegen:
                     transpose=1,
                     crop_top=r0 + pt - i0 * sh,
                     crop_left=pl,
+                    lut=-1,
+                    lut_offset=0,
+                    lut_bits=self.tensors[y]["bits"],
                 )
                 self.store(
                     s,

@@ -115,6 +115,8 @@ def _compile(
     shapes = model_shapes(model)
     ops = program["ops"]
     gen = Codegen(program, arrays, shapes, target, plan)
+    if reuse_dram:  # fused intermediates never exist, so the every-op check compiles without
+        gen.fuse()
     gen.allocate(reuse=reuse_dram, resident_bytes=resident_bytes)
     # which subgraph first needs each tensor, and in which state it is at each boundary
     position = {i: k for k, sg in enumerate(plan["subgraphs"]) for i in sg["ops"]}

@@ -67,6 +67,9 @@ OPERANDS: dict[str, tuple[str, ...]] = {
         "transpose",
         "crop_top",
         "crop_left",
+        "lut",
+        "lut_offset",
+        "lut_bits",
     ),
     "matmul": (
         "src",

@@ -195,6 +195,13 @@ class Simulator:
                 raise NpubError(f"conv tile gives {acc.shape[2:]}, instruction says {a['out_h'], a['out_w']}")
         self.counts["macs"] += int(np.prod(acc.shape)) * int(np.prod(w.shape[1:]))
         y = self._finish(acc, params, a, 1)
+        if a["lut"] >= 0:  # an activation table in the output path (a LUT op fused into the conv)
+            table = self.sram.view(a["lut"], a["lut_bits"], (2 ** a["out_bits"],))
+            index = y.astype(np.int64) + a["lut_offset"]
+            if index.size and (index.min() < 0 or index.max() >= table.size):
+                raise NpubError("conv output table index outside its table")
+            self.sram.write(a["dst"], a["lut_bits"], table[index][0])
+            return
         self.sram.write(a["dst"], a["out_bits"], y[0])
 
     def _matmul(self, a: dict) -> None:
