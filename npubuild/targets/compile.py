@@ -85,7 +85,7 @@ def compile_npub(
     for share in shares:
         budget = int(share * target.sram_kib * 1024)
         try:
-            result = _compile(program, arrays, model, target, plan, reuse_dram, budget)
+            result = _compile(program, arrays, model, target, plan, reuse_dram, budget, group and reuse_dram)
         except DoesNotFit:
             continue
         stats = result[2]
@@ -111,11 +111,12 @@ def _compile(
     plan: dict,
     reuse_dram: bool,
     resident_bytes: int,
+    fuse: bool,
 ) -> tuple[bytes, str, dict]:
     shapes = model_shapes(model)
     ops = program["ops"]
     gen = Codegen(program, arrays, shapes, target, plan)
-    if reuse_dram:  # fused intermediates never exist, so the every-op check compiles without
+    if fuse:  # fused intermediates never exist, so the every-op check compiles without
         gen.fuse()
     gen.allocate(reuse=reuse_dram, resident_bytes=resident_bytes)
     # which subgraph first needs each tensor, and in which state it is at each boundary

@@ -1,0 +1,70 @@
+"""Estimated latency and DRAM traffic: layer by layer, with grouping, and the roofline bound.
+
+    python benchmarks/latency.py
+
+Builds the example workspace's three real models (quantized as the example declares), then
+compiles each for both built-in targets twice: every tensor through DRAM (layer by layer), and
+the deployed way (layer groups kept in SRAM, activations fused into convolutions). Prints the
+cycle model's latency, the network's roofline lower bound max(MACs / peak, compulsory bytes /
+bandwidth) with compulsory bytes = weights + network inputs + outputs, and DRAM bytes against the
+compulsory bytes. Goal (issue 6): YOLOv8n on vnpu-m grouped <= 1.25x the bound, DRAM <= 1.5x.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _workspace_gen import EXAMPLE  # noqa: E402
+
+MODELS = {"yolo": "YOLOv8n", "ocr_det": "PP-OCRv4 det", "ocr_cls": "PP-OCR cls"}
+
+
+def main() -> None:
+    from npubuild.cache.store import Store
+    from npubuild.engine.run import build
+    from npubuild.stages import tensorfile
+    from npubuild.stages.onnx_utils import load_model
+    from npubuild.targets.compile import compile_npub, plan_partition
+    from npubuild.targets.spec import BUILTIN_TARGETS
+
+    tmp = Path(tempfile.mkdtemp(prefix="npubuild-latency-"))
+    try:
+        ws = tmp / "ws"
+        shutil.copytree(EXAMPLE, ws, ignore=shutil.ignore_patterns("npubuild-out"))
+        store = Store(tmp / "cache")
+        outcome = build(ws, store, [f"//models:{m}" for m in MODELS], jobs=2, until="quantize")
+        assert outcome.ok, outcome.errors
+        print(
+            f"{'model':<13} {'target':<7} {'layer by layer ms':>17} {'grouped ms':>10} {'bound ms':>8} "
+            f"{'grouped/bound':>13} {'DRAM MiB lbl':>12} {'grouped':>8} {'compulsory':>10} "
+            f"{'grouped/comp':>12}"
+        )
+        for name, title in MODELS.items():
+            out = ws / "npubuild-out" / "models" / name
+            model = load_model(out / "optimized.onnx", "the optimized model")
+            arrays, program = tensorfile.load(out / "quantized.npq")
+            for target_name, target in BUILTIN_TARGETS.items():
+                plan = plan_partition(program, arrays, model, target)
+                _, _, flat = compile_npub(program, arrays, model, target, plan, group=False)
+                _, _, grouped = compile_npub(program, arrays, model, target, plan)
+                per_ms = 1 / (target.clock_mhz * 1000.0)
+                bound = grouped["roofline_cycles"]
+                mib = 2**20
+                print(
+                    f"{title:<13} {target_name:<7} {flat['estimated_cycles'] * per_ms:>17.3f} "
+                    f"{grouped['estimated_cycles'] * per_ms:>10.3f} {bound * per_ms:>8.3f} "
+                    f"{grouped['estimated_cycles'] / bound:>12.2f}x {flat['dram_bytes'] / mib:>12.2f} "
+                    f"{grouped['dram_bytes'] / mib:>8.2f} {grouped['compulsory_dram_bytes'] / mib:>10.2f} "
+                    f"{grouped['dram_bytes'] / grouped['compulsory_dram_bytes']:>11.2f}x"
+                )
+        store.close()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
