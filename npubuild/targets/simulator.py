@@ -10,6 +10,7 @@ Counters: instructions per engine, bytes moved by DMA, MACs, and the SRAM high-w
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import numpy as np
@@ -80,9 +81,9 @@ class Memory:
         if dtype is None:
             raise NpubError(f"{self.name}: unsupported element width {bits}")
         shape = tuple(int(s) for s in shape)
-        if any(s < 0 for s in shape) or addr < 0:
+        if addr < 0 or (shape and min(shape) < 0):
             raise NpubError(f"{self.name}: negative address or extent")
-        count = int(np.prod(shape, dtype=np.int64))
+        count = math.prod(shape)
         end = addr + count * dtype.itemsize
         if end > len(self.data):
             raise NpubError(
@@ -122,6 +123,10 @@ class Simulator:
         if end > len(far.data):
             raise NpubError(f"DMA reads or writes {far.name} past its end ({end:#x})")
         base = np.frombuffer(far.data, DTYPES[ESIZE_BITS[esize]], max(span, 0), a["dram"])
+        if strides[3] == 1 and strides[2] == inner[3] and strides[1] == inner[2] * inner[3] and (
+            inner[0] == 1 or strides[0] == inner[1] * inner[2] * inner[3]
+        ):  # a contiguous box: a plain reshape, no strided view
+            return base.reshape(inner), tuple(inner)
         box = np.lib.stride_tricks.as_strided(
             base, shape=inner, strides=[s * esize for s in strides], writeable=True
         )
@@ -193,7 +198,7 @@ class Simulator:
             acc = _conv_int8(x, a["in_zp"], w, attrs) if fast else conv_accumulate(xc, w, attrs)
             if acc.shape[2:] != (a["out_h"], a["out_w"]):
                 raise NpubError(f"conv tile gives {acc.shape[2:]}, instruction says {a['out_h'], a['out_w']}")
-        self.counts["macs"] += int(np.prod(acc.shape)) * int(np.prod(w.shape[1:]))
+        self.counts["macs"] += math.prod(acc.shape) * math.prod(w.shape[1:])
         y = self._finish(acc, params, a, 1)
         if a["lut"] >= 0:  # an activation table in the output path (a LUT op fused into the conv)
             table = self.sram.view(a["lut"], a["lut_bits"], (2 ** a["out_bits"],))
