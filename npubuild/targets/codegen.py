@@ -28,7 +28,6 @@ T_CONST, T_IN, T_DONE, T_STORED = 0, (1, 2), (3, 4), (5, 6)
 ALIASES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
 # A tensor kept in SRAM between the ops of one NPU subgraph has this bit in its address.
 SRAM_FLAG = 1 << 40
-PIPELINE_TILES = 8
 
 
 def _align(n: int) -> int:
@@ -409,8 +408,7 @@ class Codegen:
             )
             return fixed, tile
 
-        # at least PIPELINE_TILES row tiles, so the DMA of one tile overlaps the MACs of another
-        ocb, rows, cols = oc, max(1, -(-oh // PIPELINE_TILES)), ow
+        ocb, rows, cols = oc, oh, ow
         step = og if group > 1 else 1
         while not self.fits(*sizes(ocb, rows, cols)):
             if rows > 1:
