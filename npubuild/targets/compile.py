@@ -11,7 +11,7 @@ from npubuild.targets.cpu import CpuSubgraph
 from npubuild.targets.cycles import estimate, per_op, roofline
 from npubuild.targets.disasm import disassemble
 from npubuild.targets.isa import ENGINES, encode
-from npubuild.targets.partition import order, partition
+from npubuild.targets.partition import partition
 from npubuild.targets.spec import TargetSpec, target_digest
 
 
@@ -25,36 +25,20 @@ def model_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
 
 
 def plan_partition(program: dict, arrays: dict, model: onnx.ModelProto, target: TargetSpec) -> dict:
-    """partition(), then every NPU op is dry-run through the code generator: one that cannot be
-    tiled into this SRAM at all goes to the CPU with that reason."""
+    """partition(), with every op the NPU supports dry-run through the code generator: one that
+    cannot be tiled into this SRAM at all goes to the CPU with that reason."""
     shapes = model_shapes(model)
-    plan = partition(program, arrays, shapes, target)
-    ops = program["ops"]
-    devices = ["cpu"] * len(ops)
-    for sg in plan["subgraphs"]:
-        for i in sg["ops"]:
-            devices[i] = sg["device"]
-    dry = Codegen(program, arrays, shapes, target, plan)
+    dry = Codegen(program, arrays, shapes, target, {"subgraphs": []})
     dry.addr = _Zero()
-    for i, op in enumerate(ops):
-        if devices[i] != "npu":
-            continue
+
+    def fits(op: dict) -> bool:
         try:
             dry.emit(Stream(), op)
         except DoesNotFit:
-            devices[i] = "cpu"
-            plan["fallbacks"].append(
-                {
-                    "node": op.get("node", op["outputs"][0]),
-                    "kind": op["kind"],
-                    "reason": f"does not fit {target.name}'s {target.sram_kib} KiB SRAM "
-                    "even in the smallest tile",
-                }
-            )
-    plan["subgraphs"] = order(ops, devices)
-    plan["npu_ops"], plan["cpu_ops"] = devices.count("npu"), devices.count("cpu")
-    plan["transitions"] = max(len(plan["subgraphs"]) - 1, 0)
-    return plan
+            return False
+        return True
+
+    return partition(program, arrays, shapes, target, fits)
 
 
 class _Zero(dict):
@@ -272,7 +256,3 @@ def _read_before_write(indices: list[int], ops: list[dict], name: str) -> bool:
 def _io(name: str, gen: Codegen, shapes: dict, program: dict) -> dict:
     t = program["tensors"][name]
     return {"name": name, "dram": gen.addr[name], "shape": shapes[name], "bits": t["bits"]}
-
-
-def as_codes(value: np.ndarray, bits: int) -> np.ndarray:
-    return np.asarray(value).astype(np.int8 if bits == 8 else np.int16)

@@ -126,11 +126,15 @@ def order(ops: list[dict], devices: list[str]) -> list[dict]:
     return subgraphs
 
 
-def partition(program: dict, arrays: dict, shapes: dict, target: TargetSpec) -> dict:
+def partition(program: dict, arrays: dict, shapes: dict, target: TargetSpec, fits=None) -> dict:
+    """Every op's device and reason, then the subgraphs. `fits(op)`, when given, says whether the
+    code generator can tile an op the NPU supports into this target's SRAM at all."""
     ops = program["ops"]
     devices, fallbacks = [], []
     for op in ops:
         reason = fallback_reason(op, program, arrays, shapes, target)
+        if reason is None and fits is not None and not fits(op):
+            reason = f"does not fit {target.name}'s {target.sram_kib} KiB SRAM even in the smallest tile"
         devices.append("cpu" if reason else "npu")
         if reason:
             fallbacks.append({"node": op.get("node", op["outputs"][0]), "kind": op["kind"], "reason": reason})
