@@ -267,75 +267,27 @@ class Codegen:
         return self.addr[name], four(self.shapes[name]), self.tensors[name]["bits"]
 
     # --- DMA helpers ----------------------------------------------------------------------------
+    @staticmethod
+    def _dma(s: Stream, op: str, sram, far, bits, box, strides, start, **args) -> None:
+        """One load or store of a 4-D box; `far` (a DRAM address, or a resident tensor's flagged
+        SRAM address) is that of the box's first element once `start` is applied."""
+        e = esize(bits) if bits in (8, 16) else bits // 8
+        space, origin = _space(far + sum(int(a) * int(b) for a, b in zip(start, strides)) * e)
+        box_args = {f"d{k}": box[k] for k in range(4)} | {f"s{k}": strides[k] for k in range(4)}
+        s.emit(op, space=space, dram=origin, sram=sram, esize=e, **box_args, **args)
+
     def load(self, s: Stream, sram, dram, bits, box, strides, start, pads=(0, 0, 0, 0), value=0, **sync):
         """Load a box of `box` (SRAM dims incl. padding) whose unpadded part starts at `start`."""
-        e = esize(bits) if bits in (8, 16) else bits // 8
-        space, origin = _space(dram + sum(int(a) * int(b) for a, b in zip(start, strides)) * e)
-        s.emit(
-            "load",
-            space=space,
-            dram=origin,
-            sram=sram,
-            esize=e,
-            d0=box[0],
-            d1=box[1],
-            d2=box[2],
-            d3=box[3],
-            s0=strides[0],
-            s1=strides[1],
-            s2=strides[2],
-            s3=strides[3],
-            pad_top=pads[0],
-            pad_bottom=pads[1],
-            pad_left=pads[2],
-            pad_right=pads[3],
-            pad_value=value,
-            **sync,
-        )
+        pad = dict(zip(("pad_top", "pad_bottom", "pad_left", "pad_right"), pads))
+        self._dma(s, "load", sram, dram, bits, box, strides, start, **pad, pad_value=value, **sync)
 
     def store(self, s: Stream, sram, dram, bits, box, strides, start, **sync):
-        e = esize(bits)
-        space, origin = _space(dram + sum(int(a) * int(b) for a, b in zip(start, strides)) * e)
-        s.emit(
-            "store",
-            space=space,
-            sram=sram,
-            dram=origin,
-            esize=e,
-            d0=box[0],
-            d1=box[1],
-            d2=box[2],
-            d3=box[3],
-            s0=strides[0],
-            s1=strides[1],
-            s2=strides[2],
-            s3=strides[3],
-            **sync,
-        )
+        self._dma(s, "store", sram, dram, bits, box, strides, start, **sync)
 
     def load_const(self, s: Stream, sram: int, addr: int, nbytes: int, signal=T_CONST) -> None:
-        s.emit(
-            "load",
-            wait=(1 << T_DONE[0]) | (1 << T_DONE[1]),
-            signal=signal,
-            space=0,
-            dram=addr,
-            sram=sram,
-            esize=1,
-            d0=1,
-            d1=1,
-            d2=1,
-            d3=nbytes,
-            s0=0,
-            s1=0,
-            s2=0,
-            s3=1,
-            pad_top=0,
-            pad_bottom=0,
-            pad_left=0,
-            pad_right=0,
-            pad_value=0,
-        )
+        """Constants (weights, parameters, tables): waits until the tiles reading the last ones are done."""
+        wait = (1 << T_DONE[0]) | (1 << T_DONE[1])
+        self.load(s, sram, addr, 8, [1, 1, 1, nbytes], [0, 0, 0, 1], [0, 0, 0, 0], wait=wait, signal=signal)
 
     def buffers(self, fixed: int, per_tile: int) -> tuple[int, int]:
         """SRAM addresses of the two tile buffers after `fixed` bytes of constants."""

@@ -22,17 +22,7 @@ def cost(i: Instruction, target: dict) -> int:
     a = i.args
     rows, cols, lanes = target["mac_rows"], target["mac_cols"], target["vector_lanes"]
     if i.op in ("load", "store"):
-        moved = a["d0"] * a["d1"] * a["d2"] * a["d3"] * a["esize"]
-        if i.op == "load":
-            moved -= (
-                a["d0"]
-                * a["d1"]
-                * a["esize"]
-                * (
-                    a["d2"] * a["d3"]
-                    - (a["d2"] - a["pad_top"] - a["pad_bottom"]) * (a["d3"] - a["pad_left"] - a["pad_right"])
-                )
-            )
+        moved = moved_bytes(i)
         if a["space"] == 1:  # on-chip copy of a resident tensor: no DRAM latency, SRAM bandwidth
             return SRAM_COPY_LATENCY + math.ceil(max(moved, 0) / target["sram_bytes_per_cycle"])
         return target["dram_latency_cycles"] + math.ceil(max(moved, 0) / target["dram_bytes_per_cycle"])
@@ -114,17 +104,20 @@ def macs(i: Instruction) -> int:
     return 0
 
 
-def dram_bytes(i: Instruction) -> int:
-    """Bytes a DMA instruction moves across the DRAM interface (padding excluded)."""
+def moved_bytes(i: Instruction) -> int:
+    """Bytes a DMA instruction copies (padding excluded), whichever memory is on the far side."""
     a = i.args
-    if i.op in ("load", "store") and a["space"] != 0:
-        return 0
     if i.op == "store":
         return a["d0"] * a["d1"] * a["d2"] * a["d3"] * a["esize"]
     if i.op == "load":
         inner = (a["d2"] - a["pad_top"] - a["pad_bottom"]) * (a["d3"] - a["pad_left"] - a["pad_right"])
         return a["d0"] * a["d1"] * max(inner, 0) * a["esize"]
     return 0
+
+
+def dram_bytes(i: Instruction) -> int:
+    """Bytes a DMA instruction moves across the DRAM interface."""
+    return moved_bytes(i) if i.op in ("load", "store") and i.args["space"] == 0 else 0
 
 
 def per_op(program: list[Instruction], marks: list, target: dict) -> list[dict]:
