@@ -95,7 +95,9 @@ class Planner:
         model = self.ws.dep(target, "model", ("onnx_model",))
         calibration = self.ws.dep(target, "calibration", ("dataset",))
         evaluation = self.ws.dep(target, "evaluation", ("dataset",)) if attrs.evaluation else None
-        self.ws.target_spec(target)
+        hardware = {
+            "target": self.ws.target_spec(target).model_dump()
+        }  # validated here, used by the back end
         unknown = [p for p in attrs.optimize.disable if p not in PASS_NAMES]
         if unknown:
             raise UserError(
@@ -109,37 +111,30 @@ class Planner:
             return
         calib = self._prepare(calibration, plan, "calibration")
         evaluation_set = self._prepare(evaluation, plan, "evaluation") if evaluation is not None else calib
-        opt = self._action(
+        opt = self._step(
+            plan,
             "optimize",
             attrs.optimize.model_dump(),
             {"model": Output(imp, "model"), "calibration": Output(calib, "tensors")},
-            str(target.label),
             target,
         )
-        plan.steps.append(("optimize", opt))
-        self._expose(plan, opt)
         if not self._wanted("calibrate"):
             return
-        owner = str(target.label)
         optimized = Output(opt, "model")
-        cal = self._action(
-            "calibrate", {}, {"model": optimized, "calibration": Output(calib, "tensors")}, owner, target
+        cal = self._step(
+            plan, "calibrate", {}, {"model": optimized, "calibration": Output(calib, "tensors")}, target
         )
-        plan.steps.append(("calibrate", cal))
-        self._expose(plan, cal)
         settings = {**attrs.quantize.model_dump(), "overrides": [o.model_dump() for o in attrs.overrides]}
         quant_inputs: dict[str, Input] = {"model": optimized, "stats": Output(cal, "stats")}
         if attrs.mixed_precision is not None and self._wanted("sensitivity"):
             probe_inputs = {**quant_inputs, "evaluation": Output(evaluation_set, "tensors")}
-            sens = self._action(
+            sens = self._step(
+                plan,
                 "sensitivity",
                 {"samples": SENSITIVITY_SAMPLES, "quantize": settings},
                 probe_inputs,
-                owner,
                 target,
             )
-            plan.steps.append(("sensitivity", sens))
-            self._expose(plan, sens)
             if not self._wanted("search"):
                 return
             mp = attrs.mixed_precision
@@ -149,21 +144,17 @@ class Planner:
                 "goal": mp.goal.model_dump(),
                 "candidates": mp.candidates,
                 "enforce": mp.enforce,
-                "target": self.ws.target_spec(target).model_dump(),
+                "target": hardware["target"],
             }
             search_inputs = {**probe_inputs, "sensitivity": Output(sens, "report")}
-            found = self._action("search", search_params, search_inputs, owner, target)
-            plan.steps.append(("search", found))
-            self._expose(plan, found)
+            found = self._step(plan, "search", search_params, search_inputs, target)
             quant_inputs["precision"] = Output(found, "table")
         elif attrs.precision_table is not None:
             path = self.ws.source_path(target, attrs.precision_table, "precision_table")
             quant_inputs["precision"] = SourceFile(path, f"{target.label.package}/{attrs.precision_table}")
         if not self._wanted("quantize"):
             return
-        quant = self._action("quantize", settings, quant_inputs, owner, target)
-        plan.steps.append(("quantize", quant))
-        self._expose(plan, quant)
+        quant = self._step(plan, "quantize", settings, quant_inputs, target)
         if not self._wanted("evaluate"):
             return
         inputs = {
@@ -172,21 +163,14 @@ class Planner:
             "qdq": Output(quant, "qdq"),
             "evaluation": Output(evaluation_set, "tensors"),
         }
-        ev = self._action("evaluate", {"samples": EVALUATION_SAMPLES}, inputs, owner, target)
-        plan.steps.append(("evaluate", ev))
-        self._expose(plan, ev)
+        self._step(plan, "evaluate", {"samples": EVALUATION_SAMPLES}, inputs, target)
         if not self._wanted("partition"):
             return
-        hardware = {"target": self.ws.target_spec(target).model_dump()}
         integer = {"model": optimized, "integer": Output(quant, "integer")}
-        part = self._action("partition", hardware, integer, owner, target)
-        plan.steps.append(("partition", part))
-        self._expose(plan, part)
+        part = self._step(plan, "partition", hardware, integer, target)
         if not self._wanted("codegen"):
             return
-        gen = self._action("codegen", hardware, {**integer, "plan": Output(part, "plan")}, owner, target)
-        plan.steps.append(("codegen", gen))
-        self._expose(plan, gen)
+        gen = self._step(plan, "codegen", hardware, {**integer, "plan": Output(part, "plan")}, target)
         if not self._wanted("simulate"):
             return
         sim_inputs = {
@@ -195,10 +179,17 @@ class Planner:
             "binary": Output(gen, "binary"),
             "evaluation": Output(evaluation_set, "tensors"),
         }
-        sim = self._action("simulate", {"samples": SIMULATE_SAMPLES}, sim_inputs, owner, target)
-        plan.steps.append(("simulate", sim))
-        self._expose(plan, sim)
+        self._step(plan, "simulate", {"samples": SIMULATE_SAMPLES}, sim_inputs, target)
         assert set(NPU_MODEL_PIPELINE) <= set(STAGES)
+
+    def _step(
+        self, plan: TargetPlan, stage: str, params: dict, inputs: dict[str, Input], target: Target
+    ) -> Action:
+        """One stage of an npu_model's pipeline: its action, listed in the plan, outputs exposed."""
+        action = self._action(stage, params, inputs, str(target.label), target)
+        plan.steps.append((stage, action))
+        self._expose(plan, action)
+        return action
 
     def _expose(self, plan: TargetPlan, action: Action) -> None:
         for output, filename in STAGES[action.stage].outputs.items():

@@ -5,12 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from pydantic import ValidationError
 
 from npubuild.stages.quantize.interpreter import dequantize
 from npubuild.targets import npub
 from npubuild.targets.isa import decode
+from npubuild.targets.meta import Meta
 from npubuild.targets.npub import NpubError
 from npubuild.targets.simulator import DTYPES, Simulator
+from npubuild.targets.spec import target_digest
 
 
 def load(path: Path) -> npub.Npub:
@@ -24,10 +27,6 @@ def load(path: Path) -> npub.Npub:
 class Runtime:
     def __init__(self, binary: npub.Npub):
         self.binary = binary
-        from pydantic import ValidationError
-
-        from npubuild.targets.meta import Meta
-
         try:
             meta = Meta.model_validate(binary.meta)
         except ValidationError as exc:
@@ -35,8 +34,6 @@ class Runtime:
             where = ".".join(str(p) for p in err["loc"])
             raise NpubError(f"metadata: {where}: {err['msg']}") from None
         self.target = meta.target
-        from npubuild.targets.spec import target_digest
-
         if target_digest(meta.target) != binary.target_digest:
             raise NpubError("the header's target digest does not match the target in the metadata")
         self.subgraphs = [sg.model_dump() for sg in meta.subgraphs]
