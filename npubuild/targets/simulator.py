@@ -123,8 +123,11 @@ class Simulator:
         if end > len(far.data):
             raise NpubError(f"DMA reads or writes {far.name} past its end ({end:#x})")
         base = np.frombuffer(far.data, DTYPES[ESIZE_BITS[esize]], max(span, 0), a["dram"])
-        if strides[3] == 1 and strides[2] == inner[3] and strides[1] == inner[2] * inner[3] and (
-            inner[0] == 1 or strides[0] == inner[1] * inner[2] * inner[3]
+        if (
+            strides[3] == 1
+            and strides[2] == inner[3]
+            and strides[1] == inner[2] * inner[3]
+            and (inner[0] == 1 or strides[0] == inner[1] * inner[2] * inner[3])
         ):  # a contiguous box: a plain reshape, no strided view
             return base.reshape(inner), tuple(inner)
         box = np.lib.stride_tricks.as_strided(
