@@ -110,27 +110,77 @@ class _LiveProgress:
 def build(
     patterns: Annotated[list[str], typer.Argument(help="Targets or patterns: //pkg:name, //pkg:all, //...")],
     jobs: Annotated[
-        int, typer.Option("--jobs", "-j", min=1, help="Actions run in parallel.")
-    ] = os.cpu_count() or 1,
+        int | None,
+        typer.Option("--jobs", "-j", min=1, help="Actions run in parallel (default: CPUs, or Ray's)."),
+    ] = None,
     keep_going: Annotated[
         bool, typer.Option("--keep-going", "-k", help="Build what does not depend on a failure.")
     ] = False,
     until: Annotated[str | None, typer.Option(help="Stop each npu_model after this stage.")] = None,
+    remote_cache: Annotated[
+        str | None,
+        typer.Option(
+            envvar="NPUBUILD_REMOTE_CACHE",
+            help="Shared cache speaking the Bazel HTTP protocol, e.g. http://host:8080/cache.",
+        ),
+    ] = None,
+    remote_cache_mode: Annotated[
+        str, typer.Option(help="readwrite, or read to use the shared cache without writing to it.")
+    ] = "readwrite",
+    executor: Annotated[str, typer.Option(help="local (a process pool) or ray.")] = "local",
+    ray_address: Annotated[
+        str | None, typer.Option(help="Ray cluster to run on (default: Ray's own lookup, else a local one).")
+    ] = None,
 ) -> None:
     """Build targets: run what changed, reuse the rest from the cache."""
     from npubuild.engine.run import build as run_build
 
     root, store = _root(), _store()
+    remote, runner = _remote_and_executor(remote_cache, remote_cache_mode, executor, ray_address, jobs)
     progress = _LiveProgress()
     try:
         outcome = run_build(
-            root, store, patterns, jobs=jobs, keep_going=keep_going, until=until, progress=progress
+            root,
+            store,
+            patterns,
+            jobs=jobs or os.cpu_count() or 1,
+            keep_going=keep_going,
+            until=until,
+            progress=progress,
+            remote=remote,
+            executor=runner,
         )
     finally:
         progress.stop()
+        if remote is not None:
+            remote.close()
+        if runner is not None:
+            runner.close()
     code = _finish_build(store, outcome)
     if code:
         raise typer.Exit(code)
+
+
+def _remote_and_executor(url: str | None, mode: str, executor: str, ray_address: str | None, jobs):
+    """The remote cache client (None without --remote-cache) and a Ray executor (None for local)."""
+    remote = None
+    if mode not in ("readwrite", "read"):
+        raise UserError(f"--remote-cache-mode must be readwrite or read, not '{mode}'")
+    if url:
+        from npubuild.cache.remote import RemoteCache, config_from_cli
+
+        remote = RemoteCache(config_from_cli(url, mode))
+    if executor == "local":
+        if ray_address:
+            raise UserError("--ray-address needs --executor ray")
+        return remote, None
+    if executor != "ray":
+        raise UserError(f"--executor must be local or ray, not '{executor}'")
+    if remote is None:
+        raise UserError("--executor ray needs --remote-cache: Ray workers exchange inputs and results there")
+    from npubuild.engine.executors import RayExecutor
+
+    return remote, RayExecutor(ray_address, jobs)
 
 
 @app.command()
@@ -199,6 +249,11 @@ def _finish_build(store, outcome) -> int:
         for r in outcome.results.values():
             if r.traceback:
                 err.print(escape(r.traceback))
+    for note in outcome.remote_notes:
+        err.print(f"[yellow]warning:[/] {escape(note)}", soft_wrap=True)
+    downloaded = sum(1 for r in outcome.results.values() if r.downloaded)
+    if downloaded:
+        tally += f"; {downloaded} from the remote cache"
     verdict = "[green]Build OK[/]" if outcome.ok else "[red]Build FAILED[/]"
     out.print(f"{verdict}: {len(outcome.actions)} actions ({tally}) in {outcome.seconds:.2f}s")
     return 0 if outcome.ok else 1

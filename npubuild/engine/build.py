@@ -12,6 +12,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 
+from npubuild.cache.shared import download_action, upload_action, upload_blob
 from npubuild.cache.store import CorruptBlob, Store
 from npubuild.engine.actions import Action, Output, SourceFile
 
@@ -31,6 +32,8 @@ class ActionResult:
     message: str = ""
     seconds: float = 0.0
     traceback: str = ""
+    downloaded: bool = False  # a cache hit that came from the remote cache
+    worker: str = ""  # host:pid of the Ray worker that ran it
 
     @property
     def ok(self) -> bool:
@@ -53,13 +56,17 @@ class Builder:
         keep_going: bool = False,
         progress: Progress | None = None,
         execute: bool = True,
+        remote=None,
+        executor=None,
     ):
         self.store = store
         self.execute = execute
-        self.jobs = max(1, jobs)
         self.keep_going = keep_going
         self.progress = progress or Progress()
-        self._pool = None  # a ProcessPoolExecutor, made on first use
+        self.remote = remote  # a RemoteCache, or None for the local cache only
+        self._executor = executor  # made on first use: a LocalExecutor unless one was given
+        self.jobs = executor.slots if executor is not None else max(1, jobs)
+        self.remote_notes: list[str] = []  # warnings about the remote cache, each once
 
     def run(self, actions: list[Action]) -> dict[str, ActionResult]:
         """Results by action identity. Reruns a round when a worker found a corrupt cached input."""
@@ -71,27 +78,40 @@ class Builder:
                 if not any(r.status == "corrupt" for r in results.values()):
                     break
         finally:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True, cancel_futures=True)
-                self._pool = None
+            if self._executor is not None:
+                self._executor.shutdown()
         for identity in executed:
             if results.get(identity) and results[identity].status == "cached":
                 results[identity].status = "ran"  # it ran in an earlier round
+        self._note_remote()
         return results
 
     def _submit(self, action: Action, desc: dict) -> Future:
-        from npubuild.engine.worker import execute
+        if self._executor is None:
+            from npubuild.engine.executors import LocalExecutor
 
-        if self.jobs == 1:
-            future: Future = Future()
-            future.set_result(execute(str(self.store.directory), desc))
-            return future
-        if self._pool is None:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
+            self._executor = LocalExecutor(str(self.store.directory), self.jobs)
+        remote = self.remote
+        if remote is not None and not self._executor.shares_local_store:
+            # A worker elsewhere reads the action's source files from the shared cache.
+            for name, i in action.inputs.items():
+                if isinstance(i, SourceFile):
+                    upload_blob(self.store, remote, desc["inputs"][name])
+        config = remote.config.model_dump() if remote is not None and remote.down is None else None
+        return self._executor.submit(desc, config)
 
-            self._pool = ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("spawn"))
-        return self._pool.submit(execute, str(self.store.directory), desc)
+    def _note_remote(self, reply: dict | None = None) -> None:
+        """Collect the remote cache's warnings: bad entries, and once, that it went down."""
+        if self.remote is None:
+            return
+        problems = list(self.remote.problems) + list((reply or {}).get("remote_problems", []))
+        self.remote.problems.clear()
+        down = self.remote.down or (reply or {}).get("remote_down")
+        if down and self.remote.down is None:
+            self.remote.down = down
+        if down and not any(n.startswith("remote cache ") for n in self.remote_notes):
+            problems.append(f"remote cache {down}; going on with the local cache only")
+        self.remote_notes.extend(p for p in problems if p not in self.remote_notes)
 
     def _round(self, actions: list[Action], executed: set[str]) -> dict[str, ActionResult]:
         results: dict[str, ActionResult] = {}
@@ -141,6 +161,10 @@ class Builder:
                     reply = future.result()
                 except Exception as exc:  # a worker process died (killed, out of memory)
                     reply = {"status": "failed", "message": f"worker died: {type(exc).__name__}: {exc}"}
+                self._note_remote(reply)
+                if reply["status"] == "ok" and not self._fetch_outputs(result):
+                    reply = {"status": "failed", "message": "the outputs are not in the remote cache"}
+                result.worker = reply.get("worker", "")
                 if reply["status"] == "ok":
                     result.status, result.outputs = "ran", reply["outputs"]
                     executed.add(action.identity)
@@ -168,8 +192,20 @@ class Builder:
         key = action.key(digests)
         hit = self.store.get_action(key)
         if hit is not None and all(self.store.has_blob(d) for d in hit["outputs"].values()):
+            if self.remote is not None and self.remote.writable and not self.remote.has_action(key):
+                upload_action(self.store, self.remote, key, hit)  # built before the remote was in use
             return ActionResult("cached", key, digests, hit["outputs"])
+        if self.remote is not None:
+            hit = download_action(self.store, self.remote, key)
+            if hit is not None:
+                return ActionResult("cached", key, digests, hit["outputs"], downloaded=True)
         return ActionResult("pending", key, digests)
+
+    def _fetch_outputs(self, result: ActionResult) -> bool:
+        """A worker with its own store left the outputs in the remote cache: bring them here."""
+        if self._executor is None or self._executor.shares_local_store:
+            return True
+        return self.remote is not None and download_action(self.store, self.remote, result.key) is not None
 
     @staticmethod
     def _producer_keys(action: Action, results: dict[str, ActionResult]) -> dict[str, str | None]:

@@ -22,6 +22,7 @@ class BuildOutcome:
     results: dict[str, ActionResult]
     seconds: float
     errors: list[str] = field(default_factory=list)
+    remote_notes: list[str] = field(default_factory=list)  # warnings about the shared cache
 
     @property
     def ok(self) -> bool:
@@ -45,11 +46,22 @@ def build(
     until: str | None = None,
     progress: Progress | None = None,
     execute: bool = True,
+    remote=None,
+    executor=None,
 ) -> BuildOutcome:
-    """Build the patterns. With execute=False, raise NeedsExecution instead of running anything."""
+    """Build the patterns. With execute=False, raise NeedsExecution instead of running anything.
+    `remote` is a RemoteCache shared with other machines; `executor` runs actions elsewhere (Ray)."""
     started = time.perf_counter()
     plans, actions = analyse(root, store, patterns, until, fresh_allowed=execute)
-    builder = Builder(store, jobs=jobs, keep_going=keep_going, progress=progress, execute=execute)
+    builder = Builder(
+        store,
+        jobs=jobs,
+        keep_going=keep_going,
+        progress=progress,
+        execute=execute,
+        remote=remote,
+        executor=executor,
+    )
     results = builder.run(actions)
     # A blob can turn out corrupt only when read: materialising reads it; rebuild what was bad.
     for _ in range(2):
@@ -71,7 +83,8 @@ def build(
             errors.append(f"{where}{action.stage} {action.owner}: {r.message}")
         elif r.status == "corrupt":
             errors.append(f"{action.stage} {action.owner}: {r.message} (still corrupt after a rebuild)")
-    return BuildOutcome(plans, actions, results, time.perf_counter() - started, errors)
+    seconds = time.perf_counter() - started
+    return BuildOutcome(plans, actions, results, seconds, errors, builder.remote_notes)
 
 
 def _materialise_all(root: Path, store: Store, plans: list[TargetPlan], results: dict) -> list[Action]:

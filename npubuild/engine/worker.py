@@ -1,8 +1,9 @@
-"""Runs one action description; the same code serves the local pool and, later, remote workers.
+"""Runs one action description; the same code serves the local pool and Ray workers.
 
 Inputs are read from the store (digest-checked), the stage writes into a private temp directory,
 outputs go into the store and only then is the action-cache entry written: a worker killed at any
-moment leaves either no entry or a complete one.
+moment leaves either no entry or a complete one. With a shared remote cache, inputs this worker's
+store lacks are fetched from it and the results are written to it, blobs first.
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ import tempfile
 import traceback
 from pathlib import Path
 
+from npubuild.cache.remote import RemoteCache, RemoteCacheConfig
+from npubuild.cache.shared import download_blob, upload_action
 from npubuild.cache.store import CorruptBlob, Store
 from npubuild.errors import UserError
 from npubuild.stages import STAGES
 
 _stores: dict[str, Store] = {}
+_remotes: dict[str, RemoteCache] = {}
 
 
 def _store(directory: str) -> Store:
@@ -25,13 +29,37 @@ def _store(directory: str) -> Store:
     return _stores[directory]
 
 
-def execute(store_dir: str, desc: dict) -> dict:
+def _remote(config: dict | None) -> RemoteCache | None:
+    """One client per cache and process, so its connection is reused. The builder sends a config
+    only while it believes the cache is up, so a client that gave up earlier gets a fresh start."""
+    if config is None:
+        return None
+    cfg = RemoteCacheConfig.model_validate(config)
+    known = _remotes.get(cfg.url)
+    if known is None or known.config != cfg or known.down is not None:
+        _remotes[cfg.url] = RemoteCache(cfg)
+    return _remotes[cfg.url]
+
+
+def execute(store_dir: str, desc: dict, remote_config: dict | None = None) -> dict:
+    """Run the action; the reply says how, plus what the remote cache did (problems, down)."""
+    remote = _remote(remote_config)
     store = _store(store_dir)
+    reply = _execute(store, desc, remote)
+    if remote is not None:
+        reply["remote_problems"], remote.problems = remote.problems, []
+        reply["remote_down"] = remote.down
+    return reply
+
+
+def _execute(store: Store, desc: dict, remote: RemoteCache | None) -> dict:
     stage = STAGES[desc["stage"]]
     with tempfile.TemporaryDirectory(prefix=f"npubuild-{stage.name}-") as tmp:
         inputs: dict[str, Path] = {}
         for name, digest in sorted(desc["inputs"].items()):
             dest = Path(tmp) / "in" / name.replace("/", "__")
+            if remote is not None:
+                download_blob(store, remote, digest)
             try:
                 store.copy_to(digest, dest)
             except (CorruptBlob, KeyError):
@@ -64,5 +92,8 @@ def execute(store_dir: str, desc: dict) -> dict:
                 "message": f"internal error: stage '{stage.name}' wrote {sorted(produced)}",
             }
         outputs = {name: store.put_file(Path(path)) for name, path in sorted(produced.items())}
-    store.put_action(desc["key"], {"outputs": outputs, "stage": stage.name})
+    entry = {"outputs": outputs, "stage": stage.name}
+    store.put_action(desc["key"], entry)
+    if remote is not None:
+        upload_action(store, remote, desc["key"], entry)
     return {"status": "ok", "outputs": outputs}
