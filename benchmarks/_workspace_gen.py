@@ -12,6 +12,7 @@ VARIANTS = [
     {"quantize": {"method": "kl"}},
     {"quantize": {"method": "percentile", "percentile": 99.9}},
     {"quantize": {"method": "minmax", "activation_bits": 16}},
+    {"quantize": {"method": "mse", "bias_correction": False}},
 ]
 MODELS = [("yolov8n", "yolo"), ("ppocr_det", "ocr_det"), ("ppocr_cls", "ocr_cls")]
 TARGETS = ["vnpu-s", "vnpu-m"]

@@ -486,6 +486,34 @@ def cache_stats() -> None:
     out.print(f"  size                {s['bytes'] / 2**20:.1f} MiB")
 
 
+def _parse_size(text: str) -> int:
+    units = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    value = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = value[-1:] if value[-1:] in units else ""
+    try:
+        number = float(value[: len(value) - len(unit)])
+    except ValueError:
+        number = -1.0
+    if number < 0:
+        raise UserError(f"--max-size must be a size such as 500M or 2G, not '{text}'")
+    return int(number * units[unit])
+
+
+@cache_app.command("gc")
+def cache_gc(
+    max_size: Annotated[str, typer.Option(help="Keep at most this much, e.g. 500M or 2G; LRU first out.")],
+) -> None:
+    """Shrink the local cache to a size, evicting the least recently used results."""
+    limit = _parse_size(max_size)
+    store = _store()
+    r = store.gc(limit)
+    out.print(
+        f"kept {r['actions_kept']} action results ({r['bytes_kept'] / 2**20:.1f} MiB of artifacts); "
+        f"evicted {r['actions_evicted']} results and {r['blobs_evicted']} artifacts "
+        f"({r['bytes_evicted'] / 2**20:.1f} MiB)"
+    )
+
+
 def main() -> None:
     try:
         code = _noop_build(sys.argv[1:])

@@ -3,6 +3,7 @@ small workspaces built from them, and helpers to build in-process or through the
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -10,7 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from webdav import WebDavCache
 
+from npubuild.cache.remote import RemoteCache, RemoteCacheConfig
 from npubuild.cache.store import Store
 from npubuild.engine.run import BuildOutcome, build
 
@@ -122,5 +125,55 @@ def cli(args: list[str], cwd: Path, cache: Path, timeout: float = 600) -> subpro
         capture_output=True,
         text=True,
         timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+# shared remote cache --------------------------------------------------------------------------
+
+
+def out_digests(ws: Path) -> dict[str, str]:
+    out = ws / "npubuild-out"
+    return {
+        str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(out.rglob("*"))
+        if p.is_file() and "testlogs" not in p.parts
+    }
+
+
+def build_with(ws: Path, cache: Path, url: str, mode: str = "readwrite"):
+    store, remote = Store(cache), RemoteCache(RemoteCacheConfig(url=url, mode=mode))
+    try:
+        return run_build(ws, store, remote=remote), remote
+    finally:
+        remote.close()
+        store.close()
+
+
+def fresh_copy(ws: Path, dest: Path) -> Path:
+    shutil.copytree(ws, dest, ignore=shutil.ignore_patterns("npubuild-out"))
+    return dest
+
+
+@pytest.fixture(scope="session")
+def shared(tmp_path_factory, cls_model):
+    """A remote cache filled by one cold build of the small workspace, and that build's outputs."""
+    root = tmp_path_factory.mktemp("remote")
+    ws = make_small_ws(root / "ws", cls_model)
+    with WebDavCache(root / "nginx") as dav:
+        outcome, remote = build_with(ws, root / "cache-a", dav.url)
+        assert outcome.ok, outcome.errors
+        yield {"ws": ws, "dav": dav, "outcome": outcome, "outputs": out_digests(ws), "remote": remote}
+
+
+def cli_build(ws: Path, cache: Path, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "NPUBUILD_CACHE": str(cache), "COLUMNS": "200"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "npubuild", "build", "//...", *args],
+        cwd=ws,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         stdin=subprocess.DEVNULL,
     )

@@ -4,54 +4,12 @@ or goes down mid-build."""
 
 from __future__ import annotations
 
-import hashlib
-import os
 import shutil
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-import pytest
 from webdav import WebDavCache, free_port
 
-from conftest import make_small_ws, run_build
-from npubuild.cache.remote import RemoteCache, RemoteCacheConfig
-from npubuild.cache.store import Store
-
-
-def out_digests(ws: Path) -> dict[str, str]:
-    out = ws / "npubuild-out"
-    return {
-        str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(out.rglob("*"))
-        if p.is_file() and "testlogs" not in p.parts
-    }
-
-
-def build_with(ws: Path, cache: Path, url: str, mode: str = "readwrite"):
-    store, remote = Store(cache), RemoteCache(RemoteCacheConfig(url=url, mode=mode))
-    try:
-        return run_build(ws, store, remote=remote), remote
-    finally:
-        remote.close()
-        store.close()
-
-
-def fresh_copy(ws: Path, dest: Path) -> Path:
-    shutil.copytree(ws, dest, ignore=shutil.ignore_patterns("npubuild-out"))
-    return dest
-
-
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory, cls_model):
-    """A remote cache filled by one cold build of the small workspace, and that build's outputs."""
-    root = tmp_path_factory.mktemp("remote")
-    ws = make_small_ws(root / "ws", cls_model)
-    with WebDavCache(root / "nginx") as dav:
-        outcome, remote = build_with(ws, root / "cache-a", dav.url)
-        assert outcome.ok, outcome.errors
-        yield {"ws": ws, "dav": dav, "outcome": outcome, "outputs": out_digests(ws), "remote": remote}
+from conftest import build_with, cli_build, fresh_copy, out_digests
 
 
 def test_a_clean_cache_downloads_every_result_and_runs_nothing(shared, tmp_path):
@@ -117,19 +75,6 @@ def test_wrong_bytes_in_the_remote_are_rejected_rebuilt_and_overwritten(shared, 
         # A third clean cache now runs nothing.
         again, _ = build_with(fresh_copy(shared["ws"], tmp_path / "ws3"), tmp_path / "cache-e", dav.url)
         assert again.executed() == set() and again.remote_notes == []
-
-
-def cli_build(ws: Path, cache: Path, *args: str) -> subprocess.Popen:
-    env = {**os.environ, "NPUBUILD_CACHE": str(cache), "COLUMNS": "200"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "npubuild", "build", "//...", *args],
-        cwd=ws,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        stdin=subprocess.DEVNULL,
-    )
 
 
 def test_an_unreachable_remote_gives_one_warning_and_a_local_build(shared, tmp_path):

@@ -43,7 +43,9 @@ def nginx_binary() -> str:
         (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if os.path.exists(p)), None
     )
     if found is None:
-        raise RuntimeError("nginx is not installed: run .ci/run, which installs it (apt-get install nginx-light)")
+        raise RuntimeError(
+            "nginx is not installed: run .ci/run, which installs it (apt-get install nginx-light)"
+        )
     return found
 
 

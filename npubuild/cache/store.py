@@ -21,6 +21,10 @@ import diskcache
 
 from npubuild.cache.digest import CHUNK, canonical_json, sha256_file
 
+# Last-use times of action results are kept to this resolution, so that a no-op build a minute after
+# the last one writes nothing; `cache gc` evicts least recently used first.
+USE_RESOLUTION_S = 3600
+
 # A file modified this recently may change again within the same mtime tick, so its stat entry is
 # not trusted ("racily clean", as git calls it): its digest is recomputed next time.
 _RACY_NS = 2_000_000_000
@@ -182,6 +186,70 @@ class Store:
         text = canonical_json(value)
         if self._cache.get(f"meta/{name}") != text:
             self._cache.set(f"meta/{name}", text)
+
+    # least-recently-used bookkeeping and garbage collection -----------------------------------
+    def touch_actions(self, keys: list[str], now: float | None = None) -> None:
+        """Record that these action results were used (built or reused) by a build."""
+        stamp = int(time.time() if now is None else now)
+        stale = []
+        for key in keys:
+            used = self._cache.get(f"used/{key}")
+            if not isinstance(used, int) or abs(stamp - used) >= USE_RESOLUTION_S:
+                stale.append(key)
+        if stale:
+            with self._cache.transact():
+                for key in stale:
+                    self._cache.set(f"used/{key}", stamp)
+
+    def blob_size(self, digest: str) -> int | None:
+        handle = self._cache.get(f"cas/{digest}", read=True)
+        if handle is None:
+            return None
+        with handle:
+            return handle.seek(0, io.SEEK_END)
+
+    def gc(self, max_bytes: int) -> dict[str, int]:
+        """Keep the most recently used action results whose artifacts fit in max_bytes; evict the
+        other results and every artifact no kept result names (source copies included: a build
+        stores them again). Each artifact is counted once, however many results share it."""
+        entries, sizes = [], {}
+        for key in list(self._cache.iterkeys()):
+            if not isinstance(key, str):
+                continue
+            if key.startswith("ac/"):
+                result = self.get_action(key[3:])
+                if result is not None:
+                    used = self._cache.get(f"used/{key[3:]}")
+                    entries.append((used if isinstance(used, int) else 0, key[3:], result["outputs"]))
+            elif key.startswith("cas/"):
+                size = self.blob_size(key[4:])
+                if size is not None:
+                    sizes[key[4:]] = size
+        entries.sort(key=lambda e: (-e[0], e[1]))
+        kept_blobs: set[str] = set()
+        kept_bytes, kept, evicted = 0, 0, []
+        for index, (_, _, outputs) in enumerate(entries):
+            new = set(outputs.values()) - kept_blobs
+            extra = sum(sizes.get(d, 0) for d in new)
+            if kept_bytes + extra > max_bytes:
+                evicted = [e[1] for e in entries[index:]]  # strict LRU: everything older goes too
+                break
+            kept_blobs |= new
+            kept_bytes += extra
+            kept += 1
+        for key in evicted:
+            self._cache.delete(f"ac/{key}")
+            self._cache.delete(f"used/{key}")
+        dropped = [d for d in sizes if d not in kept_blobs]
+        for digest in dropped:
+            self.evict_blob(digest)
+        return {
+            "actions_kept": kept,
+            "actions_evicted": len(evicted),
+            "blobs_evicted": len(dropped),
+            "bytes_kept": kept_bytes,
+            "bytes_evicted": sum(sizes[d] for d in dropped),
+        }
 
     # maintenance ------------------------------------------------------------------------------
     def stats(self) -> dict[str, int]:

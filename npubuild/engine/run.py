@@ -75,6 +75,7 @@ def build(
             if r.status == "ran" and results[identity].status == "cached":
                 results[identity].status = "ran"
     history.record(store, plans, results)
+    store.touch_actions(sorted(r.key for r in results.values() if r.ok and r.key))
     errors = []
     for action in actions:
         r = results[action.identity]

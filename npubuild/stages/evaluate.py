@@ -17,6 +17,7 @@ from npubuild.stages import tensorfile
 from npubuild.stages.onnx_utils import load_model, with_outputs, write_json
 from npubuild.stages.optimize.check import samples_for, session
 from npubuild.stages.quantize.interpreter import Interpreter, dequantize
+from npubuild.stages.reductions import dot
 
 
 class Agreement:
@@ -36,10 +37,10 @@ class Agreement:
             self.nonfinite += int((~finite).sum())
             r, c = r[finite], c[finite]
         d = r - c
-        self.dot += float(r @ c)
-        self.ref2 += float(r @ r)
-        self.cand2 += float(c @ c)
-        self.err2 += float(d @ d)
+        self.dot += dot(r, c)
+        self.ref2 += dot(r, r)
+        self.cand2 += dot(c, c)
+        self.err2 += dot(d, d)
         self.max_abs = max(self.max_abs, float(np.max(np.abs(d))) if d.size else 0.0)
         self.count += r.size
 

@@ -18,6 +18,7 @@ from npubuild.stages.quantize import ranges
 from npubuild.stages.quantize.fixedpoint import add_multiplier, quantize_multiplier
 from npubuild.stages.quantize.ops import ELEMENTWISE, INTEGER_OPS, LUT_OPS, MOVE_OPS
 from npubuild.stages.quantize.reference import lut_function
+from npubuild.stages.reductions import vector_matrix
 
 
 def qrange(bits: int) -> tuple[int, int]:
@@ -439,7 +440,7 @@ class Builder:
             shape[1] = -1
             delta = wq.astype(np.float64) * wscale.reshape(shape) - w  # [Cin, Cout, k...]
             per_pair = delta.reshape(delta.shape[0], delta.shape[1], -1).sum(axis=2)
-            return bias - mean.astype(np.float64) @ per_pair
+            return bias - vector_matrix(mean, per_pair)
         shape = [-1] + [1] * (w.ndim - 1)
         delta = wq.astype(np.float64) * wscale.reshape(shape) - w  # [Cout, Cin/g, k...]
         cout, cin_g = w.shape[0], w.shape[1]
@@ -497,7 +498,7 @@ class Builder:
         mean = self.stats_arrays.get(f"{x}/channel_mean")
         if self.config["bias_correction"] and mean is not None and mean.shape == (w.shape[0],):
             delta = wq.astype(np.float64) * wscale.reshape(1, -1) - w
-            bias = bias - mean.astype(np.float64) @ delta
+            bias = bias - vector_matrix(mean, delta)
         self.mac_op(
             "matmul", node, x, out, wq, wscale, bias, self.params[x], self.params[out], activation, {}
         )

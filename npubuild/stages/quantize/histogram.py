@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from npubuild.stages.reductions import dot
+
 BINS = 2048
 
 
@@ -43,7 +45,7 @@ class TensorStats:
         self.min, self.max = min(self.min, lo), max(self.max, hi)
         self.count += values.size
         self.sum += float(values.sum())
-        self.sumsq += float(np.dot(values, values))
+        self.sumsq += dot(values, values)
         need = max(abs(lo), abs(hi))
         if self.radius == 0.0:
             self.radius = need if need > 0 else 1e-8

@@ -19,6 +19,7 @@ from npubuild.stages.evaluate import Agreement
 from npubuild.stages.optimize.check import session
 from npubuild.stages.quantize.builder import Builder, node_label
 from npubuild.stages.quantize.precision import Layers
+from npubuild.stages.reductions import vector_matrix
 
 MAC_TYPES = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 
@@ -257,7 +258,7 @@ class PrecisionProbe:
             mean = self.stats_arrays.get(f"{node.input[0]}/channel_mean")
             if node.op_type == "MatMul" and self.settings["bias_correction"] and mean is not None:
                 delta = wq.astype(np.float64) * wscale.reshape(1, -1) - w
-                shift = (-(mean.astype(np.float64) @ delta)).astype(np.float32)  # the bias MatMul gains
+                shift = (-vector_matrix(mean, delta)).astype(np.float32)  # the bias MatMul gains
             out[node_label(node)] = (w8, bias8, bias_name, shift)
         return out
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from npubuild.stages.quantize.histogram import BINS
+from npubuild.stages.reductions import dot
 
 
 def _centers(radius: float) -> np.ndarray:
@@ -45,7 +46,7 @@ def _expected_error(centers, counts, lo, hi, levels):
     err = np.where(
         inside, step * step / 12.0, np.where(centers < lo, (lo - centers) ** 2, (centers - hi) ** 2)
     )
-    return float(np.dot(counts, err))
+    return dot(counts, err)
 
 
 def mse(stats: dict, hist: np.ndarray, bits: int, symmetric: bool, percentile: float):
