@@ -19,15 +19,23 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from npubuild.stages.quantize.interpreter import _conv_pads, _pool_pads, nearest_indices, qrange
+from npubuild.targets.cycles import estimate
 from npubuild.targets.isa import NO_SIGNAL, Instruction
 from npubuild.targets.partition import slice_steps
 from npubuild.targets.spec import TargetSpec
 
 ALIGN = 64
 T_CONST, T_IN, T_DONE, T_STORED = 0, (1, 2), (3, 4), (5, 6)
+# With two constant slots, slot 0's loads signal token 0 and slot 1's token 7.
+SLOT_TOKENS = (0, 7)
 ALIASES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
 # A tensor kept in SRAM between the ops of one NPU subgraph has this bit in its address.
 SRAM_FLAG = 1 << 40
+# Row splits of the largest fitting tile that `pipelined` tries, and the cycles a split must save
+# per instruction it adds (more instructions: a larger binary and a slower simulator).
+PIPELINE_SPLITS = (1, 2, 4, 8)
+PIPELINE_INSTRUCTION_CYCLES = 0
+PIPELINE_MIN_GAIN = 0.02
 
 
 def _align(n: int) -> int:
@@ -65,9 +73,42 @@ class Stream:
 
     code: list[Instruction] = field(default_factory=list)
     tile: int = 0
+    # constant groups (one per weight chunk) when they alternate between two SRAM slots
+    slot: int = 1
+    const_token: int = T_CONST
+    groups: list[list[int]] = field(default_factory=list)
+    first_input: list[int | None] = field(default_factory=list)
+    in_group: bool = False
 
     def emit(self, op: str, wait: int = 0, signal: int = NO_SIGNAL, **args) -> None:
+        if op == "load" and signal in T_IN and self.first_input and self.first_input[-1] is None:
+            self.first_input[-1] = len(self.code)
+        self.in_group = False
         self.code.append(Instruction(op, args, wait, signal))
+
+    def hoist_constants(self) -> tuple[list[int], set[int]]:
+        """Move each constant group up to just after the first input load of the group before it,
+        so the DMA fetches the next weights while the MAC array works on the current ones. Safe:
+        a group writes the slot the group two back read, and its wait names the computes before
+        its new place, which include every tile of that group. Returns each old index's new one
+        and the old indices that moved."""
+        moves: dict[int, list[int]] = {}
+        for j in range(1, len(self.groups)):
+            anchor = self.first_input[j - 1]
+            if anchor is not None and anchor < self.groups[j][0]:
+                moves.setdefault(anchor, []).extend(self.groups[j])
+        moved = {i for group in moves.values() for i in group}
+        order: list[int] = []
+        for i in range(len(self.code)):
+            if i in moved:
+                continue
+            order.append(i)
+            order.extend(moves.get(i, []))
+        self.code = [self.code[i] for i in order]
+        position = [0] * len(order)
+        for new, old in enumerate(order):
+            position[old] = new
+        return position, moved
 
     def begin_op(self) -> None:
         self.tile = 0
@@ -85,7 +126,7 @@ class Stream:
         return 1 << T_STORED[b]
 
     def compute_wait(self, b: int) -> int:
-        return (1 << T_IN[b]) | (1 << T_STORED[b]) | (1 << T_CONST)
+        return (1 << T_IN[b]) | (1 << T_STORED[b]) | (1 << self.const_token)
 
 
 class Codegen:
@@ -102,10 +143,15 @@ class Codegen:
         self.plan = plan
         self.sram_total = target.sram_kib * 1024
         self.sram = self.sram_total  # the part ops tile into; the top is for resident tensors
+        # >0: constants alternate between two slots of this size at the bottom of SRAM, so the next
+        # chunk's weights load while this one computes; 0: constants sit under each op's tiles
+        self.const_slot = 0
+        self.split = 1  # extra division of the largest fitting tile (set by `pipelined`)
         self.resident: dict[str, int] = {}
         self.fusions: dict[int, dict] = {}  # id(conv op) -> the LUT op applied in its output path
         self.fused_luts: set[int] = set()
         self.fused_away: set[str] = set()  # conv results that never exist outside the MAC array
+        self.views: set[int] = set()  # id() of Split/Slice ops whose outputs alias their input
         self.consts = bytearray()
         self.const_keys: dict[str, int] = {}
         self.addr: dict[str, int] = {}
@@ -148,11 +194,18 @@ class Codegen:
         sequence = [i for sg in self.plan["subgraphs"] for i in sg["ops"]]
         npu = {i for sg in self.plan["subgraphs"] if sg["device"] == "npu" for i in sg["ops"]}
         root: dict[str, str] = {}
+        offset: dict[str, int] = {}  # bytes from the root's address (views into a tensor)
 
         def find(n: str) -> str:
             while root.get(n, n) != n:
                 n = root[n]
             return n
+
+        def at(n: str) -> int:
+            total = 0
+            while root.get(n, n) != n:
+                total, n = total + offset.get(n, 0), root[n]
+            return total
 
         touched: set[str] = set()
         for i in npu:
@@ -162,6 +215,10 @@ class Codegen:
                     touched.add(n)
             if op["kind"] == "move" and op["op_type"] in ALIASES:
                 root[op["outputs"][0]] = op["inputs"][0]
+            elif op["kind"] == "move" and (parts := self.view_parts(op)) is not None:
+                self.views.add(id(op))
+                for out, start in parts.items():
+                    root[out], offset[out] = op["inputs"][0], start
         first: dict[str, int] = {}
         last: dict[str, int] = {}
         outputs = set(self.program["outputs"])
@@ -176,7 +233,7 @@ class Codegen:
                     last[r] = max(last.get(r, pos), pos)
         for n in touched:
             r = find(n)
-            size = int(np.prod(self.shapes[n], dtype=np.int64)) * esize(self.tensors[n]["bits"])
+            size = at(n) + int(np.prod(self.shapes[n], dtype=np.int64)) * esize(self.tensors[n]["bits"])
             if n in outputs or n in self.program["inputs"]:
                 last[r] = len(sequence)
             self._sizes[r] = max(self._sizes.get(r, 0), size)
@@ -199,11 +256,52 @@ class Codegen:
             live.append((last[r], start, size))
             top = max(top, start + size)
         for n in touched:
-            self.addr[n] = placed[find(n)]
+            self.addr[n] = placed[find(n)] + at(n)
             if find(n) in on_chip:
-                self.resident[n] = placed[find(n)] - SRAM_FLAG
+                self.resident[n] = self.addr[n] - SRAM_FLAG
         self.sram = self.sram_total - _align(resident_bytes)
         self.tensor_area = _align(top)
+
+    def view_parts(self, op: dict) -> dict[str, int] | None:
+        """A Split, or a step-1 Slice along one axis, whose outputs are contiguous pieces of its
+        input (every axis before the cut has size 1) and keep its quantization: the outputs are
+        views at these byte offsets, and the op moves nothing. None when it must copy."""
+        x = op["inputs"][0]
+        if x not in self.tensors or x in self.fused_away:
+            return None
+        shape = [int(d) for d in self.shapes[x]]
+        rank = len(shape)
+        same = all(o in self.tensors and self.tensors[o] == self.tensors[x] for o in op["outputs"] if o)
+        if not same or not all(op["outputs"]):
+            return None
+        size = esize(self.tensors[x]["bits"])
+        if op["op_type"] == "Split":
+            axis = op["attrs"].get("axis", 0) % rank
+            cuts = [(o, int(self.shapes[o][axis])) for o in op["outputs"]]
+            begin = 0
+        elif op["op_type"] == "Slice":
+            consts = [
+                self.arrays[op["constants"][i]] if i in op.get("constants", {}) else None
+                for i in op["inputs"][1:]
+            ]
+            if len(consts) < 2 or consts[0] is None or consts[1] is None or len(consts[0]) != 1:
+                return None
+            axes = consts[2] if len(consts) > 2 and consts[2] is not None else [0]
+            if any(step != 1 for step in slice_steps(op, self.arrays)):
+                return None
+            axis = int(axes[0]) % rank
+            begin, end, _ = slice(int(consts[0][0]), int(consts[1][0]), 1).indices(shape[axis])
+            cuts = [(op["outputs"][0], end - begin)]
+        else:
+            return None
+        if any(d != 1 for d in shape[:axis]):
+            return None
+        inner = int(np.prod(shape[axis + 1 :], dtype=np.int64)) * size
+        parts, start = {}, begin
+        for out, length in cuts:
+            parts[out] = start * inner
+            start += length
+        return parts
 
     def _resident_roots(self, ops, root, find, touched, first, last, budget: int) -> dict[str, int]:
         if budget <= 0:
@@ -284,26 +382,89 @@ class Codegen:
     def store(self, s: Stream, sram, dram, bits, box, strides, start, **sync):
         self._dma(s, "store", sram, dram, bits, box, strides, start, **sync)
 
-    def load_const(self, s: Stream, sram: int, addr: int, nbytes: int, signal=T_CONST) -> None:
-        """Constants (weights, parameters, tables): waits until the tiles reading the last ones are done."""
-        wait = (1 << T_DONE[0]) | (1 << T_DONE[1])
-        self.load(s, sram, addr, 8, [1, 1, 1, nbytes], [0, 0, 0, 1], [0, 0, 0, 0], wait=wait, signal=signal)
+    def load_const(self, s: Stream, offset: int, addr: int, nbytes: int, signal=T_CONST) -> None:
+        """Constants (weights, parameters, tables) at `offset` in this op's constant area."""
+        self.const_dma(s, offset, addr, [1, 1, 1, nbytes], [0, 0, 0, 1], [0, 0, 0, 0], signal)
 
-    def buffers(self, fixed: int, per_tile: int) -> tuple[int, int]:
-        """SRAM addresses of the two tile buffers after `fixed` bytes of constants."""
-        base = _align(fixed)
-        if base + 2 * _align(per_tile) > self.sram:
+    def const_dma(self, s: Stream, offset: int, addr: int, box, strides, start, signal=T_CONST) -> None:
+        """A constant load; it waits until the tiles that read the slot's last contents are done.
+        Consecutive constant loads form one group; with slots, each group takes the other slot."""
+        if self.const_slot and not s.in_group:
+            s.slot ^= 1
+            s.const_token = SLOT_TOKENS[s.slot]
+            s.groups.append([])
+            s.first_input.append(None)
+        wait = (1 << T_DONE[0]) | (1 << T_DONE[1])
+        at = len(s.code)
+        signal = s.const_token if signal == T_CONST else signal
+        self.load(s, self.const_base(s) + offset, addr, 8, box, strides, start, wait=wait, signal=signal)
+        if self.const_slot:
+            s.groups[-1].append(at)
+            s.in_group = True
+
+    def const_base(self, s: Stream) -> int:
+        """SRAM address of the current constant group's area."""
+        return s.slot * self.const_slot if self.const_slot else 0
+
+    def consts_fit(self, fixed: int) -> bool:
+        return not self.const_slot or fixed <= self.const_slot
+
+    def buffers(self, fixed: int, per_tile: int, scratch: int = 0) -> tuple[int, int]:
+        """SRAM addresses of the two tile buffers: after `fixed` bytes of constants, or after the
+        two constant slots (and `scratch` bytes of the op's own working space)."""
+        if not self.fits(fixed, per_tile, scratch):
             raise DoesNotFit
+        base = 2 * self.const_slot + _align(scratch) if self.const_slot else _align(fixed + scratch)
         return base, base + _align(per_tile)
 
-    def fits(self, fixed: int, per_tile: int) -> bool:
-        return _align(fixed) + 2 * _align(per_tile) <= self.sram
+    def scratch_base(self) -> int:
+        """Where an op's working space (not constants) starts: above the slots when there are any."""
+        return 2 * self.const_slot
+
+    def fits(self, fixed: int, per_tile: int, scratch: int = 0) -> bool:
+        if self.const_slot:
+            room = self.sram - 2 * self.const_slot - _align(scratch)
+            return fixed <= self.const_slot and 2 * _align(per_tile) <= room
+        return _align(fixed + scratch) + 2 * _align(per_tile) <= self.sram
 
     # --- per kind -------------------------------------------------------------------------------
     def emit(self, s: Stream, op: dict) -> None:
         s.begin_op()
-        if id(op) in self.fused_luts:
-            return  # applied by the convolution before it
+        if id(op) in self.fused_luts or id(op) in self.views:
+            return  # applied by the convolution before it, or a view of its input
+        self.pipelined(s, op)
+
+    def pipelined(self, s: Stream, op: dict) -> None:
+        """Emit the op with the split of its largest fitting tile that the cycle model finds
+        fastest. One tile leaves the DMA nothing to overlap; more tiles pipeline load, compute and
+        store, but each costs a DMA latency and an instruction to simulate."""
+        best: tuple[int, int] | None = None
+        consts, keys = len(self.consts), dict(self.const_keys)
+        for split in PIPELINE_SPLITS:
+            trial = Stream(slot=s.slot, const_token=s.const_token)
+            self.split = split
+            try:
+                self.emit_kind(trial, op)
+            except DoesNotFit:
+                if split == 1:
+                    raise
+                continue
+            finally:  # a trial's constants (resize indices per row block) are not kept
+                del self.consts[consts:]
+                self.const_keys = dict(keys)
+            if not trial.code:
+                break
+            # an instruction costs the simulator time: a split must save this many cycles per extra one
+            cost = estimate(trial.code, self.target.model_dump())[
+                "cycles"
+            ] + PIPELINE_INSTRUCTION_CYCLES * len(trial.code)
+            if best is None or cost < best[0] * (1 - PIPELINE_MIN_GAIN):
+                best = (cost, split)
+        self.split = best[1] if best else 1
+        self.emit_kind(s, op)
+        self.split = 1
+
+    def emit_kind(self, s: Stream, op: dict) -> None:
         kind = op["kind"]
         if kind == "move":
             if op["op_type"] in ALIASES:
@@ -363,7 +524,9 @@ class Codegen:
         ocb, rows, cols = oc, oh, ow
         step = og if group > 1 else 1
         while not self.fits(*sizes(ocb, rows, cols)):
-            if rows > 1:
+            if not self.consts_fit(sizes(ocb, rows, cols)[0]) and ocb > step:
+                ocb = max(step, halve(ocb) // step * step)
+            elif rows > 1:
                 rows = halve(rows)
             elif ocb > step:
                 ocb = max(step, halve(ocb) // step * step)
@@ -371,15 +534,17 @@ class Codegen:
                 cols = halve(cols)
             else:
                 raise DoesNotFit
+        rows = -(-rows // self.split)
         fixed, tile = sizes(ocb, rows, cols)
         bufs = self.buffers(fixed, tile)
         xs, ys = row_major([1, c, h, w]), row_major([1, oc, oh, ow])
-        if lut:
-            self.load_const(s, 0, taddr, table.nbytes, signal=NO_SIGNAL)
         for o0 in range(0, oc, ocb):
             o1 = min(o0 + ocb, oc)
             n_out = o1 - o0
             wbase = table_bytes
+            if lut:  # with slots each chunk's area needs its own copy of the table
+                if o0 == 0 or self.const_slot:
+                    self.load_const(s, 0, taddr, table.nbytes, signal=NO_SIGNAL)
             self.load_const(s, wbase, waddr + o0 * cg * kh * kw, n_out * cg * kh * kw, signal=NO_SIGNAL)
             params_at = wbase + _align(n_out * cg * kh * kw)
             if params_at + n_out * 24 > _align(fixed):
@@ -419,8 +584,8 @@ class Codegen:
                         in_w=cols_in,
                         in_bits=self.tensors[x]["bits"],
                         in_zp=self.tensors[x]["zero_point"],
-                        weights=wbase,
-                        params=params_at,
+                        weights=self.const_base(s) + wbase,
+                        params=self.const_base(s) + params_at,
                         dst=dst,
                         out_c=n_out,
                         out_h=r1 - r0,
@@ -439,7 +604,7 @@ class Codegen:
                         transpose=0,
                         crop_top=0,
                         crop_left=0,
-                        lut=0 if lut else -1,
+                        lut=self.const_base(s) if lut else -1,
                         lut_offset=lut["attrs"]["offset"] if lut else 0,
                         lut_bits=self.tensors[y]["bits"],
                     )
@@ -484,12 +649,15 @@ class Codegen:
 
         ocb, rows = oc, oh
         while not self.fits(*sizes(ocb, rows)):
-            if rows > 1:
+            if not self.consts_fit(sizes(ocb, rows)[0]) and ocb > 1:
+                ocb = halve(ocb)
+            elif rows > 1:
                 rows = halve(rows)
             elif ocb > 1:
                 ocb = halve(ocb)
             else:
                 raise DoesNotFit
+        rows = -(-rows // self.split)
         fixed, tile = sizes(ocb, rows)
         bufs = self.buffers(fixed, tile)
         xs, ys = row_major([1, c, h, w]), row_major([1, oc, oh, ow])
@@ -497,15 +665,8 @@ class Codegen:
             o1 = min(o0 + ocb, oc)
             n_out = o1 - o0
             # weights [C, OC, kh, kw]: the block's columns, gathered by a strided load
-            self.load(
-                s,
-                0,
-                waddr,
-                8,
-                [1, c, n_out, kh * kw],
-                [0, oc * kh * kw, kh * kw, 1],
-                [0, 0, o0, 0],
-                wait=(1 << T_DONE[0]) | (1 << T_DONE[1]),
+            self.const_dma(
+                s, 0, waddr, [1, c, n_out, kh * kw], [0, oc * kh * kw, kh * kw, 1], [0, 0, o0, 0], NO_SIGNAL
             )
             params_at = _align(c * n_out * kh * kw)
             if params_at + n_out * 24 > _align(fixed):
@@ -539,8 +700,8 @@ class Codegen:
                     in_w=w,
                     in_bits=self.tensors[x]["bits"],
                     in_zp=self.tensors[x]["zero_point"],
-                    weights=0,
-                    params=params_at,
+                    weights=self.const_base(s),
+                    params=self.const_base(s) + params_at,
                     dst=dst,
                     out_c=n_out,
                     out_h=r1 - r0,
@@ -585,27 +746,21 @@ class Codegen:
         paddr = self.const(op["arrays"]["bias"] + "#params", self.mac_params(op))
         mb, nb = m, n
         while not self.fits(k * nb + nb * 24, mb * k * xb + mb * nb * yb):
-            if mb > 1:
+            if not self.consts_fit(k * nb + nb * 24) and nb > 1:
+                nb = halve(nb)
+            elif mb > 1:
                 mb = halve(mb)
             elif nb > 1:
                 nb = halve(nb)
             else:
                 raise DoesNotFit
+        mb = -(-mb // self.split)
         fixed, tile = k * nb + nb * 24, mb * k * xb + mb * nb * yb
         bufs = self.buffers(fixed, tile)
         for n0 in range(0, n, nb):
             n1 = min(n0 + nb, n)
             cols = n1 - n0
-            self.load(
-                s,
-                0,
-                waddr,
-                8,
-                [1, 1, k, cols],
-                [0, 0, n, 1],
-                [0, 0, 0, n0],
-                wait=(1 << T_DONE[0]) | (1 << T_DONE[1]),
-            )
+            self.const_dma(s, 0, waddr, [1, 1, k, cols], [0, 0, n, 1], [0, 0, 0, n0], NO_SIGNAL)
             params_at = _align(k * cols)
             if params_at + cols * 24 > _align(fixed):
                 params_at = k * cols
@@ -635,8 +790,8 @@ class Codegen:
                     k=k,
                     in_bits=self.tensors[x]["bits"],
                     in_zp=self.tensors[x]["zero_point"],
-                    weights=0,
-                    params=params_at,
+                    weights=self.const_base(s),
+                    params=self.const_base(s) + params_at,
                     dst=dst,
                     n=cols,
                     out_bits=self.tensors[y]["bits"],
@@ -665,6 +820,10 @@ class Codegen:
                 b[axis] = 1 if axis == 0 else halve(b[axis])
         if not self.fits(*need(b)):
             raise DoesNotFit
+        for axis in range(4):  # pipelining: cut the outermost axis that has room
+            if b[axis] > 1:
+                b[axis] = -(-b[axis] // self.split)
+                break
         return b
 
     def binary(self, s: Stream, op: dict, kind: str) -> None:
@@ -799,7 +958,7 @@ class Codegen:
                 src=src,
                 n=n,
                 in_bits=xt["bits"],
-                table=0,
+                table=self.const_base(s),
                 offset=op["attrs"]["offset"],
                 dst=dst,
                 out_bits=yt["bits"],
@@ -886,15 +1045,16 @@ class Codegen:
         _, c, h, w = self.shapes[x]
         xb = esize(xt["bits"])
         cb, rows = c, h
-        while not self.fits(cb * 8 + cb * 2, cb * rows * w * xb):
+        while not self.fits(0, cb * rows * w * xb, cb * 8 + cb * 2):
             if rows > 1:
                 rows = halve(rows)
             elif cb > 1:
                 cb = halve(cb)
             else:
                 raise DoesNotFit
-        fixed = cb * 8 + cb * 2
-        bufs = self.buffers(fixed, cb * rows * w * xb)
+        rows = -(-rows // self.split)
+        bufs = self.buffers(0, cb * rows * w * xb, scratch=cb * 8 + cb * 2)
+        acc = self.scratch_base()  # int64 accumulators, then the results
         at = op["attrs"]
         xs = row_major([1, c, h, w])
         for c0 in range(0, c, cb):
@@ -923,19 +1083,19 @@ class Codegen:
                     hw=(r1 - r0) * w,
                     in_bits=xt["bits"],
                     in_zp=xt["zero_point"],
-                    acc=0,
+                    acc=acc,
                     first=int(r0 == 0),
                     last=int(last),
                     m0=at["m0"],
                     shift=at["shift"],
-                    dst=cb * 8,
+                    dst=acc + cb * 8,
                     out_bits=yt["bits"],
                     out_zp=yt["zero_point"],
                 )
                 if last:
                     self.store(
                         s,
-                        cb * 8,
+                        acc + cb * 8,
                         self.addr[y],
                         yt["bits"],
                         [1, c1 - c0, 1, 1],
@@ -984,6 +1144,7 @@ class Codegen:
                 cols = halve(cols)
             else:
                 raise DoesNotFit
+        rows = -(-rows // self.split)
         bufs = self.buffers(*sizes(cb, rows, cols))
         pad_value = qrange(xt["bits"])[0] if maxpool else xt["zero_point"]
         xs, ys = row_major([1, c, h, w]), row_major([1, c, oh, ow])
@@ -1085,6 +1246,7 @@ class Codegen:
                 cb = halve(cb)
             else:
                 raise DoesNotFit
+        rows = -(-rows // self.split)
         bufs = self.buffers(*sizes(cb, rows))
         xs, ys = row_major([1, c, h, w]), row_major([1, c, oh, ow])
         for r0 in range(0, oh, rows):

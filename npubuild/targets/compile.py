@@ -50,6 +50,8 @@ class _Zero(dict):
 # most half: beyond that the estimate gains a few percent (YOLOv8n on vnpu-s: 4%) for tiles so small
 # that the instruction stream grows 2.4x.
 RESIDENT_SHARES = (0.0, 0.25, 0.5)
+# Shares of the rest that each of the two constant slots takes (0: no prefetch of the next weights).
+CONST_SLOT_SHARES = (0.0, 0.125, 0.25)
 
 
 def compile_npub(
@@ -65,19 +67,21 @@ def compile_npub(
     intermediates on chip (layers whose tensors stay there form one group, no DRAM round trip)
     versus how much is left for tiles. Without grouping (or when checking every op's result),
     every tensor goes through DRAM."""
-    shares = RESIDENT_SHARES if group and reuse_dram else (0.0,)
+    grouping = group and reuse_dram
+    shares = [(r, c) for r in RESIDENT_SHARES for c in CONST_SLOT_SHARES] if grouping else [(0.0, 0.0)]
     best = None
     tried = []
-    for share in shares:
+    for share, const_share in shares:
         budget = int(share * target.sram_kib * 1024)
         try:
-            result = _compile(program, arrays, model, target, plan, reuse_dram, budget, group and reuse_dram)
+            result = _compile(program, arrays, model, target, plan, reuse_dram, budget, grouping, const_share)
         except DoesNotFit:
             continue
         stats = result[2]
         tried.append(
             {
                 "resident_bytes": budget,
+                "const_slot_bytes": stats["const_slot_bytes"],
                 "estimated_cycles": stats["estimated_cycles"],
                 "dram_bytes": stats["dram_bytes"],
             }
@@ -98,6 +102,7 @@ def _compile(
     reuse_dram: bool,
     resident_bytes: int,
     fuse: bool,
+    const_share: float = 0.0,
 ) -> tuple[bytes, str, dict]:
     shapes = model_shapes(model)
     ops = program["ops"]
@@ -105,6 +110,7 @@ def _compile(
     if fuse:  # fused intermediates never exist, so the every-op check compiles without
         gen.fuse()
     gen.allocate(reuse=reuse_dram, resident_bytes=resident_bytes)
+    gen.const_slot = int(const_share * gen.sram) // 64 * 64
     # which subgraph first needs each tensor, and in which state it is at each boundary
     position = {i: k for k, sg in enumerate(plan["subgraphs"]) for i in sg["ops"]}
     readers: dict[str, set[int]] = {}
@@ -143,6 +149,9 @@ def _compile(
             for i in sg["ops"]:
                 marks.append((len(stream.code), ops[i]))
                 gen.emit(stream, ops[i])
+            if gen.const_slot:
+                position, moved = stream.hoist_constants()
+                marks = [(_first_kept(at, position, moved), op) for at, op in marks]
             stream.emit("end")
             local = set(produced)
             inputs = [n for n in consumed if n not in local or _read_before_write(sg["ops"], ops, n)]
@@ -228,6 +237,7 @@ def _compile(
         "dram_tensor_bytes": gen.tensor_area,
         "resident_bytes": resident_bytes,
         "resident_tensors": len(gen.resident),
+        "const_slot_bytes": gen.const_slot,
         "constant_bytes": len(gen.consts),
         "binary_bytes": len(data),
         "estimated_cycles": cycles,
@@ -242,6 +252,13 @@ def _compile(
         "cpu_subgraphs": sum(1 for s in subgraphs if s["device"] == "cpu"),
     }
     return data, disassemble(npub.read(data)), stats
+
+
+def _first_kept(at: int, position: list[int], moved: set[int]) -> int:
+    """Where an op's first instruction that stayed in place went (its start after hoisting)."""
+    while at < len(position) and at in moved:
+        at += 1
+    return position[at] if at < len(position) else len(position)
 
 
 def _read_before_write(indices: list[int], ops: list[dict], name: str) -> bool:

@@ -126,7 +126,7 @@ def per_op(program: list[Instruction], marks: list, target: dict) -> list[dict]:
     bounds = sorted({at for at, _, _ in marks} | {len(program)})
     names = {}
     for at, node, kind in marks:
-        names.setdefault(at, (node, kind))  # an op with no instructions shares its index: first wins
+        names[at] = (node, kind)  # an op with no instructions shares the next op's index: last wins
     rows = []
     for start, end in zip(bounds, bounds[1:]):
         if start not in names:

@@ -11,7 +11,7 @@ Counters: instructions per engine, bytes moved by DMA, MACs, and the SRAM high-w
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, OrderedDict
 
 import numpy as np
 
@@ -35,6 +35,28 @@ def _saturate(v: np.ndarray, bits: int) -> np.ndarray:
 EXACT_FLOAT32_TERMS = 512
 
 
+# im2col columns of recent input tiles: a layer whose weights come in several chunks convolves
+# the same input tile once per chunk, and the columns are most of the simulator's work.
+_COLUMNS_KEPT = 16
+_columns: OrderedDict[tuple, np.ndarray] = OrderedDict()
+
+
+def _im2col(xc: np.ndarray, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int) -> np.ndarray:
+    c = xc.shape[0]
+    oh = (xc.shape[1] - (kh - 1) * dh - 1) // sh + 1
+    ow = (xc.shape[2] - (kw - 1) * dw - 1) // sw + 1
+    if kh == kw == 1 and sh == sw == 1:
+        return xc.reshape(c, oh * ow)
+    span = ((kh - 1) * dh + 1, (kw - 1) * dw + 1)
+    win = np.lib.stride_tricks.sliding_window_view(xc, span, axis=(1, 2))[:, ::sh, ::sw, ::dh, ::dw]
+    win = win[:, :oh, :ow]  # [C, oh, ow, kh, kw]
+    cols = np.empty((c, kh, kw, oh, ow), np.float32)
+    for i in range(kh):  # one strided copy per kernel tap (much faster than transposing the view)
+        for j in range(kw):
+            cols[:, i, j] = win[:, :, :, i, j]
+    return cols.reshape(c * kh * kw, oh * ow)
+
+
 def _conv_int8(x: np.ndarray, zp: int, w: np.ndarray, attrs: dict) -> np.ndarray:
     """The MAC array's convolution of an int8 tile (already padded), exact: float32 GEMMs over
     im2col columns in chunks of at most EXACT_FLOAT32_TERMS products, summed in float64."""
@@ -45,21 +67,21 @@ def _conv_int8(x: np.ndarray, zp: int, w: np.ndarray, attrs: dict) -> np.ndarray
     dh, dw = attrs["dilations"]
     oh = (xc.shape[1] - (kh - 1) * dh - 1) // sh + 1
     ow = (xc.shape[2] - (kw - 1) * dw - 1) // sw + 1
-    span = ((kh - 1) * dh + 1, (kw - 1) * dw + 1)
-    win = np.lib.stride_tricks.sliding_window_view(xc, span, axis=(1, 2))[:, ::sh, ::sw, ::dh, ::dw]
-    win = win[:, :oh, :ow]  # [C, oh, ow, kh, kw]
     if attrs["group"] > 1:  # depthwise, channel multiplier cout // c: <= 49 taps, exact in float32
-        taps = win.reshape(c, 1, oh * ow, kh * kw)
+        span = ((kh - 1) * dh + 1, (kw - 1) * dw + 1)
+        win = np.lib.stride_tricks.sliding_window_view(xc, span, axis=(1, 2))[:, ::sh, ::sw, ::dh, ::dw]
+        taps = win[:, :oh, :ow].reshape(c, 1, oh * ow, kh * kw)
         wf = w.astype(np.float32).reshape(c, cout // c, 1, kh * kw)
         return (taps * wf).sum(axis=-1, dtype=np.float32).reshape(1, cout, oh, ow)
-    if kh == kw == 1 and sh == sw == 1:
-        cols = xc.reshape(c, oh * ow)
-    else:  # one strided copy per kernel tap (much faster than transposing the window view)
-        cols = np.empty((c, kh, kw, oh, ow), np.float32)
-        for i in range(kh):
-            for j in range(kw):
-                cols[:, i, j] = win[:, :, :, i, j]
-        cols = cols.reshape(c * kh * kw, oh * ow)
+    key = (x.tobytes(), x.shape, zp, kh, kw, sh, sw, dh, dw)
+    cols = _columns.get(key)
+    if cols is None:
+        cols = _im2col(xc, kh, kw, sh, sw, dh, dw)
+        _columns[key] = cols
+        if len(_columns) > _COLUMNS_KEPT:
+            _columns.popitem(last=False)
+    else:
+        _columns.move_to_end(key)
     wf = w.reshape(cout, -1).astype(np.float32)
     k = c * kh * kw
     if k <= EXACT_FLOAT32_TERMS:  # float32 holds the exact integer sums
@@ -104,6 +126,7 @@ class Simulator:
         self.dram = Memory("DRAM", dram_bytes)
         self.counts: Counter = Counter()
         self.target = target
+        self._static: dict[int, tuple[list[Instruction], dict[str, int]]] = {}
 
     # --- DMA ------------------------------------------------------------------------------------
     def _dram_box(self, a: dict) -> tuple[np.ndarray, tuple]:
@@ -167,7 +190,6 @@ class Simulator:
 
     def _conv(self, a: dict) -> None:
         x = self.sram.view(a["src"], a["in_bits"], (1, a["in_c"], a["in_h"], a["in_w"]))
-        xc = x.astype(np.float64) - a["in_zp"]
         group = a["group"]
         if group <= 0 or a["in_c"] % group:
             raise NpubError(f"conv with {a['in_c']} input channels in {group} groups")
@@ -189,7 +211,7 @@ class Simulator:
         if min(a["sh"], a["sw"], a["dh"], a["dw"], a["kh"], a["kw"]) <= 0:
             raise NpubError("conv with a non-positive kernel, stride or dilation")
         if a["transpose"]:
-            full = conv_transpose_accumulate(xc, w, attrs)
+            full = conv_transpose_accumulate(x.astype(np.float64) - a["in_zp"], w, attrs)
             acc = np.zeros((1, a["out_c"], a["out_h"], a["out_w"]))
             t, left = a["crop_top"], a["crop_left"]
             r0, r1 = max(t, 0), min(t + a["out_h"], full.shape[2])
@@ -198,7 +220,10 @@ class Simulator:
                 acc[:, :, r0 - t : r1 - t, c0 - left : c1 - left] = full[:, :, r0:r1, c0:c1]
         else:
             fast = a["in_bits"] == 8 and (group == 1 or (group == a["in_c"] and w.shape[1] == 1))
-            acc = _conv_int8(x, a["in_zp"], w, attrs) if fast else conv_accumulate(xc, w, attrs)
+            if fast:
+                acc = _conv_int8(x, a["in_zp"], w, attrs)
+            else:
+                acc = conv_accumulate(x.astype(np.float64) - a["in_zp"], w, attrs)
             if acc.shape[2:] != (a["out_h"], a["out_w"]):
                 raise NpubError(f"conv tile gives {acc.shape[2:]}, instruction says {a['out_h'], a['out_w']}")
         self.counts["macs"] += math.prod(acc.shape) * math.prod(w.shape[1:])
@@ -303,17 +328,36 @@ class Simulator:
         self.sram.write(a["dst"], a["bits"], x[:, rows][:, :, cols])
 
     # --- the stream -----------------------------------------------------------------------------
-    def execute(self, program: list[Instruction]) -> None:
+    def _static_counts(self, program: list[Instruction]) -> dict[str, int]:
+        """Instructions per engine and cycles: they depend on the stream, not on the data, so
+        they are worked out once per stream (a runtime executes the same streams every run)."""
+        known = self._static.get(id(program))
+        if known is not None and known[0] is program:
+            return known[1]
+        counts: dict[str, int] = {}
         timeline = Timeline(self.target) if self.target else None
         for instruction in program:
-            self.counts[f"{ENGINES[instruction.op]}_instructions"] += 1
+            name = f"{ENGINES[instruction.op]}_instructions"
+            counts[name] = counts.get(name, 0) + 1
+            if instruction.op == "end":
+                break
+            if timeline is not None:
+                try:
+                    timeline.add(instruction)
+                except (ValueError, IndexError, KeyError, TypeError, OverflowError) as exc:
+                    raise NpubError(f"'{instruction.op}' failed: {exc}") from None
+        counts["cycles"] = timeline.end if timeline is not None else 0
+        self._static[id(program)] = (program, counts)
+        return counts
+
+    def execute(self, program: list[Instruction]) -> None:
+        static = self._static_counts(program)
+        for instruction in program:
             if instruction.op == "end":
                 break
             try:
-                if timeline is not None:
-                    timeline.add(instruction)
                 getattr(self, f"_{instruction.op}")(instruction.args)
             except (ValueError, IndexError, KeyError, TypeError, OverflowError, MemoryError) as exc:
                 raise NpubError(f"'{instruction.op}' failed: {exc}") from None
-        if timeline is not None:
-            self.counts["cycles"] += timeline.end
+        for name, value in static.items():
+            self.counts[name] += value
