@@ -30,6 +30,8 @@ CONFIRM_ROUNDS = 3
 # the integer model by ~1e-3 in cosine on small nets, as much as the margin a goal like 0.999 leaves.
 EXACT_RATIO, EXACT_SECONDS = 3.0, 2.0
 HAND_BACK_RUNS = 48
+# Bisection steps over the cost budget of the noise-ordered fill (see Search.budget_fill).
+FILL_STEPS = 7
 
 
 def search_order(rows: list[dict], work: dict, target: dict, levels: list[str]) -> list[str]:
@@ -65,9 +67,12 @@ class Search:
         candidates: list[str],
         target: dict,
         work: dict,
+        noise_ranking: list[str] | None = None,
     ):
         self.probe, self.goal, self.target, self.work = probe, goal, target, work
         self.units = [u for u in ranking if u in set(probe.layers.units)]
+        # most output noise first, whatever the cost: the order of the budgeted fill
+        self.noise_units = [u for u in (noise_ranking or []) if u in set(self.units)]
         self.levels = _levels(candidates)
         self.path: list[dict] = []
         self.best: tuple[dict, dict] | None = None
@@ -179,9 +184,46 @@ class Search:
         for level in self.levels[1:]:
             found = self.smallest_prefix(table, level)
             if found is not None:
+                filled = self.budget_fill(table, level, self.cost(found))
+                if filled is not None and self.cost(filled) < self.cost(found):
+                    found = filled
                 return self.hand_back(found)
             table = self.prefix(table, level, len(self.units))
         return None
+
+    def budget_fill(self, base: dict[str, str], level: str, ceiling: float) -> dict[str, str] | None:
+        """The other way to spend a budget: walk the layers in order of the noise each adds alone
+        (not per cycle) and promote every one that still fits a cost budget, skipping those that
+        do not; bisect the budget below `ceiling` (the prefix search's cost). Where the noisiest
+        layers are cheap vector ops and a few huge convolutions hurt less, this keeps those big
+        convolutions at the lower level, which a prefix of the per-cycle order cannot."""
+        if not self.noise_units:
+            return None
+        low, high = self.cost(base), ceiling
+        best = None
+        for _ in range(FILL_STEPS):
+            budget = (low + high) / 2
+            table, spent = dict(base), self.cost(base)
+            for u in self.noise_units:
+                if table[u] != base[u]:
+                    continue
+                step = layer_cost(self.work[u], level, self.target) - layer_cost(
+                    self.work[u], base[u], self.target
+                )
+                if spent + step > budget:  # cannot fit even alone: no need to plan it
+                    continue
+                trial = {**table, u: level}
+                trial_cost = self.cost(trial)
+                if trial_cost <= budget:
+                    table, spent = trial, trial_cost
+            if table == base:
+                low = budget
+                continue
+            if self.evaluate(table, f"noisiest layers {level} within a cost of {budget:,.0f}"):
+                best, high = table, spent
+            else:
+                low = budget
+        return best
 
     def confirmed(self, table: dict[str, str]) -> tuple[dict[str, str], bool]:
         """Check the choice on the integer model itself; where the probe was optimistic, promote
@@ -286,6 +328,7 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     feeds = list(iterate_feeds(model, SampleFile(inputs["evaluation"]), params["samples"]))
     probe = PrecisionProbe(model, stats["tensors"], stats_arrays, params["quantize"], feeds)
     work = op_work(model)
+    by_noise = sorted(sensitivity["layers"], key=lambda r: (r["quantized_alone"]["sqnr_db"], r["node"]))
     search = Search(
         probe,
         search_order(sensitivity["layers"], work, params["target"], _levels(params["candidates"])),
@@ -293,6 +336,7 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
         params["candidates"],
         params["target"],
         work,
+        noise_ranking=[r["node"] for r in by_noise],
     )
     table, reached = search.run()
     final_metrics = search.final if reached else search.best[1]
