@@ -50,7 +50,7 @@ def test_the_fill_skips_the_expensive_layer_a_prefix_must_take():
     s, table, reached = search(sorted(NOISE, key=lambda u: -NOISE[u]))
     assert reached
     assert table == {"cheap_a": "int16", "big": "int8", "cheap_b": "int16"}
-    assert any(step["action"].startswith("noisiest layers int16 within a cost") for step in s.path)
+    assert any(step["action"].startswith("noisiest layers int16 within a budget") for step in s.path)
 
 
 def test_the_fill_is_cheaper_than_the_smallest_prefix():
@@ -58,6 +58,6 @@ def test_the_fill_is_cheaper_than_the_smallest_prefix():
     base = {u: "int8" for u in NOISE}
     prefix = s.smallest_prefix(base, "int16")
     assert prefix == {"cheap_a": "int16", "big": "int16", "cheap_b": "int16"}  # it has to go past "big"
-    filled = s.budget_fill(base, "int16", s.cost(prefix))
+    filled = s.budget_fill(base, "int16", s.cost, s.cost(prefix))
     assert filled == {"cheap_a": "int16", "big": "int8", "cheap_b": "int16"}
     assert s.cost(filled) < s.cost(prefix)

@@ -184,42 +184,45 @@ class Search:
         for level in self.levels[1:]:
             found = self.smallest_prefix(table, level)
             if found is not None:
-                filled = self.budget_fill(table, level, self.cost(found))
-                if filled is not None and self.cost(filled) < self.cost(found):
-                    found = filled
+                for spend in (self.cost, self.promoted_macs):
+                    filled = self.budget_fill(table, level, spend, spend(found))
+                    if filled is not None and self.cost(filled) < self.cost(found):
+                        found = filled
                 return self.hand_back(found)
             table = self.prefix(table, level, len(self.units))
         return None
 
-    def budget_fill(self, base: dict[str, str], level: str, ceiling: float) -> dict[str, str] | None:
+    def promoted_macs(self, table: dict[str, str]) -> float:
+        """MACs that do not run at int8 (a layer reading a 16-bit tensor included)."""
+        runs_at = self.effective(table)
+        return float(sum(self.work[u]["macs"] for u in self.units if runs_at[u] != "int8"))
+
+    def budget_fill(self, base: dict[str, str], level: str, spend, ceiling: float) -> dict[str, str] | None:
         """The other way to spend a budget: walk the layers in order of the noise each adds alone
-        (not per cycle) and promote every one that still fits a cost budget, skipping those that
-        do not; bisect the budget below `ceiling` (the prefix search's cost). Where the noisiest
-        layers are cheap vector ops and a few huge convolutions hurt less, this keeps those big
-        convolutions at the lower level, which a prefix of the per-cycle order cannot."""
+        (not per cycle) and promote every one that still fits a budget of `spend` (estimated
+        cycles, or MACs taken off int8), skipping those that do not; bisect the budget below
+        `ceiling` (what the prefix search's table spends). Where the noisiest layers are cheap
+        vector ops and a few huge convolutions hurt less, this keeps those big convolutions at the
+        lower level, which a prefix of the per-cycle order cannot. The caller keeps a filled
+        table only when it is cheaper in estimated cycles."""
         if not self.noise_units:
             return None
-        low, high = self.cost(base), ceiling
+        low, high = spend(base), ceiling
         best = None
         for _ in range(FILL_STEPS):
             budget = (low + high) / 2
-            table, spent = dict(base), self.cost(base)
+            table, spent = dict(base), spend(base)
             for u in self.noise_units:
                 if table[u] != base[u]:
                     continue
-                step = layer_cost(self.work[u], level, self.target) - layer_cost(
-                    self.work[u], base[u], self.target
-                )
-                if spent + step > budget:  # cannot fit even alone: no need to plan it
-                    continue
                 trial = {**table, u: level}
-                trial_cost = self.cost(trial)
-                if trial_cost <= budget:
-                    table, spent = trial, trial_cost
+                trial_spend = spend(trial)
+                if trial_spend <= budget:
+                    table, spent = trial, trial_spend
             if table == base:
                 low = budget
                 continue
-            if self.evaluate(table, f"noisiest layers {level} within a cost of {budget:,.0f}"):
+            if self.evaluate(table, f"noisiest layers {level} within a budget of {budget:,.0f}"):
                 best, high = table, spent
             else:
                 low = budget
