@@ -116,8 +116,9 @@ def test_hand_written_precision_table(small_ws, store):
             "at least two precisions",
         ),
         ('    mixed_precision = {"goal": {"cosine": 0.99}},\n    precision_table = "p.json",\n', "not both"),
+        ('    mixed_precision = {"goal": {"cosine": 0.99}, "minimize": "power"},\n', "minimize"),
     ],
-    ids=["empty goal", "one candidate", "both"],
+    ids=["empty goal", "one candidate", "both", "unknown objective"],
 )
 def test_bad_mixed_precision_settings(small_ws, tmp_path, line, message):
     set_attr(small_ws, line)

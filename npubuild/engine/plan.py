@@ -144,6 +144,7 @@ class Planner:
                 "goal": mp.goal.model_dump(),
                 "candidates": mp.candidates,
                 "enforce": mp.enforce,
+                "minimize": mp.minimize,
                 "target": hardware["target"],
             }
             search_inputs = {**probe_inputs, "sensitivity": Output(sens, "report")}

@@ -108,6 +108,8 @@ class MixedPrecision(Strict):
     goal: AccuracyGoal
     candidates: list[Literal["int8", "int16", "float"]] = ["int8", "int16", "float"]
     enforce: bool = False
+    # what "least cost" means: the target's estimated cycles, or the MACs taken off int8
+    minimize: Literal["cycles", "non_int8_macs"] = "cycles"
 
     @model_validator(mode="after")
     def _usable(self) -> MixedPrecision:

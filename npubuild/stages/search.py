@@ -34,7 +34,9 @@ HAND_BACK_RUNS = 48
 FILL_STEPS = 7
 
 
-def search_order(rows: list[dict], work: dict, target: dict, levels: list[str]) -> list[str]:
+def search_order(
+    rows: list[dict], work: dict, target: dict, levels: list[str], minimize: str = "cycles"
+) -> list[str]:
     """Most output noise removed per extra cycle first. A layer's noise is the power of the error
     it causes alone, 10^(-SQNR/10) of its "quantized alone" view; its price is the cost of moving
     it one level up. Cheap vector ops that hurt come before big convolutions that hurt as much."""
@@ -43,6 +45,8 @@ def search_order(rows: list[dict], work: dict, target: dict, levels: list[str]) 
         return 10.0 ** (-row["quantized_alone"]["sqnr_db"] / 10.0)
 
     def price(node: str) -> float:
+        if minimize == "non_int8_macs":
+            return max(float(work[node]["macs"]), 1.0)
         up = layer_cost(work[node], levels[min(1, len(levels) - 1)], target) - layer_cost(
             work[node], levels[0], target
         )
@@ -68,7 +72,9 @@ class Search:
         target: dict,
         work: dict,
         noise_ranking: list[str] | None = None,
+        minimize: str = "cycles",
     ):
+        self.minimize = minimize
         self.probe, self.goal, self.target, self.work = probe, goal, target, work
         self.units = [u for u in ranking if u in set(probe.layers.units)]
         # most output noise first, whatever the cost: the order of the budgeted fill
@@ -186,11 +192,17 @@ class Search:
             if found is not None:
                 for spend in (self.cost, self.promoted_macs):
                     filled = self.budget_fill(table, level, spend, spend(found))
-                    if filled is not None and self.cost(filled) < self.cost(found):
+                    if filled is not None and self.objective(filled) < self.objective(found):
                         found = filled
                 return self.hand_back(found)
             table = self.prefix(table, level, len(self.units))
         return None
+
+    def objective(self, table: dict[str, str]) -> float:
+        """What the search minimises: estimated cycles, or MACs off int8 (cycles break ties)."""
+        if self.minimize == "non_int8_macs":
+            return self.promoted_macs(table) + self.cost(table) * 1e-9
+        return self.cost(table)
 
     def promoted_macs(self, table: dict[str, str]) -> float:
         """MACs that do not run at int8 (a layer reading a 16-bit tensor included)."""
@@ -204,7 +216,7 @@ class Search:
         `ceiling` (what the prefix search's table spends). Where the noisiest layers are cheap
         vector ops and a few huge convolutions hurt less, this keeps those big convolutions at the
         lower level, which a prefix of the per-cycle order cannot. The caller keeps a filled
-        table only when it is cheaper in estimated cycles."""
+        table only when it is cheaper by the search's objective."""
         if not self.noise_units:
             return None
         low, high = spend(base), ceiling
@@ -334,18 +346,26 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     by_noise = sorted(sensitivity["layers"], key=lambda r: (r["quantized_alone"]["sqnr_db"], r["node"]))
     search = Search(
         probe,
-        search_order(sensitivity["layers"], work, params["target"], _levels(params["candidates"])),
+        search_order(
+            sensitivity["layers"],
+            work,
+            params["target"],
+            _levels(params["candidates"]),
+            params.get("minimize", "cycles"),
+        ),
         params["goal"],
         params["candidates"],
         params["target"],
         work,
         noise_ranking=[r["node"] for r in by_noise],
+        minimize=params.get("minimize", "cycles"),
     )
     table, reached = search.run()
     final_metrics = search.final if reached else search.best[1]
     all_base = {u: search.levels[0] for u in search.units}
     summary = {
         "goal": params["goal"],
+        "minimize": search.minimize,
         "candidates": search.levels,
         "reached": reached,
         "cosine": final_metrics["cosine"],
