@@ -123,13 +123,17 @@ class RemoteCache:
         self.down = f"{self.config.url} unreachable ({last})"
         raise RemoteDown(self.down)
 
+    def _read(self, method: str, path: str) -> tuple[int, bytes]:
+        """A GET or HEAD; a cache that is down answers as a miss (status 0)."""
+        try:
+            return self._request(method, path)
+        except RemoteDown:
+            return 0, b""
+
     # action cache -----------------------------------------------------------------------------
     def get_action(self, key: str) -> dict | None:
         """The stored result of action `key` ({"stage", "outputs"}), or None on a miss or bad entry."""
-        try:
-            status, data = self._request("GET", f"ac/{key}")
-        except RemoteDown:
-            return None
+        status, data = self._read("GET", f"ac/{key}")
         if status != 200:
             return None
         try:
@@ -143,11 +147,7 @@ class RemoteCache:
         return {"stage": entry.stage, "outputs": entry.outputs}
 
     def has_action(self, key: str) -> bool:
-        try:
-            status, _ = self._request("HEAD", f"ac/{key}")
-        except RemoteDown:
-            return False
-        return status == 200
+        return self._read("HEAD", f"ac/{key}")[0] == 200
 
     def put_action(self, key: str, result: dict) -> None:
         entry = {"key": key, "stage": result["stage"], "outputs": result["outputs"]}
@@ -156,10 +156,7 @@ class RemoteCache:
     # content-addressed blobs ------------------------------------------------------------------
     def get_blob(self, digest: str) -> bytes | None:
         """The blob's bytes, verified against its digest; None on a miss or wrong bytes."""
-        try:
-            status, data = self._request("GET", f"cas/{digest}")
-        except RemoteDown:
-            return None
+        status, data = self._read("GET", f"cas/{digest}")
         if status != 200:
             return None
         actual = hashlib.sha256(data).hexdigest()
@@ -168,13 +165,7 @@ class RemoteCache:
         return data
 
     def has_blob(self, digest: str) -> bool:
-        if f"cas/{digest}" in self._bad:
-            return False
-        try:
-            status, _ = self._request("HEAD", f"cas/{digest}")
-        except RemoteDown:
-            return False
-        return status == 200
+        return f"cas/{digest}" not in self._bad and self._read("HEAD", f"cas/{digest}")[0] == 200
 
     def put_blob(self, digest: str, data: bytes) -> None:
         self._put(f"cas/{digest}", data)

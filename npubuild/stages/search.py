@@ -104,10 +104,8 @@ class Search:
         return sum(layer_cost(self.work[u], runs_at[u], self.target) for u in self.units)
 
     def int8_mac_share(self, table: dict[str, str]) -> float:
-        runs_at = self.effective(table)
         total = sum(self.work[u]["macs"] for u in self.units)
-        int8 = sum(self.work[u]["macs"] for u in self.units if runs_at[u] == "int8")
-        return int8 / total if total else 1.0
+        return 1.0 - self.promoted_macs(table) / total if total else 1.0
 
     def measure(self, table: dict[str, str]) -> dict:
         """The metrics of a table (each distinct table is run once): from the integer model itself

@@ -247,11 +247,7 @@ class Codegen:
                 continue
             live = [b for b in live if b[0] >= first[r] or not reuse]
             size = _align(max(self._sizes.get(r, 1), 1))
-            start = 0
-            for _, s0, sz in sorted(live, key=lambda b: b[1]):
-                if start + size <= s0:
-                    break
-                start = max(start, s0 + sz)
+            start = _first_fit(live, size)
             placed[r] = start
             live.append((last[r], start, size))
             top = max(top, start + size)
@@ -336,11 +332,7 @@ class Codegen:
         for r in sorted(eligible, key=lambda k: (first[k], k)):
             live = [b for b in live if b[0] >= first[r]]
             size = _align(max(self._sizes.get(r, 1), 1))
-            start = 0
-            for _, s0, sz in sorted(live, key=lambda b: b[1]):
-                if start + size <= s0:
-                    break
-                start = max(start, s0 + sz)
+            start = _first_fit(live, size)
             if start + size > _align(budget):
                 continue
             placed[r] = SRAM_FLAG + base + start
@@ -1375,6 +1367,16 @@ class Codegen:
                 wait=1 << T_IN[b],
                 signal=T_STORED[b],
             )
+
+
+def _first_fit(live: list[tuple[int, int, int]], size: int) -> int:
+    """The lowest offset where `size` bytes fit between the live (end, start, size) buffers."""
+    start = 0
+    for _, s0, sz in sorted(live, key=lambda b: b[1]):
+        if start + size <= s0:
+            break
+        start = max(start, s0 + sz)
+    return start
 
 
 def _space(address: int) -> tuple[int, int]:
