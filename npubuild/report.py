@@ -60,6 +60,40 @@ def _details(plan, summaries: dict[str, dict]) -> list[str]:
 
 
 def render_build(console, store: Store, outcome: BuildOutcome) -> None:
+    """Print the build summary. The text is a function of each step's status and summary digest
+    (and the terminal), so a rebuild that changes neither prints the text kept from last time: a
+    no-op build would otherwise spend most of its time reading a few hundred summaries."""
+    key = _rendering_key(console, outcome)
+    kept = store.get_meta("rendered_build") or {}
+    if kept.get("key") == key:
+        try:
+            console.file.write(store.read_bytes(kept["digest"]).decode())
+            console.file.flush()
+            return
+        except (CorruptBlob, KeyError, UnicodeDecodeError):
+            pass  # evicted or damaged: render it again
+    with console.capture() as capture:
+        _render_build(console, store, outcome)
+    text = capture.get()
+    console.file.write(text)
+    console.file.flush()
+    store.set_meta("rendered_build", {"key": key, "digest": store.put_bytes(text.encode())})
+
+
+def _rendering_key(console, outcome: BuildOutcome) -> str:
+    import hashlib
+    import json
+
+    steps = []
+    for plan in outcome.plans:
+        for step, action in plan.steps:
+            result = outcome.result(action)
+            steps.append([str(plan.label), step, result.status, result.outputs if result.ok else None])
+    terminal = [console.width, console.color_system, console.is_terminal]
+    return hashlib.sha256(json.dumps([terminal, steps], sort_keys=True).encode()).hexdigest()
+
+
+def _render_build(console, store: Store, outcome: BuildOutcome) -> None:
     """One row per requested target: which steps ran, which came from the cache, what they found."""
     from rich.table import Table
 

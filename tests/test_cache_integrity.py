@@ -184,3 +184,32 @@ def test_two_builds_sharing_one_cache_agree(small_ws, tmp_path):
     assert outputs(small_ws) == expected
     again = cli(["build", "//..."], small_ws, shared)
     assert "Build OK: 10 actions (10 cached)" in again.stdout
+
+
+def test_a_noop_build_prints_the_summary_kept_from_the_last_rendering(small_ws, store, monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from npubuild import report
+
+    def render(outcome) -> str:
+        console = Console(file=io.StringIO(), width=200, highlight=False)
+        report.render_build(console, store, outcome)
+        return console.file.getvalue()
+
+    cold = render(run_build(small_ws, store))
+    first_noop = render(run_build(small_ws, store))
+    assert first_noop != cold  # "ran" became "cached": rendered anew, then kept
+    assert "cls_npu" in first_noop and "int8 cos" in first_noop
+
+    def no_reads(*args):
+        raise AssertionError("a summary was read although the kept rendering applies")
+
+    with monkeypatch.context() as m:
+        m.setattr(report, "summary_of", no_reads)
+        assert render(run_build(small_ws, store)) == first_noop
+    kept = store.get_meta("rendered_build")["digest"]
+    with open(store.blob_path(kept), "r+b") as f:  # a damaged kept rendering is not trusted
+        f.write(b"garbage")
+    assert render(run_build(small_ws, store)) == first_noop

@@ -30,6 +30,7 @@ CONFIRM_ROUNDS = 3
 # the integer model by ~1e-3 in cosine on small nets, as much as the margin a goal like 0.999 leaves.
 EXACT_RATIO, EXACT_SECONDS = 3.0, 2.0
 HAND_BACK_RUNS = 48
+CONFIRM_ACTION = "confirm on the integer model (golden interpreter)"
 # Bisection steps over the cost budget of the noise-ordered fill (see Search.budget_fill).
 FILL_STEPS = 7
 
@@ -86,6 +87,9 @@ class Search:
         self.measured: dict[tuple, dict] = {}
         self.exact: bool | None = None  # measure with the integer model itself (small models)
         self.final: dict | None = None
+        self.golden: dict[tuple, dict] = {}
+        # every table the integer model itself showed to meet the goal: the answer is the cheapest
+        self.confirmed_tables: list[dict[str, str]] = []
 
     def effective(self, table: dict[str, str]) -> dict[str, str]:
         """The precision each layer runs at: a MAC left at int8 that reads a 16-bit tensor (its
@@ -125,8 +129,31 @@ class Search:
                 self.measured[key] = (self.probe.confirm if self.exact else self.probe.run)(dict(key))
         return self.measured[key]
 
+    def golden_metrics(self, table: dict[str, str]) -> dict:
+        """The integer model's own metrics for a table (each distinct table is run once)."""
+        key = tuple(sorted((u, p) for u, p in table.items() if p != "int8"))
+        if self.exact:
+            metrics = self.measure(table)
+        else:
+            if key not in self.golden:
+                self.golden[key] = self.probe.confirm(dict(key))
+            metrics = self.golden[key]
+        if meets(metrics, self.goal) and table not in self.confirmed_tables:
+            self.confirmed_tables.append(dict(table))
+        return metrics
+
+    def confirm(self, table: dict[str, str], action: str = CONFIRM_ACTION) -> bool:
+        metrics = self.golden_metrics(table)
+        ok = meets(metrics, self.goal)
+        self.record(table, metrics, ok, action)
+        if self.best is None or _better(metrics, self.best[1], self.goal):
+            self.best = (dict(table), metrics)
+        return ok
+
     def evaluate(self, table: dict[str, str], action: str) -> bool:
         metrics = self.measure(table)
+        if self.exact:
+            self.golden_metrics(table)  # the integer model's own figure: a confirmed table if it passes
         ok = meets(metrics, self.working_goal)
         self.record(table, metrics, ok, action)
         if self.best is None or _better(metrics, self.best[1], self.goal):
@@ -155,31 +182,33 @@ class Search:
 
     def run(self) -> tuple[dict[str, str], bool]:
         """Search with the probe, confirm on the integer model; where the probe was optimistic by
-        some margin, search again with the goal raised by that margin (at most CONFIRM_ROUNDS)."""
+        some margin, search again with the goal raised by that margin (at most CONFIRM_ROUNDS).
+        The answer is the cheapest table the integer model itself showed to meet the goal, among
+        all that were run on it (the budgeted fill runs on it directly, see budget_fill)."""
         goal = dict(self.goal)
         table: dict[str, str] = {}
         for _ in range(CONFIRM_ROUNDS):
             self.working_goal = goal
             found = self.search()
             if found is None:
-                return (self.best[0] if self.best else table), False
+                break
             table = found
-            golden = (
-                self.measure(table)
-                if self.exact
-                else self.probe.confirm({u: p for u, p in table.items() if p != "int8"})
-            )
-            ok = meets(golden, self.goal)
-            self.record(table, golden, ok, "confirm on the integer model (golden interpreter)")
-            if ok:
-                self.final = golden
-                return table, True
-            estimate = self.measure(table)
-            goal = _raised(goal, estimate, golden)
+            if self.confirm(table):
+                return self.cheapest_confirmed()
+            goal = _raised(goal, self.measure(table), self.golden_metrics(table))
             if goal is None:
                 break
         self.working_goal = self.goal
-        return self.confirmed(table)
+        if not self.confirmed_tables and table:
+            table, _ = self.confirmed(table)
+        if self.confirmed_tables:
+            return self.cheapest_confirmed()
+        return (self.best[0] if self.best else table), False
+
+    def cheapest_confirmed(self) -> tuple[dict[str, str], bool]:
+        table = min(self.confirmed_tables, key=self.objective)
+        self.final = self.golden_metrics(table)
+        return dict(table), True
 
     def search(self) -> dict[str, str] | None:
         table = {u: self.levels[0] for u in self.units}
@@ -214,7 +243,9 @@ class Search:
         `ceiling` (what the prefix search's table spends). Where the noisiest layers are cheap
         vector ops and a few huge convolutions hurt less, this keeps those big convolutions at the
         lower level, which a prefix of the per-cycle order cannot. The caller keeps a filled
-        table only when it is cheaper by the search's objective."""
+        table only when it is cheaper by the search's objective. Each fill runs on the integer
+        model against the goal itself: the fill lands where the goal only just holds, which is
+        where the probe's small optimism would make it miss."""
         if not self.noise_units:
             return None
         low, high = spend(base), ceiling
@@ -232,7 +263,8 @@ class Search:
             if table == base:
                 low = budget
                 continue
-            if self.evaluate(table, f"noisiest layers {level} within a budget of {budget:,.0f}"):
+            action = f"noisiest layers {level} within a budget of {budget:,.0f}"
+            if self.confirm(table, action + " (integer model)"):
                 best, high = table, spent
             else:
                 low = budget
@@ -242,11 +274,8 @@ class Search:
         """Check the choice on the integer model itself; where the probe was optimistic, promote
         the next most sensitive layers one at a time until the integer model meets the goal."""
         for _ in range(CONFIRM_ATTEMPTS):
-            metrics = self.probe.confirm({u: p for u, p in table.items() if p != "int8"})
-            ok = meets(metrics, self.goal)
-            self.record(table, metrics, ok, "confirm on the integer model (golden interpreter)")
-            if ok:
-                self.final = metrics
+            if self.confirm(table):
+                self.final = self.golden_metrics(table)
                 return table, True
             nxt = next((u for u in self.units if table[u] != self.levels[-1]), None)
             if nxt is None:
