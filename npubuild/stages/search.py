@@ -182,9 +182,10 @@ class Search:
 
     def run(self) -> tuple[dict[str, str], bool]:
         """Search with the probe, confirm on the integer model; where the probe was optimistic by
-        some margin, search again with the goal raised by that margin (at most CONFIRM_ROUNDS).
-        The answer is the cheapest table the integer model itself showed to meet the goal, among
-        all that were run on it (the budgeted fill runs on it directly, see budget_fill)."""
+        some margin and no table is yet known to pass on the integer model, search again with the
+        goal raised by that margin (at most CONFIRM_ROUNDS). The answer is the cheapest table the
+        integer model itself showed to meet the goal, among all that were run on it (the budgeted
+        fill runs on it directly, see budget_fill)."""
         goal = dict(self.goal)
         table: dict[str, str] = {}
         for _ in range(CONFIRM_ROUNDS):
@@ -193,7 +194,9 @@ class Search:
             if found is None:
                 break
             table = found
-            if self.confirm(table):
+            if self.confirm(table) or self.confirmed_tables:
+                # a table the integer model passed is already known (a fill's): another round at a
+                # raised goal would rerun the whole search to perhaps shave a little off it
                 return self.cheapest_confirmed()
             goal = _raised(goal, self.measure(table), self.golden_metrics(table))
             if goal is None:
@@ -206,7 +209,11 @@ class Search:
         return (self.best[0] if self.best else table), False
 
     def cheapest_confirmed(self) -> tuple[dict[str, str], bool]:
-        table = min(self.confirmed_tables, key=self.objective)
+        # equal cost (a promotion the estimate prices at nothing): the fewer layers promoted
+        table = min(
+            self.confirmed_tables,
+            key=lambda t: (self.objective(t), sum(p != self.levels[0] for p in t.values())),
+        )
         self.final = self.golden_metrics(table)
         return dict(table), True
 
@@ -221,6 +228,10 @@ class Search:
                     filled = self.budget_fill(table, level, spend, spend(found))
                     if filled is not None and self.objective(filled) < self.objective(found):
                         found = filled
+                if not meets(self.measure(found), self.working_goal):
+                    # a fill the integer model passed but the probe does not: every hand-back
+                    # step, judged by the probe, would fail
+                    return found
                 return self.hand_back(found)
             table = self.prefix(table, level, len(self.units))
         return None
