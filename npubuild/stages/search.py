@@ -254,9 +254,9 @@ class Search:
         `ceiling` (what the prefix search's table spends). Where the noisiest layers are cheap
         vector ops and a few huge convolutions hurt less, this keeps those big convolutions at the
         lower level, which a prefix of the per-cycle order cannot. The caller keeps a filled
-        table only when it is cheaper by the search's objective. Each fill runs on the integer
-        model against the goal itself: the fill lands where the goal only just holds, which is
-        where the probe's small optimism would make it miss."""
+        table only when it is cheaper by the search's objective. An int16 fill runs on the
+        integer model against the goal itself: the fill lands where the goal only just holds,
+        which is where the probe's small optimism would make it miss."""
         if not self.noise_units:
             return None
         low, high = spend(base), ceiling
@@ -275,7 +275,14 @@ class Search:
                 low = budget
                 continue
             action = f"noisiest layers {level} within a budget of {budget:,.0f}"
-            if self.confirm(table, action + " (integer model)"):
+            # float layers run in the golden interpreter's reference evaluator, far slower than
+            # onnxruntime: a float-level fill stays on the probe
+            passed = (
+                self.evaluate(table, action)
+                if level == "float"
+                else self.confirm(table, action + " (integer model)")
+            )
+            if passed:
                 best, high = table, spent
             else:
                 low = budget
