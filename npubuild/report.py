@@ -6,6 +6,7 @@ from typing import Any
 
 from rich.markup import escape
 
+from npubuild.cache.digest import sha256_json
 from npubuild.cache.store import CorruptBlob, Store
 from npubuild.engine.run import BuildOutcome
 
@@ -81,16 +82,13 @@ def render_build(console, store: Store, outcome: BuildOutcome) -> None:
 
 
 def _rendering_key(console, outcome: BuildOutcome) -> str:
-    import hashlib
-    import json
-
     steps = []
     for plan in outcome.plans:
         for step, action in plan.steps:
             result = outcome.result(action)
             steps.append([str(plan.label), step, result.status, result.outputs if result.ok else None])
     terminal = [console.width, console.color_system, console.is_terminal]
-    return hashlib.sha256(json.dumps([terminal, steps], sort_keys=True).encode()).hexdigest()
+    return sha256_json([terminal, steps])
 
 
 def _render_build(console, store: Store, outcome: BuildOutcome) -> None:

@@ -114,7 +114,7 @@ class Search:
     def measure(self, table: dict[str, str]) -> dict:
         """The metrics of a table (each distinct table is run once): from the integer model itself
         when running it costs little more than the probe, else from the probe."""
-        key = tuple(sorted((u, p) for u, p in table.items() if p != "int8"))
+        key = _promoted(table)
         if key not in self.measured:
             if self.exact is None:
                 started = time.perf_counter()
@@ -131,7 +131,7 @@ class Search:
 
     def golden_metrics(self, table: dict[str, str]) -> dict:
         """The integer model's own metrics for a table (each distinct table is run once)."""
-        key = tuple(sorted((u, p) for u, p in table.items() if p != "int8"))
+        key = _promoted(table)
         if self.exact:
             metrics = self.measure(table)
         else:
@@ -144,17 +144,16 @@ class Search:
 
     def confirm(self, table: dict[str, str], action: str = CONFIRM_ACTION) -> bool:
         metrics = self.golden_metrics(table)
-        ok = meets(metrics, self.goal)
-        self.record(table, metrics, ok, action)
-        if self.best is None or _better(metrics, self.best[1], self.goal):
-            self.best = (dict(table), metrics)
-        return ok
+        return self.note(table, metrics, meets(metrics, self.goal), action)
 
     def evaluate(self, table: dict[str, str], action: str) -> bool:
         metrics = self.measure(table)
         if self.exact:
             self.golden_metrics(table)  # the integer model's own figure: a confirmed table if it passes
-        ok = meets(metrics, self.working_goal)
+        return self.note(table, metrics, meets(metrics, self.working_goal), action)
+
+    def note(self, table: dict[str, str], metrics: dict, ok: bool, action: str) -> bool:
+        """A run into the path, and into the best result seen (for an unreachable goal's report)."""
         self.record(table, metrics, ok, action)
         if self.best is None or _better(metrics, self.best[1], self.goal):
             self.best = (dict(table), metrics)
@@ -203,7 +202,7 @@ class Search:
                 break
         self.working_goal = self.goal
         if not self.confirmed_tables and table:
-            table, _ = self.confirmed(table)
+            self.promote_until_confirmed(table)
         if self.confirmed_tables:
             return self.cheapest_confirmed()
         return (self.best[0] if self.best else table), False
@@ -288,24 +287,23 @@ class Search:
                 low = budget
         return best
 
-    def confirmed(self, table: dict[str, str]) -> tuple[dict[str, str], bool]:
-        """Check the choice on the integer model itself; where the probe was optimistic, promote
-        the next most sensitive layers one at a time until the integer model meets the goal."""
+    def promote_until_confirmed(self, table: dict[str, str]) -> None:
+        """Last resort when the probe was optimistic on every round: promote the next most
+        sensitive layers one at a time until the integer model meets the goal (a table it passes
+        joins confirmed_tables)."""
         for _ in range(CONFIRM_ATTEMPTS):
             if self.confirm(table):
-                self.final = self.golden_metrics(table)
-                return table, True
+                return
             nxt = next((u for u in self.units if table[u] != self.levels[-1]), None)
             if nxt is None:
-                break
+                return
             table = {**table, nxt: self.levels[self.levels.index(table[nxt]) + 1]}
             self.record(
                 table,
-                self.probe.run({u: p for u, p in table.items() if p != "int8"}),
+                self.probe.run(dict(_promoted(table))),
                 None,
                 f"promote {nxt} to {table[nxt]}",
             )
-        return table, False
 
     def smallest_prefix(self, base: dict[str, str], level: str) -> dict[str, str] | None:
         n = len(self.units)
@@ -370,6 +368,11 @@ def _raised(goal: dict, estimate: dict, golden: dict) -> dict | None:
     if goal.get("sqnr") is not None:
         raised["sqnr"] = goal["sqnr"] + max(estimate["sqnr_db"] - golden["sqnr_db"], 0.0) + 0.1
     return raised
+
+
+def _promoted(table: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """A table by its layers above int8: the key each measured table is kept under."""
+    return tuple(sorted((u, p) for u, p in table.items() if p != "int8"))
 
 
 def _levels(candidates: list[str]) -> list[str]:
