@@ -249,7 +249,7 @@ def _finish_build(store, outcome) -> int:
         for r in outcome.results.values():
             if r.traceback:
                 err.print(escape(r.traceback))
-    for note in outcome.remote_notes:
+    for note in outcome.warnings:
         err.print(f"[yellow]warning:[/] {escape(note)}", soft_wrap=True)
     downloaded = sum(1 for r in outcome.results.values() if r.downloaded)
     if downloaded:
@@ -466,12 +466,19 @@ def clean(expunge: Annotated[bool, typer.Option(help="Also delete the whole cach
     from npubuild.layout import OUT_DIR
 
     root = _root()
-    shutil.rmtree(root / OUT_DIR, ignore_errors=True)
-    out.print(f"removed {root / OUT_DIR}")
+    target = root / OUT_DIR
+    if target.is_symlink() or target.is_file():
+        target.unlink()
+    else:
+        shutil.rmtree(target, ignore_errors=True)
+    out.print(f"removed {target}")
     if expunge:
-        store = _store()
-        store.expunge()
-        out.print(f"removed cache {store.directory}")
+        from npubuild.cache.store import default_cache_dir
+        from npubuild.cache.store import expunge as remove_cache
+
+        directory = options.cache_dir or default_cache_dir()
+        remove_cache(directory)  # without opening it: a damaged cache goes too
+        out.print(f"removed cache {directory}")
 
 
 @cache_app.command("stats")
@@ -514,7 +521,21 @@ def cache_gc(
     )
 
 
+def _click_exception_types() -> tuple[type, type]:
+    """(ClickException, Abort) of the click typer runs on: typer 0.29 vendors its own copy and no
+    longer depends on click, older ones use click itself; both are reachable through typer."""
+    base = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+    return base, typer.Abort
+
+
+def _terminated(signum, frame) -> None:
+    raise KeyboardInterrupt  # so the build kills its workers and leaves the cache as it was
+
+
 def main() -> None:
+    import signal
+
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         code = _noop_build(sys.argv[1:])
         if code is None:
@@ -530,15 +551,19 @@ def main() -> None:
         err.print("[red]interrupted[/]")
         sys.exit(130)
     except Exception as exc:
-        import click
-
-        if isinstance(exc, click.exceptions.Abort):
+        click_exception, abort = _click_exception_types()
+        if isinstance(exc, abort):
+            err.print("[red]interrupted[/]")
             sys.exit(130)
-        if isinstance(exc, click.ClickException):
-            exc.show()
+        if isinstance(exc, click_exception):  # a usage error: bad option, missing argument
+            err.print(f"[red]error:[/] {escape(exc.format_message())}", soft_wrap=True)
             sys.exit(exc.exit_code)
         if options.verbose:
             raise
+        if isinstance(exc, OSError):  # a full disk, a read-only directory, a vanished file
+            what = f" {exc.filename}" if exc.filename else ""
+            err.print(f"[red]error:[/] cannot access{escape(what)}: {escape(exc.strerror or str(exc))}")
+            sys.exit(1)
         err.print(
             f"[red]internal error:[/] {type(exc).__name__}: {escape(str(exc))} "
             "(rerun with --verbose for a traceback)"

@@ -67,9 +67,9 @@ def test_wrong_bytes_in_the_remote_are_rejected_rebuilt_and_overwritten(shared, 
         # import rebuilt the same bytes, so everything after it still came from the remote.
         assert outcome.executed() == {("import", "//models:cls"), ("evaluate", "//models:cls_npu")}
         assert out_digests(ws) == shared["outputs"]
-        assert len(outcome.remote_notes) == 2
-        assert any(f"cas/{imported[:12]}" in n and "hash to" in n for n in outcome.remote_notes)
-        assert any(f"ac/{first.result(ev).key[:12]}" in n for n in outcome.remote_notes)
+        assert len(outcome.warnings) == 2
+        assert any(f"cas/{imported[:12]}" in n and "hash to" in n for n in outcome.warnings)
+        assert any(f"ac/{first.result(ev).key[:12]}" in n for n in outcome.warnings)
         # Read-write: the good bytes replaced the bad ones.
         assert blob.read_bytes() == good
         # A third clean cache now runs nothing.

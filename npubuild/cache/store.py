@@ -3,6 +3,11 @@
 The key spaces mirror the Bazel HTTP cache protocol so a remote cache can serve the same entries.
 Stored values are bytes, files or JSON text, never pickle. Every blob read back is checked against
 its digest; a mismatch evicts it and raises CorruptBlob so the engine rebuilds it.
+
+The store claims only what it can show: a blob is present when its file is there with the size
+recorded beside it, an index row that does not parse is dropped (and rebuilt by the build), a
+damaged database file is set aside, and a cache directory that cannot be written makes the build
+run without a cache. Each of these leaves one line in `warnings` for the command line to print.
 """
 
 from __future__ import annotations
@@ -11,7 +16,9 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
+import sqlite3
 import tempfile
 import time
 from pathlib import Path
@@ -20,6 +27,17 @@ from typing import Any, BinaryIO
 import diskcache
 
 from npubuild.cache.digest import CHUNK, canonical_json, sha256_file
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _read_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()
 
 # Last-use times of action results are kept to this resolution, so that a no-op build a minute after
 # the last one writes nothing; `cache gc` evicts least recently used first.
@@ -50,6 +68,25 @@ class _HashingReader:
         return self._h.hexdigest()
 
 
+class _NoPickleDisk(diskcache.Disk):
+    """diskcache's storage, refusing to unpickle: a tampered cache.db must not run code."""
+
+    def fetch(self, mode, filename, value, read):
+        if mode == diskcache.core.MODE_PICKLE:
+            raise ValueError("a pickled value in the cache index")
+        return super().fetch(mode, filename, value, read)
+
+
+def valid_action_entry(entry: Any) -> bool:
+    """An action-cache entry as the engine writes it: a stage name and sha256 digests by output."""
+    return (
+        isinstance(entry, dict)
+        and isinstance(entry.get("stage"), str)
+        and isinstance(entry.get("outputs"), dict)
+        and all(isinstance(k, str) and isinstance(v, str) and _SHA256.match(v) for k, v in entry["outputs"].items())
+    )
+
+
 def default_cache_dir() -> Path:
     if env := os.environ.get("NPUBUILD_CACHE"):
         return Path(env)
@@ -60,23 +97,111 @@ def default_cache_dir() -> Path:
 class Store:
     def __init__(self, directory: Path):
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self._cache = diskcache.Cache(
-            str(self.directory), size_limit=1 << 50, eviction_policy="none", timeout=60, statistics=False
+        self.warnings: list[str] = []  # one line each: what was repaired or given up
+        self._temporary: str | None = None
+        self._cache = self._open_index()
+
+    def _open_index(self) -> diskcache.Cache:
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            return self._diskcache(self.directory)
+        except sqlite3.DatabaseError as exc:
+            if isinstance(exc, sqlite3.OperationalError) and not _damaged(exc):
+                return self._without_cache(str(exc))
+            # Not a database (truncated, overwritten): keep it for a post-mortem, start afresh.
+            aside = self.directory / f"cache.db.damaged-{os.getpid()}"
+            try:
+                os.replace(self.directory / "cache.db", aside)
+                for suffix in ("-wal", "-shm"):
+                    if (self.directory / f"cache.db{suffix}").exists():
+                        os.unlink(self.directory / f"cache.db{suffix}")
+                cache = self._diskcache(self.directory)
+            except (OSError, sqlite3.Error) as again:
+                return self._without_cache(str(again))
+            self.warnings.append(
+                f"the cache index {self.directory / 'cache.db'} was damaged ({exc}); "
+                f"set aside as {aside.name}, starting with an empty cache"
+            )
+            return cache
+        except OSError as exc:
+            return self._without_cache(exc.strerror or str(exc))
+
+    @staticmethod
+    def _diskcache(directory: Path) -> diskcache.Cache:
+        return diskcache.Cache(
+            str(directory),
+            size_limit=1 << 50,
+            eviction_policy="none",
+            timeout=60,
+            statistics=False,
+            disk=_NoPickleDisk,
         )
+
+    def _without_cache(self, why: str) -> diskcache.Cache:
+        """The cache directory cannot be written: build in a private one, deleted on close."""
+        self._temporary = tempfile.mkdtemp(prefix="npubuild-nocache-")
+        self.warnings.append(f"cannot use the cache {self.directory} ({why}); building without a cache")
+        return self._diskcache(Path(self._temporary))
 
     def close(self) -> None:
         self._cache.close()
+        if self._temporary is not None:
+            shutil.rmtree(self._temporary, ignore_errors=True)
+
+    def _warn_once(self, line: str) -> None:
+        if line not in self.warnings:
+            self.warnings.append(line)
+
+    def _get_text(self, key: str) -> str | None:
+        """A text row; a row that cannot be read back (lost file, a pickle, garbage) is dropped."""
+        try:
+            value = self._cache.get(key)
+        except (ValueError, OSError, UnicodeDecodeError, sqlite3.DataError):
+            value = 0
+        if value is None or isinstance(value, str):
+            return value
+        self._drop_damaged(key)
+        return None
+
+    def _get_int(self, key: str) -> int | None:
+        try:
+            value = self._cache.get(key)
+        except (ValueError, OSError):
+            value = None
+        return value if isinstance(value, int) else None
+
+    def _drop_damaged(self, key: str) -> None:
+        self._cache.delete(key)
+        self._warn_once(f"the cache had damaged entries (first: {key[:20]}…); dropped, rebuilt as needed")
 
     # content-addressed blobs ------------------------------------------------------------------
     def has_blob(self, digest: str) -> bool:
-        return f"cas/{digest}" in self._cache
+        """True only when the blob's file is there with the size it was stored with; a row whose
+        file is gone (a tmp cleaner, a manual delete) is dropped, so the blob is stored again."""
+        key = f"cas/{digest}"
+        try:
+            handle, size = self._cache.get(key, read=True, tag=True)
+        except (ValueError, OSError):
+            handle, size = None, None
+        if handle is None:
+            if key in self._cache:
+                self._cache.delete(key)
+            return False
+        with handle:
+            actual = handle.seek(0, io.SEEK_END)
+        if isinstance(size, int) and actual != size:
+            self._cache.delete(key)
+            return False
+        return True
+
+    def _set_blob(self, digest: str, reader, size: int) -> None:
+        self._cache.set(f"cas/{digest}", reader, read=True, tag=size)
 
     def put_file(self, path: Path) -> str:
         digest = sha256_file(path)
         if not self.has_blob(digest):
             with open(path, "rb") as f:
-                self._cache.set(f"cas/{digest}", f, read=True)
+                self._set_blob(digest, f, os.fstat(f.fileno()).st_size)
         return digest
 
     def put_source(self, path: Path, digest: str) -> None:
@@ -85,7 +210,7 @@ class Store:
             return
         with open(path, "rb") as f:
             reader = _HashingReader(f)
-            self._cache.set(f"cas/{digest}", reader, read=True)
+            self._set_blob(digest, reader, os.fstat(f.fileno()).st_size)
         if reader.hexdigest() != digest:
             self.evict_blob(digest)
             raise CorruptBlob(digest, reader.hexdigest())
@@ -93,11 +218,23 @@ class Store:
     def put_bytes(self, data: bytes) -> str:
         digest = hashlib.sha256(data).hexdigest()
         if not self.has_blob(digest):
-            self._cache.set(f"cas/{digest}", io.BytesIO(data), read=True)
+            self._set_blob(digest, io.BytesIO(data), len(data))
         return digest
 
+    def put_verified_file(self, path: Path, digest: str) -> None:
+        """Store a file that must hash to `digest` (a download); raise CorruptBlob otherwise."""
+        actual = sha256_file(path)
+        if actual != digest:
+            raise CorruptBlob(digest, actual)
+        if not self.has_blob(digest):
+            with open(path, "rb") as f:
+                self._set_blob(digest, f, os.fstat(f.fileno()).st_size)
+
     def _open(self, digest: str) -> BinaryIO:
-        handle = self._cache.get(f"cas/{digest}", read=True)
+        try:
+            handle = self._cache.get(f"cas/{digest}", read=True)
+        except (ValueError, OSError):
+            handle = None
         if handle is None:
             raise KeyError(digest)
         return handle
@@ -127,6 +264,7 @@ class Store:
             if h.hexdigest() != digest:
                 self.evict_blob(digest)
                 raise CorruptBlob(digest, h.hexdigest())
+            os.chmod(tmp, 0o666 & ~_UMASK)  # as if created with open(): mkstemp makes it 0600
             os.replace(tmp, dest)
         finally:
             if os.path.exists(tmp):
@@ -137,8 +275,9 @@ class Store:
 
     def blob_path(self, digest: str) -> str | None:
         """Where diskcache keeps a large blob on disk (for tests that corrupt it), else None."""
-        handle = self._cache.get(f"cas/{digest}", read=True)
-        if handle is None:
+        try:
+            handle = self._open(digest)
+        except KeyError:
             return None
         name = getattr(handle, "name", None)
         handle.close()
@@ -146,8 +285,18 @@ class Store:
 
     # action cache -----------------------------------------------------------------------------
     def get_action(self, key: str) -> dict | None:
-        text = self._cache.get(f"ac/{key}")
-        return json.loads(text) if isinstance(text, str) else None
+        """The action's recorded result, or None; an entry that is not one is dropped."""
+        text = self._get_text(f"ac/{key}")
+        if text is None:
+            return None
+        try:
+            entry = json.loads(text)
+        except ValueError:
+            entry = None
+        if not valid_action_entry(entry):
+            self._drop_damaged(f"ac/{key}")
+            return None
+        return entry
 
     def put_action(self, key: str, result: dict) -> None:
         self._cache.set(f"ac/{key}", canonical_json(result))
@@ -158,12 +307,12 @@ class Store:
     # stat cache: source digests without re-reading unchanged files ---------------------------
     def source_digest(self, path: Path) -> str:
         st = os.stat(path)
-        stamp = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+        stamp = _stat_stamp(st)
         entry_key = f"stat/{os.path.abspath(path)}"
-        entry = self._cache.get(entry_key)
-        if isinstance(entry, str):
-            recorded_stamp, digest = entry.rsplit("|", 1)
-            if recorded_stamp == stamp:
+        entry = self._get_text(entry_key)
+        if entry is not None:
+            recorded_stamp, _, digest = entry.rpartition("|")
+            if recorded_stamp == stamp and _SHA256.match(digest):
                 return digest
         digest = sha256_file(path)
         if time.time_ns() - st.st_mtime_ns > _RACY_NS:
@@ -172,19 +321,23 @@ class Store:
 
     def remember_digest(self, path: Path, digest: str) -> None:
         """Record the digest of a file we just wrote and verified ourselves (no racy window)."""
-        st = os.stat(path)
-        self._cache.set(
-            f"stat/{os.path.abspath(path)}", f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}|{digest}"
-        )
+        self._cache.set(f"stat/{os.path.abspath(path)}", f"{_stat_stamp(os.stat(path))}|{digest}")
 
     # small metadata (last-build records for `explain`) ---------------------------------------
     def get_meta(self, name: str) -> Any:
-        text = self._cache.get(f"meta/{name}")
-        return json.loads(text) if isinstance(text, str) else None
+        """A metadata record, or None; a record that does not parse is dropped."""
+        text = self._get_text(f"meta/{name}")
+        if text is None:
+            return None
+        try:
+            return json.loads(text)
+        except ValueError:
+            self._drop_damaged(f"meta/{name}")
+            return None
 
     def set_meta(self, name: str, value: Any) -> None:
         text = canonical_json(value)
-        if self._cache.get(f"meta/{name}") != text:
+        if self._get_text(f"meta/{name}") != text:
             self._cache.set(f"meta/{name}", text)
 
     # least-recently-used bookkeeping and garbage collection -----------------------------------
@@ -193,7 +346,7 @@ class Store:
         stamp = int(time.time() if now is None else now)
         stale = []
         for key in keys:
-            used = self._cache.get(f"used/{key}")
+            used = self._get_int(f"used/{key}")
             if not isinstance(used, int) or abs(stamp - used) >= USE_RESOLUTION_S:
                 stale.append(key)
         if stale:
@@ -202,8 +355,9 @@ class Store:
                     self._cache.set(f"used/{key}", stamp)
 
     def blob_size(self, digest: str) -> int | None:
-        handle = self._cache.get(f"cas/{digest}", read=True)
-        if handle is None:
+        try:
+            handle = self._open(digest)
+        except KeyError:
             return None
         with handle:
             return handle.seek(0, io.SEEK_END)
@@ -219,7 +373,7 @@ class Store:
             if key.startswith("ac/"):
                 result = self.get_action(key[3:])
                 if result is not None:
-                    used = self._cache.get(f"used/{key[3:]}")
+                    used = self._get_int(f"used/{key[3:]}")
                     entries.append((used if isinstance(used, int) else 0, key[3:], result["outputs"]))
             elif key.startswith("cas/"):
                 size = self.blob_size(key[4:])
@@ -266,4 +420,21 @@ class Store:
 
     def expunge(self) -> None:
         self.close()
-        shutil.rmtree(self.directory, ignore_errors=True)
+        expunge(self.directory)
+
+
+def expunge(directory: Path) -> None:
+    """Delete a cache directory without opening it, so that a damaged one goes too."""
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def _stat_stamp(st: os.stat_result) -> str:
+    """What identifies a file's version without reading it: an in-place edit that restores the
+    mtime still moves the ctime, a replaced file has a new inode."""
+    return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
+
+
+def _damaged(exc: sqlite3.OperationalError) -> bool:
+    """An OperationalError that says the file is not a usable database (rather than unwritable)."""
+    text = str(exc).lower()
+    return "malformed" in text or "not a database" in text or "file is encrypted" in text

@@ -11,29 +11,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import npubuild
 from npubuild.cache.digest import sha256_json
 from npubuild.cache.store import Store
 from npubuild.engine.actions import Action, Output, SourceFile, TargetPlan
 from npubuild.errors import Location
 from npubuild.labels import parse_label
 from npubuild.layout import glob_files, list_packages, package_dir
-
-_PACKAGE_DIR = Path(npubuild.__file__).parent
-
-
-def _tool_stamp() -> str:
-    """Changes whenever npubuild's own code changes (size or mtime of any of its modules)."""
-    entries = []
-    for dirpath, dirnames, filenames in os.walk(_PACKAGE_DIR):
-        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
-        for f in sorted(filenames):
-            if f.endswith(".py"):
-                st = os.stat(os.path.join(dirpath, f))
-                entries.append(
-                    [os.path.relpath(os.path.join(dirpath, f), _PACKAGE_DIR), st.st_size, st.st_mtime_ns]
-                )
-    return sha256_json([npubuild.__version__, entries])
+from npubuild.stages import codeversion
 
 
 def _record_name(root: Path, patterns: list[str], until: str | None) -> str:
@@ -45,7 +29,8 @@ def analyse(
 ) -> tuple[list[TargetPlan], list[Action]]:
     """The plans and actions for the patterns, from the cache when nothing they read changed."""
     name = _record_name(root, patterns, until)
-    stamp = _tool_stamp()
+    stamp = codeversion.current_stamp()
+    codeversion.versions(store)  # the stages' code versions for this tree, computed once per tree
     record = store.get_meta(name)
     if record is not None and record.get("tool") == stamp and _still_valid(root, store, record):
         return _decode(record)

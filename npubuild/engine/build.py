@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from npubuild.cache.shared import download_action, upload_action, upload_blob
 from npubuild.cache.store import CorruptBlob, Store
 from npubuild.engine.actions import Action, Output, SourceFile
+from npubuild.stages import STAGES
 
 MAX_ROUNDS = 3
 
@@ -77,9 +78,12 @@ class Builder:
                 results = self._round(actions, executed)
                 if not any(r.status == "corrupt" for r in results.values()):
                     break
-        finally:
+        except BaseException:
             if self._executor is not None:
-                self._executor.shutdown()
+                self._executor.abort()
+            raise
+        if self._executor is not None:
+            self._executor.shutdown()
         for identity in executed:
             if results.get(identity) and results[identity].status == "cached":
                 results[identity].status = "ran"  # it ran in an earlier round
@@ -191,6 +195,9 @@ class Builder:
                 digests[name] = results[i.action.identity].outputs[i.name]
         key = action.key(digests)
         hit = self.store.get_action(key)
+        if hit is not None and not _matches_stage(hit, action.stage):
+            self.store.delete_action(key)  # written by hand or by a poisoned remote: not ours
+            hit = None
         if hit is not None and all(self.store.has_blob(d) for d in hit["outputs"].values()):
             if self.remote is not None and self.remote.writable and not self.remote.has_action(key):
                 upload_action(self.store, self.remote, key, hit)  # built before the remote was in use
@@ -213,6 +220,10 @@ class Builder:
             name: results[i.action.identity].key if isinstance(i, Output) else None
             for name, i in action.inputs.items()
         }
+
+
+def _matches_stage(entry: dict, stage: str) -> bool:
+    return entry["stage"] == stage and set(entry["outputs"]) == set(STAGES[stage].outputs)
 
 
 Callback = Callable[[Action, ActionResult], None]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from concurrent.futures import Future
 
 from npubuild.cache.store import default_cache_dir
@@ -36,13 +37,55 @@ class LocalExecutor:
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor
 
-            self._pool = ProcessPoolExecutor(self.slots, mp_context=multiprocessing.get_context("spawn"))
+            self._pool = ProcessPoolExecutor(
+                self.slots,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_bind_to_parent,
+                initargs=(os.getpid(),),
+            )
         return self._pool.submit(execute, self.store_dir, desc, remote_config)
 
     def shutdown(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+
+    def abort(self) -> None:
+        """Stop now (Ctrl-C, an error escaping the build): kill the workers rather than wait for
+        their actions. A killed action never wrote its cache entry, so the cache stays right."""
+        if self._pool is not None:
+            for process in list(getattr(self._pool, "_processes", {}).values()):
+                process.kill()
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+def _bind_to_parent(parent: int) -> None:
+    """A pool worker lives only as long as the build that started it. Ctrl-C reaches the whole
+    process group: the parent handles it, the worker ignores it. If the parent dies (SIGTERM,
+    kill -9) the kernel kills the worker (Linux), and a watcher thread exits it everywhere else."""
+    import signal
+    import threading
+    import time
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the parent died before the line above took effect
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="npubuild-parent-watch").start()
 
 
 def run_on_ray_worker(desc_json: str, remote_json: str) -> str:
@@ -85,6 +128,9 @@ class RayExecutor:
 
     def shutdown(self) -> None:
         """Between rounds of one build: keep the connection to the cluster."""
+
+    def abort(self) -> None:
+        """Ray cancels a driver's tasks when the driver goes away."""
 
     def close(self) -> None:
         self._ray.shutdown()

@@ -22,7 +22,7 @@ class BuildOutcome:
     results: dict[str, ActionResult]
     seconds: float
     errors: list[str] = field(default_factory=list)
-    remote_notes: list[str] = field(default_factory=list)  # warnings about the shared cache
+    warnings: list[str] = field(default_factory=list)  # the cache's and the remote cache's, one line each
 
     @property
     def ok(self) -> bool:
@@ -64,9 +64,10 @@ def build(
     )
     results = builder.run(actions)
     # A blob can turn out corrupt only when read: materialising reads it; rebuild what was bad.
-    for _ in range(2):
-        bad = _materialise_all(root, store, plans, results)
-        if not bad:
+    unwritable: list[str] = []
+    for attempt in range(3):
+        bad, unwritable = _materialise_all(root, store, plans, results)
+        if not bad or attempt == 2:
             break
         for action in bad:
             store.delete_action(results[action.identity].key)
@@ -76,7 +77,12 @@ def build(
                 results[identity].status = "ran"
     history.record(store, plans, results)
     store.touch_actions(sorted(r.key for r in results.values() if r.ok and r.key))
-    errors = []
+    errors = list(unwritable)
+    for action in bad:
+        errors.append(
+            f"{action.stage} {action.owner}: an output could not be read back from the cache even "
+            "after rebuilding it; check the cache directory (disk errors?) or run 'npubuild clean --expunge'"
+        )
     for action in actions:
         r = results[action.identity]
         if r.status == "failed":
@@ -85,19 +91,30 @@ def build(
         elif r.status == "corrupt":
             errors.append(f"{action.stage} {action.owner}: {r.message} (still corrupt after a rebuild)")
     seconds = time.perf_counter() - started
-    return BuildOutcome(plans, actions, results, seconds, errors, builder.remote_notes)
+    notes = [*store.warnings, *builder.remote_notes]
+    return BuildOutcome(plans, actions, results, seconds, errors, notes)
 
 
-def _materialise_all(root: Path, store: Store, plans: list[TargetPlan], results: dict) -> list[Action]:
+def _materialise_all(
+    root: Path, store: Store, plans: list[TargetPlan], results: dict
+) -> tuple[list[Action], list[str]]:
+    """(actions whose outputs were missing or corrupt in the cache, errors writing the outputs)."""
     bad: list[Action] = []
+    unwritable: list[str] = []
     for plan in plans:
         out = root / OUT_DIR / plan.label.out_dir
         for action, output, filename in plan.outputs:
             result = results.get(action.identity)
             if result is None or not result.ok:
                 continue
+            dest = out / filename
             try:
-                materialise(store, result.outputs[output], out / filename)
+                materialise(store, result.outputs[output], dest)
             except (CorruptBlob, KeyError):
-                bad.append(action)
-    return bad
+                if action not in bad:
+                    bad.append(action)
+            except OSError as exc:
+                where = exc.filename or dest
+                unwritable.append(f"cannot write the output {dest.relative_to(root)} of {plan.label}: "
+                                  f"{exc.strerror or exc} ({where})")
+    return bad, unwritable

@@ -9,6 +9,7 @@ store lacks are fetched from it and the results are written to it, blobs first.
 from __future__ import annotations
 
 import importlib
+import sqlite3
 import tempfile
 import traceback
 from pathlib import Path
@@ -91,9 +92,15 @@ def _execute(store: Store, desc: dict, remote: RemoteCache | None) -> dict:
                 "status": "failed",
                 "message": f"internal error: stage '{stage.name}' wrote {sorted(produced)}",
             }
-        outputs = {name: store.put_file(Path(path)) for name, path in sorted(produced.items())}
-    entry = {"outputs": outputs, "stage": stage.name}
-    store.put_action(desc["key"], entry)
+        try:
+            outputs = {name: store.put_file(Path(path)) for name, path in sorted(produced.items())}
+            entry = {"outputs": outputs, "stage": stage.name}
+            store.put_action(desc["key"], entry)
+        except (OSError, sqlite3.Error) as exc:
+            # A full disk or a cache made read-only meanwhile: the entry is written last, so the
+            # cache holds no result for this action and stays as it was.
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            return {"status": "failed", "message": f"cannot store the results in the cache {store.directory}: {why}"}
     if remote is not None:
         upload_action(store, remote, desc["key"], entry)
     return {"status": "ok", "outputs": outputs}
