@@ -541,6 +541,8 @@ def main() -> None:
         if code is None:
             options.cache_dir = options.workspace = None
             code = app(standalone_mode=False)
+        if code == 130:  # typer's click turns Ctrl-C into this return value
+            err.print("[red]interrupted[/]")
         sys.exit(code if isinstance(code, int) else 0)
     except UserError as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
@@ -560,6 +562,15 @@ def main() -> None:
             sys.exit(exc.exit_code)
         if options.verbose:
             raise
+        import sqlite3
+
+        if isinstance(exc, sqlite3.Error):  # the cache index could not be written or read
+            why = "No space left on device" if "full" in str(exc) else "the cache index failed"
+            err.print(
+                f"[red]error:[/] {why} ({escape(str(exc))}); the cache keeps what it held before "
+                "('npubuild clean --expunge' starts it afresh)"
+            )
+            sys.exit(1)
         if isinstance(exc, OSError):  # a full disk, a read-only directory, a vanished file
             what = f" {exc.filename}" if exc.filename else ""
             err.print(f"[red]error:[/] cannot access{escape(what)}: {escape(exc.strerror or str(exc))}")

@@ -83,7 +83,10 @@ def valid_action_entry(entry: Any) -> bool:
         isinstance(entry, dict)
         and isinstance(entry.get("stage"), str)
         and isinstance(entry.get("outputs"), dict)
-        and all(isinstance(k, str) and isinstance(v, str) and _SHA256.match(v) for k, v in entry["outputs"].items())
+        and all(
+            isinstance(k, str) and isinstance(v, str) and _SHA256.match(v)
+            for k, v in entry["outputs"].items()
+        )
     )
 
 
@@ -141,7 +144,8 @@ class Store:
         """The cache directory cannot be written: build in a private one, deleted on close."""
         self._temporary = tempfile.mkdtemp(prefix="npubuild-nocache-")
         self.warnings.append(f"cannot use the cache {self.directory} ({why}); building without a cache")
-        return self._diskcache(Path(self._temporary))
+        self.directory = Path(self._temporary)  # what workers open too
+        return self._diskcache(self.directory)
 
     def close(self) -> None:
         self._cache.close()

@@ -113,8 +113,11 @@ def _materialise_all(
             except (CorruptBlob, KeyError):
                 if action not in bad:
                     bad.append(action)
-            except OSError as exc:
+            except OSError as exc:  # npubuild-out or a folder in it is a file, a full disk, ...
                 where = exc.filename or dest
-                unwritable.append(f"cannot write the output {dest.relative_to(root)} of {plan.label}: "
-                                  f"{exc.strerror or exc} ({where})")
+                unwritable.append(
+                    f"cannot write the output {dest.relative_to(root)} of {plan.label}: "
+                    f"{exc.strerror or exc} ({where})"
+                )
+                break  # one line per target: its other outputs fail the same way
     return bad, unwritable

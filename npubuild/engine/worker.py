@@ -100,7 +100,10 @@ def _execute(store: Store, desc: dict, remote: RemoteCache | None) -> dict:
             # A full disk or a cache made read-only meanwhile: the entry is written last, so the
             # cache holds no result for this action and stays as it was.
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            return {"status": "failed", "message": f"cannot store the results in the cache {store.directory}: {why}"}
+            return {
+                "status": "failed",
+                "message": f"cannot store the results in the cache {store.directory}: {why}",
+            }
     if remote is not None:
         upload_action(store, remote, desc["key"], entry)
     return {"status": "ok", "outputs": outputs}

@@ -1,0 +1,105 @@
+"""A build's worker processes live only as long as the build; Ctrl-C is quiet and exits 130."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+
+def _children(pid: int) -> set[int]:
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.add(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _start_build(ws: Path, cache: Path) -> tuple[subprocess.Popen, set[int]]:
+    env = {**os.environ, "NPUBUILD_CACHE": str(cache)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "npubuild", "build", "//...", "-j", "2"],
+        cwd=ws,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a shell gives a foreground job
+    )
+    deadline = time.monotonic() + 60
+    workers: set[int] = set()
+    while time.monotonic() < deadline and len(workers) < 2:
+        workers = {c for c in _children(proc.pid) if "spawn_main" in _cmdline(c)}
+        time.sleep(0.2)
+    assert len(workers) >= 2, "the build never started its two workers"
+    time.sleep(1.0)  # let them take actions
+    return proc, workers
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _gone_within(pids: set[int], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not any(_alive(p) for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_workers_die_with_the_build(small_ws, tmp_path, sig):
+    proc, workers = _start_build(small_ws, tmp_path / "cache")
+    os.kill(proc.pid, sig)
+    proc.wait(timeout=30)
+    try:
+        assert _gone_within(workers, 10), f"workers {workers} outlived the build"
+    finally:
+        for w in workers:
+            if _alive(w):
+                os.kill(w, signal.SIGKILL)
+
+
+def test_ctrl_c_is_quiet_and_exits_130(small_ws, tmp_path):
+    proc, workers = _start_build(small_ws, tmp_path / "cache")
+    os.killpg(proc.pid, signal.SIGINT)  # the terminal sends it to the whole foreground group
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    assert stderr.strip().splitlines()[-1] == "interrupted", stderr
+    assert _gone_within(workers, 10)
+    # What the interrupted build left in the cache is sound: the next build finishes.
+    env = {**os.environ, "NPUBUILD_CACHE": str(tmp_path / "cache")}
+    again = subprocess.run(
+        [sys.executable, "-m", "npubuild", "build", "//...", "-j", "2"],
+        cwd=small_ws,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert again.returncode == 0, again.stderr
