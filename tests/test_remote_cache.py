@@ -74,7 +74,7 @@ def test_wrong_bytes_in_the_remote_are_rejected_rebuilt_and_overwritten(shared, 
         assert blob.read_bytes() == good
         # A third clean cache now runs nothing.
         again, _ = build_with(fresh_copy(shared["ws"], tmp_path / "ws3"), tmp_path / "cache-e", dav.url)
-        assert again.executed() == set() and again.remote_notes == []
+        assert again.executed() == set() and again.warnings == []
 
 
 def test_an_unreachable_remote_gives_one_warning_and_a_local_build(shared, tmp_path):

@@ -166,7 +166,7 @@ class Builder:
                 except Exception as exc:  # a worker process died (killed, out of memory)
                     reply = {"status": "failed", "message": f"worker died: {type(exc).__name__}: {exc}"}
                 self._note_remote(reply)
-                if reply["status"] == "ok" and not self._fetch_outputs(result):
+                if reply["status"] == "ok" and not self._fetch_outputs(action, result):
                     reply = {"status": "failed", "message": "the outputs are not in the remote cache"}
                 result.worker = reply.get("worker", "")
                 if reply["status"] == "ok":
@@ -203,16 +203,19 @@ class Builder:
                 upload_action(self.store, self.remote, key, hit)  # built before the remote was in use
             return ActionResult("cached", key, digests, hit["outputs"])
         if self.remote is not None:
-            hit = download_action(self.store, self.remote, key)
+            hit = download_action(self.store, self.remote, key, action.stage, STAGES[action.stage].outputs)
             if hit is not None:
                 return ActionResult("cached", key, digests, hit["outputs"], downloaded=True)
         return ActionResult("pending", key, digests)
 
-    def _fetch_outputs(self, result: ActionResult) -> bool:
+    def _fetch_outputs(self, action: Action, result: ActionResult) -> bool:
         """A worker with its own store left the outputs in the remote cache: bring them here."""
         if self._executor is None or self._executor.shares_local_store:
             return True
-        return self.remote is not None and download_action(self.store, self.remote, result.key) is not None
+        if self.remote is None:
+            return False
+        files = STAGES[action.stage].outputs
+        return download_action(self.store, self.remote, result.key, action.stage, files) is not None
 
     @staticmethod
     def _producer_keys(action: Action, results: dict[str, ActionResult]) -> dict[str, str | None]:
