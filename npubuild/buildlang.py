@@ -4,16 +4,35 @@ Supported: rule calls with keyword arguments, literals, lists, tuples, dicts, va
 (strings and lists), `*` (string/list repetition, numbers), `%` and `.format()` string formatting,
 f-strings, `.join()`, indexing with a constant, unary minus, and the built-ins the rule set provides
 (`glob`, `pypi_file`, ...). Everything else is an error at its file:line:col.
+
+A BUILD file is untrusted input, so evaluation is a sandbox with budgets: formatting is our own
+(fields name an argument, never an attribute or an item of one, and widths are small), integers
+stay within 64 bits, every string and list within `MAX_LENGTH`, all of them together within
+`MAX_ALLOCATED`, expressions within `MAX_DEPTH` levels, and a file within `MAX_STEPS` evaluation
+steps and `MAX_SECONDS`. Each limit is checked before the value is made, so memory stays bounded,
+and each breach is one error at its file:line:col.
 """
 
 from __future__ import annotations
 
 import ast
+import re
+import string
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from npubuild.errors import Location, UserError
+
+MAX_SOURCE_BYTES = 1 << 20
+MAX_DEPTH = 100  # nesting of expressions; Python's own parser stops at 200 parentheses
+MAX_STEPS = 1_000_000
+MAX_SECONDS = 5.0
+MAX_INT = (1 << 63) - 1
+MAX_LENGTH = 1_000_000  # characters of a string, elements of a list
+MAX_ALLOCATED = 20_000_000  # characters and elements made by one file, all values together
+MAX_WIDTH = 1000  # of a formatted field
 
 
 @dataclass(frozen=True)
@@ -28,7 +47,10 @@ class Arg:
 Builtin = Callable[[list[Any], dict[str, Arg], Location], Any]
 
 _STR_METHODS = {"format", "join", "upper", "lower", "replace", "strip", "startswith", "endswith", "split"}
-_MAX_REPEAT = 100_000
+_FORMAT_SPEC = re.compile(r"^(?:.?[<>^=])?[-+ ]?0?(?P<width>\d*)(?:\.(?P<precision>\d+))?[bdeEfFgGosxX%]?$")
+_PERCENT_SPEC = re.compile(
+    r"%(?:\((?P<key>\w*)\))?[-+ #0]*(?P<width>\*|\d+)?(?:\.(?P<precision>\*|\d+))?(?P<kind>.?)"
+)
 
 
 class _Evaluator:
@@ -36,6 +58,9 @@ class _Evaluator:
         self.path = path
         self.builtins = builtins
         self.variables: dict[str, Any] = {}
+        self.steps = 0
+        self.allocated = 0
+        self.deadline = time.monotonic() + MAX_SECONDS
 
     def loc(self, node: ast.AST) -> Location:
         return Location(self.path, getattr(node, "lineno", 0), getattr(node, "col_offset", -1) + 1)
@@ -65,8 +90,30 @@ class _Evaluator:
                 kind = type(stmt).__name__.lower()
                 raise self.fail(stmt, f"'{kind}' statements are not allowed in BUILD files")
 
+    # budgets ----------------------------------------------------------------------------------
+    def step(self, node: ast.AST) -> None:
+        self.steps += 1
+        if self.steps > MAX_STEPS:
+            raise self.fail(node, f"evaluation takes more than {MAX_STEPS:,} steps")
+        if self.steps % 1024 == 0 and time.monotonic() > self.deadline:
+            raise self.fail(node, f"evaluation takes more than {MAX_SECONDS:g} seconds")
+
+    def make(self, node: ast.AST, length: int, what: str = "value too large") -> None:
+        """Account for a string or list of `length` about to be made; refuse it over budget."""
+        if length > MAX_LENGTH:
+            raise self.fail(node, f"{what}: {length:,} characters or elements (at most {MAX_LENGTH:,})")
+        self.allocated += length
+        if self.allocated > MAX_ALLOCATED:
+            raise self.fail(node, f"the file makes more than {MAX_ALLOCATED:,} characters and elements")
+
+    def number(self, node: ast.AST, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+            raise self.fail(node, "integer overflow (BUILD integers are 64-bit)")
+        return value
+
     # expressions ------------------------------------------------------------------------------
     def expr(self, node: ast.expr) -> Any:
+        self.step(node)
         method = getattr(self, f"_{type(node).__name__}", None)
         if method is None:
             raise self.fail(node, f"{type(node).__name__} expressions are not allowed in BUILD files")
@@ -74,7 +121,7 @@ class _Evaluator:
 
     def _Constant(self, node: ast.Constant) -> Any:
         if isinstance(node.value, (str, int, float, bool)) or node.value is None:
-            return node.value
+            return self.number(node, node.value)
         raise self.fail(node, f"unsupported literal {node.value!r}")
 
     def _List(self, node: ast.List) -> list:
@@ -119,29 +166,28 @@ class _Evaluator:
         left, right = self.expr(node.left), self.expr(node.right)
         op = node.op
         try:
-            if (
-                isinstance(op, ast.Add)
-                and type(left) is type(right)
-                and isinstance(left, (str, list, int, float))
-            ):
+            if isinstance(op, ast.Add) and type(left) is type(right) and isinstance(left, (str, list)):
+                self.make(node, len(left) + len(right))
                 return left + right
             if isinstance(op, ast.Add) and _is_number(left) and _is_number(right):
-                return left + right
+                return self.number(node, left + right)
             if isinstance(op, (ast.Sub, ast.Div)) and _is_number(left) and _is_number(right):
-                return left - right if isinstance(op, ast.Sub) else left / right
+                return self.number(node, left - right if isinstance(op, ast.Sub) else left / right)
             if isinstance(op, ast.Mult):
                 if _is_number(left) and _is_number(right):
-                    return left * right
+                    if isinstance(left, int) and isinstance(right, int):
+                        if left.bit_length() + right.bit_length() > 64:
+                            raise self.fail(node, "integer overflow (BUILD integers are 64-bit)")
+                    return self.number(node, left * right)
                 seq, count = (left, right) if isinstance(right, int) else (right, left)
                 if isinstance(seq, (str, list)) and isinstance(count, int) and not isinstance(count, bool):
-                    if count * max(len(seq), 1) > _MAX_REPEAT:
-                        raise self.fail(node, "repetition too large")
+                    self.make(node, max(count, 0) * len(seq), "repetition too large")
                     return seq * count
             if isinstance(op, ast.Mod) and isinstance(left, str):
-                return left % (tuple(right) if isinstance(right, list) else right)
+                return self.percent(node, left, right)
         except UserError:
             raise
-        except (TypeError, ValueError, KeyError, ZeroDivisionError) as exc:
+        except (TypeError, ValueError, KeyError, ZeroDivisionError, OverflowError) as exc:
             raise self.fail(node, f"cannot apply operator: {exc}") from None
         raise self.fail(
             node, f"unsupported operand types for {type(op).__name__}: {_tname(left)} and {_tname(right)}"
@@ -156,6 +202,7 @@ class _Evaluator:
                 if value.format_spec is not None or value.conversion != -1:
                     raise self.fail(value, "f-string conversions and format specs are not supported")
                 parts.append(_to_str(self.expr(value.value)))
+        self.make(node, sum(len(p) for p in parts))
         return "".join(parts)
 
     def _Subscript(self, node: ast.Subscript) -> Any:
@@ -197,10 +244,96 @@ class _Evaluator:
             raise self.fail(node, f"method '{func.attr}' is not available on {_tname(target)}")
         args = [self.expr(a) for a in node.args]
         kwargs = {kw.arg: self.expr(kw.value) for kw in node.keywords if kw.arg}
+        if any(kw.arg is None for kw in node.keywords):
+            raise self.fail(node, "'**' unpacking is not allowed in BUILD files")
         try:
+            if func.attr == "format":
+                return self.format(node, target, args, kwargs)
+            if func.attr == "join":
+                (items,) = args
+                if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+                    raise TypeError("join() takes a list of strings")
+                self.make(node, sum(len(i) for i in items) + len(target) * max(len(items) - 1, 0))
+            elif func.attr == "replace":
+                old, new = args[0], args[1]
+                if not isinstance(old, str) or not isinstance(new, str):
+                    raise TypeError("replace() takes two strings")
+                self.make(node, len(target) + (target.count(old) + 1) * max(len(new) - len(old), 0))
+            elif func.attr == "split":
+                self.make(node, len(target) + 1)
+            else:
+                self.make(node, len(target) * 3)  # upper() of some characters is three of them
             return getattr(target, func.attr)(*args, **kwargs)
+        except UserError:
+            raise
         except (TypeError, ValueError, KeyError, IndexError) as exc:
             raise self.fail(node, f"{func.attr}() failed: {exc}") from None
+
+    # formatting: our own, so a format string can reach nothing but the values it is given -------
+    def format(self, node: ast.AST, template: str, args: list, kwargs: dict) -> str:
+        parts: list[str] = []
+        auto = 0
+        for literal, field, spec, conversion in string.Formatter().parse(template):
+            parts.append(literal)
+            if field is None:
+                continue
+            if field == "":
+                key: int | str = auto
+                auto += 1
+            elif field.isdigit():
+                key = int(field)
+            elif field.isidentifier():
+                key = field
+            else:
+                raise self.fail(node, f"format field '{{{field}}}' must be empty, a number or a name")
+            try:
+                value = args[key] if isinstance(key, int) else kwargs[key]
+            except (IndexError, KeyError):
+                raise self.fail(node, f"format() has no argument for '{{{field}}}'") from None
+            if conversion == "r":
+                value = repr(value) if isinstance(value, str) else _to_str(value)
+            elif conversion not in (None, "s"):
+                raise self.fail(node, f"format conversion '!{conversion}' is not supported")
+            parts.append(self.field(node, value, spec or ""))
+            self.make(node, sum(len(p) for p in parts))
+        return "".join(parts)
+
+    def field(self, node: ast.AST, value: Any, spec: str) -> str:
+        """One formatted value: a plain string, number or bool, with a small width and precision."""
+        if not spec:
+            return _to_str(value)
+        found = _FORMAT_SPEC.match(spec)
+        if found is None or not isinstance(value, (str, int, float)):
+            raise self.fail(node, f"format spec ':{spec}' is not supported for {_tname(value)}")
+        for part in ("width", "precision"):
+            if len(found[part] or "") > 4 or int(found[part] or 0) > MAX_WIDTH:
+                raise self.fail(node, f"format {part} {found[part]} is larger than {MAX_WIDTH}")
+        try:
+            return format(value, spec)
+        except (TypeError, ValueError) as exc:
+            raise self.fail(node, f"format spec ':{spec}': {exc}") from None
+
+    def percent(self, node: ast.AST, template: str, values: Any) -> str:
+        """printf-style `%` formatting with bounded widths and precisions, and no `*`."""
+        for found in _PERCENT_SPEC.finditer(template):
+            for part in ("width", "precision"):
+                text = found[part]
+                if text == "*":
+                    raise self.fail(node, "'*' widths are not supported in % formatting")
+                if text and (len(text) > 4 or int(text) > MAX_WIDTH):
+                    raise self.fail(node, f"% format width {text} is larger than {MAX_WIDTH}")
+        if isinstance(values, list):
+            values = tuple(values)
+        elif not isinstance(values, (tuple, dict)):
+            values = (values,)
+        if isinstance(values, tuple) and not all(isinstance(v, (str, int, float)) for v in values):
+            values = tuple(v if isinstance(v, (str, int, float)) else _to_str(v) for v in values)
+        try:
+            result = template % values
+        except (TypeError, ValueError, KeyError) as exc:
+            raise self.fail(node, f"% formatting failed: {exc}") from None
+        self.make(node, len(result))
+        return result
 
 
 def _is_number(value: Any) -> bool:
@@ -217,8 +350,42 @@ def _to_str(value: Any) -> str:
     return value if isinstance(value, str) else repr(value)
 
 
+def _longest_line(source: str) -> int:
+    """Where the statement with the most tokens starts: the one Python's parser choked on."""
+    import io
+    import tokenize
+
+    best, best_count, start, count = 0, -1, 1, 0
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(source).readline):
+            if count == 0:
+                start = token.start[0]
+            count += 1
+            if token.type in (tokenize.NEWLINE, tokenize.ENDMARKER):
+                if count > best_count:
+                    best, best_count = start, count
+                count = 0
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    return best
+
+
+def _check_depth(module: ast.Module, path: str) -> None:
+    """Refuse expressions nested deeper than MAX_DEPTH before evaluating (which recurses)."""
+    todo: list[tuple[ast.AST, int, Location]] = [(module, 0, Location(path))]
+    while todo:
+        node, depth, where = todo.pop()
+        if hasattr(node, "lineno"):
+            where = Location(path, node.lineno, node.col_offset + 1)
+        if depth > MAX_DEPTH:
+            raise UserError(f"expression nested more than {MAX_DEPTH} levels deep", where)
+        todo.extend((child, depth + 1, where) for child in ast.iter_child_nodes(node))
+
+
 def evaluate(source: str, path: str, builtins: dict[str, Builtin]) -> dict[str, Any]:
     """Evaluate one BUILD file; rule builtins record targets as a side effect. Returns its variables."""
+    if len(source) > MAX_SOURCE_BYTES:
+        raise UserError(f"BUILD file larger than {MAX_SOURCE_BYTES:,} characters", Location(path))
     try:
         module = ast.parse(source, filename=path)
     except SyntaxError as exc:
@@ -227,6 +394,12 @@ def evaluate(source: str, path: str, builtins: dict[str, Builtin]) -> dict[str, 
         ) from None
     except ValueError as exc:  # e.g. null bytes
         raise UserError(f"cannot parse: {exc}", Location(path)) from None
+    except (RecursionError, MemoryError):
+        where = Location(path, _longest_line(source))
+        raise UserError(
+            f"expression nested too deeply to parse (at most {MAX_DEPTH} levels)", where
+        ) from None
+    _check_depth(module, path)
     evaluator = _Evaluator(path, builtins)
     evaluator.run(module)
     return evaluator.variables

@@ -29,7 +29,13 @@ def _check_package(pkg: str, text: str) -> None:
         raise UserError(f"bad label '{text}': invalid package name '{pkg}'")
 
 
+# A target's name becomes a directory under npubuild-out/: keep it well inside NAME_MAX (255).
+MAX_NAME_LENGTH = 128
+
+
 def _check_name(name: str, text: str) -> None:
+    if len(name) > MAX_NAME_LENGTH:
+        raise UserError(f"bad label '{text[:40]}…': target name longer than {MAX_NAME_LENGTH} characters")
     if not name or not _NAME_RE.match(name) or name in (".", ".."):
         raise UserError(f"bad label '{text}': invalid target name '{name}'")
 

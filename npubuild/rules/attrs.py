@@ -14,13 +14,40 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+_PEP508_NAME = re.compile(r"^([A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9._-]*[A-Za-z0-9])$")
+_PEP440_VERSION = re.compile(
+    r"^([0-9]+!)?[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?(\+[A-Za-z0-9]+(\.[A-Za-z0-9]+)*)?$"
+)
+
+
 class PypiFile(Strict):
     """A file inside a wheel on PyPI, pinned by the sha256 of the file itself."""
 
-    package: str = Field(min_length=1)
-    version: str = Field(min_length=1)
-    path: str = Field(min_length=1)
+    package: str = Field(min_length=1, max_length=100)
+    version: str = Field(min_length=1, max_length=64)
+    path: str = Field(min_length=1, max_length=1000)
     sha256: str
+
+    @field_validator("package")
+    @classmethod
+    def _pep508_name(cls, v: str) -> str:
+        if not _PEP508_NAME.match(v):
+            raise ValueError("must be a PyPI project name (letters, digits, '.', '_', '-'; PEP 508)")
+        return v
+
+    @field_validator("version")
+    @classmethod
+    def _exact_version(cls, v: str) -> str:
+        if not _PEP440_VERSION.match(v):
+            raise ValueError("must be one exact release such as '1.4.4' (PEP 440)")
+        return v
+
+    @field_validator("path")
+    @classmethod
+    def _member_path(cls, v: str) -> str:
+        if v.startswith("/") or ".." in v.split("/") or "\\" in v:
+            raise ValueError("must be a relative path inside the wheel")
+        return v
 
     @field_validator("sha256")
     @classmethod

@@ -79,7 +79,10 @@ def package_builtins(
                 raise UserError(f"{kind}: missing required attribute 'name'", location)
             if not isinstance(name_arg.value, str):
                 raise UserError(f"{kind}: attribute 'name' must be a string", name_arg.location)
-            _check_name(name_arg.value, name_arg.value)
+            try:
+                _check_name(name_arg.value, name_arg.value)
+            except UserError as exc:
+                raise UserError(exc.message, name_arg.location) from None
             label = Label(package, name_arg.value)
             attrs = validate(schema, f"{kind} {label}", kwargs, location)
             if label.name in targets:

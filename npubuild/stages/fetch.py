@@ -33,6 +33,7 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
             "-q",
             "-d",
             tmp,
+            "--",  # what follows is a requirement, never an option (the BUILD file is untrusted)
             f"{package}=={version}",
         ]
         try:
