@@ -413,6 +413,24 @@ def _binary_path(what: str) -> Path:
     return found
 
 
+def _read_input(file: str):
+    """One --input array: a .npy of numbers, nothing else (no pickle, no archive, not empty)."""
+    import numpy as np
+
+    try:
+        loaded = np.load(file, allow_pickle=False)
+    except FileNotFoundError:
+        raise UserError(f"--input {file}: no such file") from None
+    except (OSError, ValueError, EOFError) as exc:
+        raise UserError(f"--input {file}: not a .npy array ({exc})") from None
+    if not isinstance(loaded, np.ndarray):
+        loaded.close()
+        raise UserError(f"--input {file}: a .npz holds several arrays; pass each as NAME=file.npy")
+    if loaded.size == 0:
+        raise UserError(f"--input {file}: the array is empty (shape {list(loaded.shape)})")
+    return loaded
+
+
 @app.command()
 def run(
     what: Annotated[str, typer.Argument(help="An npu_model label or a .npub file.")],
@@ -439,10 +457,9 @@ def run(
             name = names[k]
         if name not in names:
             raise UserError(f"--input {item}: the model has no input '{name}' (inputs: {', '.join(names)})")
-        try:
-            feeds[name] = np.load(file, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise UserError(f"--input {file}: cannot read a .npy array ({exc})") from None
+        feeds[name] = _read_input(file)
+    if output.exists() and not output.is_dir():
+        raise UserError(f"--output {output}: is a file; give a directory for the output .npy files")
     results = runtime.run(feeds)
     output.mkdir(parents=True, exist_ok=True)
     for name, value in results.items():

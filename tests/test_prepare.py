@@ -120,5 +120,60 @@ def test_pickled_npy_is_refused(tmp_path):
 
     buf = io.BytesIO()
     np.save(buf, np.array([{"a": 1}], dtype=object), allow_pickle=True)
-    with pytest.raises(UserError, match="cannot read tensors"):
+    with pytest.raises(UserError, match="holds Python objects"):
         prepared(tmp_path, {"x.npy": buf.getvalue()})
+
+
+def _npy(array: np.ndarray) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    np.save(buf, array)
+    return buf.getvalue()
+
+
+def _zip_bomb() -> bytes:
+    """An .npz whose one member claims a float32 array of 8 GiB and unpacks to 1.1 GiB of zeros:
+    about a megabyte on disk."""
+    import io
+    import zipfile
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        header, {"descr": "<f4", "fortran_order": False, "shape": (1 << 31,)}
+    )
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
+        with archive.open("x.npy", "w", force_zip64=True) as member:
+            member.write(header.getvalue())
+            zeros = bytes(1 << 24)
+            for _ in range(72):
+                member.write(zeros)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    "name, data, message",
+    [
+        ("empty.npy", _npy(np.zeros((0, 3), np.float32)), "the array is empty"),
+        ("complex.npy", _npy(np.ones((1, 3, 2, 2), np.complex64)), "integer or float, got complex64"),
+        ("text.npy", _npy(np.array([["a"]])), "integer or float"),
+        ("zero-bytes.npy", b"", "not a .npy array"),
+        ("garbage.npz", b"PK\x03\x04 not really a zip", "not a valid .npz"),
+        ("garbage.npy", b"\x93NUMPY garbage", "not a .npy array"),
+    ],
+)
+def test_bad_tensor_files_are_one_clear_error(tmp_path, name, data, message):
+    with pytest.raises(UserError, match=message):
+        prepared(tmp_path, {name: data})
+
+
+def test_an_npz_zip_bomb_is_refused_before_it_unpacks(tmp_path):
+    import resource
+
+    bomb = _zip_bomb()
+    assert len(bomb) < 64 << 20
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(UserError, match="more than 1,073,741,824 bytes"):
+        prepared(tmp_path, {"bomb.npz": bomb})
+    assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024 < 256  # MiB

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import posixpath
+
 from npubuild.engine.actions import Action, Input, Output, SourceFile, TargetPlan
 from npubuild.errors import UserError
 from npubuild.rules.attrs import PypiFile
@@ -48,10 +50,33 @@ class Planner:
             return Output(fetch, "model")
         return SourceFile(self.ws.source_path(model, src, "src"), f"{model.label.package}/{src}")
 
+    def _external_data(self, model: Target) -> dict[str, Input]:
+        """The declared external-data files, named by the location a tensor gives (relative to the
+        model file), so that import reads exactly these and the action key covers their bytes."""
+        src, files = model.attrs.src, model.attrs.data
+        if files and isinstance(src, PypiFile):
+            raise UserError(
+                f"onnx_model {model.label}: 'data' needs a local 'src' (a wheel's model is one file)",
+                model.where("data"),
+            )
+        inputs: dict[str, Input] = {}
+        folder = posixpath.dirname(src) if isinstance(src, str) else ""
+        for rel in files:
+            path = self.ws.source_path(model, rel, "data")
+            location = posixpath.relpath(posixpath.normpath(rel), folder or ".")
+            if location.startswith("../"):
+                raise UserError(
+                    f"onnx_model {model.label}: data file '{rel}' must be in the folder of '{src}' or below",
+                    model.where("data"),
+                )
+            inputs[f"data/{location}"] = SourceFile(path, f"{model.label.package}/{rel}")
+        return inputs
+
     def _import(self, model: Target, plan: TargetPlan) -> Action:
         source = self._model_source(model, plan)
         params = {"input_shapes": model.attrs.input_shapes, "opset": model.attrs.opset}
-        action = self._action("import", params, {"model": source}, str(model.label), model)
+        inputs = {"model": source, **self._external_data(model)}
+        action = self._action("import", params, inputs, str(model.label), model)
         plan.steps.append(("import", action))
         return action
 

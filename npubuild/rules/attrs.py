@@ -60,6 +60,9 @@ class PypiFile(Strict):
 class OnnxModelAttrs(Strict):
     name: str
     src: str | PypiFile
+    data: list[str] = Field(
+        [], description="the model's external-data files (package-relative, in src's folder or below)"
+    )
     input_shapes: dict[str, list[PositiveInt]] = {}
     opset: int = Field(13, ge=13, le=21, description="the least default-domain opset after import")
 

@@ -127,8 +127,73 @@ def _complete_shapes_by_execution(model: onnx.ModelProto) -> int:
     return len(missing)
 
 
+# Protocol buffers cannot hold more; a larger model has to stay in external data, which we refuse.
+_MAX_EMBEDDED = (2 << 30) - (64 << 20)
+
+
+def _tensors_of(graph: onnx.GraphProto):
+    """Every tensor a graph holds: initializers and attribute tensors, subgraphs included."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("g"):
+                yield from _tensors_of(attr.g)
+            for sub in attr.graphs:
+                yield from _tensors_of(sub)
+
+
+def _embed_external_data(model: onnx.ModelProto, files: dict[str, Path]) -> int:
+    """Move external data into the model, reading only the files the BUILD declared (`data` of
+    onnx_model; `files` maps the location a tensor names to its copy). Never the working
+    directory, never a path that leaves the model's folder. Returns the bytes embedded."""
+    total = 0
+    for tensor in _tensors_of(model.graph):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in tensor.external_data}
+        location = info.get("location", "")
+        path = files.get(location)
+        if path is None:
+            raise UserError(
+                f"tensor '{tensor.name}' keeps its data in the external file '{location}', which the "
+                "onnx_model does not declare: list it in 'data' (beside the model file)"
+            )
+        try:
+            offset = int(info.get("offset", "0"))
+            length = int(info["length"]) if "length" in info else path.stat().st_size - offset
+        except ValueError:
+            raise UserError(f"tensor '{tensor.name}': bad external-data offset or length {info}") from None
+        if offset < 0 or length < 0 or offset + length > path.stat().st_size:
+            raise UserError(
+                f"tensor '{tensor.name}': external data [{offset}, {offset + length}) lies outside "
+                f"'{location}' ({path.stat().st_size} bytes)"
+            )
+        if tensor.data_type != onnx.TensorProto.STRING:
+            itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+            expected = int(np.prod(tensor.dims, dtype=np.int64)) * itemsize
+            if expected != length:
+                raise UserError(
+                    f"tensor '{tensor.name}': its external data has {length} bytes, its shape "
+                    f"{list(tensor.dims)} needs {expected}"
+                )
+        total += length
+        if total > _MAX_EMBEDDED:
+            raise UserError("the model's external data exceeds 2 GiB, more than an ONNX file can embed")
+        with open(path, "rb") as f:
+            f.seek(offset)
+            tensor.raw_data = f.read(length)
+        del tensor.external_data[:]
+        tensor.data_location = onnx.TensorProto.DEFAULT
+    return total
+
+
 def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     model = load_model(inputs["model"], "the model file")
+    data = {name.removeprefix("data/"): path for name, path in inputs.items() if name.startswith("data/")}
+    _embed_external_data(model, data)
     opset_before = default_opset(model)
     nodes_before = len(model.graph.node)
     try:

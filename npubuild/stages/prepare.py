@@ -55,16 +55,64 @@ def _image(path: Path, rel: str, pp: dict) -> np.ndarray:
     return np.ascontiguousarray(array)
 
 
+# What one data file may unpack to: far more than a calibration set needs, far less than the machine.
+MAX_TENSOR_BYTES = 1 << 30
+
+
+def _check_header(f, what: str) -> int:
+    """Read a .npy header and refuse what we will not load: object (pickle), complex, bool or
+    string arrays, empty arrays, and more than MAX_TENSOR_BYTES. Returns the array's bytes."""
+    try:
+        version = np.lib.format.read_magic(f)
+        reader = (
+            np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        )
+        shape, _, dtype = reader(f)
+    except (ValueError, OSError, EOFError) as exc:
+        raise UserError(f"{what}: not a .npy array ({exc})") from None
+    if dtype.hasobject:
+        raise UserError(f"{what}: holds Python objects (a pickle); save plain numeric arrays")
+    if dtype.kind not in "iuf":
+        raise UserError(f"{what}: tensors must be integer or float, got {dtype}")
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if count == 0:
+        raise UserError(f"{what}: the array is empty (shape {list(shape)})")
+    size = count * dtype.itemsize
+    if size > MAX_TENSOR_BYTES:
+        raise UserError(f"{what}: the array holds {size:,} bytes, more than {MAX_TENSOR_BYTES:,}")
+    return size
+
+
+def _check_file(path: Path, rel: str) -> None:
+    """Every array of a .npy or .npz, checked before anything is unpacked (an .npz is a zip: a
+    few megabytes can claim gigabytes)."""
+    import zipfile
+
+    if not rel.lower().endswith(".npz"):
+        with open(path, "rb") as f:
+            _check_header(f, rel)
+        return
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = archive.infolist()
+            if sum(m.file_size for m in members) > MAX_TENSOR_BYTES:
+                raise UserError(f"{rel}: unpacks to more than {MAX_TENSOR_BYTES:,} bytes")
+            for member in members:
+                with archive.open(member) as f:  # reads at most the declared file_size
+                    _check_header(f, f"{rel}[{member.filename}]")
+    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        raise UserError(f"{rel}: not a valid .npz archive ({exc})") from None
+
+
 def _tensors(path: Path, rel: str, dtype: str) -> list[np.ndarray]:
+    _check_file(path, rel)
     try:
         loaded = np.load(path, allow_pickle=False)
+        arrays = [loaded[k] for k in sorted(loaded.files)] if hasattr(loaded, "files") else [loaded]
     except (ValueError, OSError, EOFError) as exc:
         raise UserError(f"{rel}: cannot read tensors ({exc})") from None
-    arrays = [loaded[k] for k in sorted(loaded.files)] if hasattr(loaded, "files") else [loaded]
     samples: list[np.ndarray] = []
     for a in arrays:
-        if not np.issubdtype(a.dtype, np.number):
-            raise UserError(f"{rel}: tensors must be numeric, got {a.dtype}")
         samples.extend(list(a) if a.ndim == 4 else [a])
     return [np.ascontiguousarray(s.astype(dtype)) for s in samples]
 

@@ -78,6 +78,6 @@ class Meta(_Strict):
     inputs: list[InputSpec]
     outputs: list[OutputSpec]
     tensors: dict[str, TensorSpec]
-    dram_size: NonNegativeInt = Field(le=1 << 32)
+    dram_size: NonNegativeInt = Field(le=1 << 30)  # the simulator allocates it
     constants_base: NonNegativeInt
     subgraphs: list[Annotated[NpuSubgraph | CpuSubgraph, Field(discriminator="device")]]

@@ -24,6 +24,33 @@ def load(path: Path) -> npub.Npub:
     return npub.read(data, str(path))
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+def _check_self_contained(data: bytes, k: int) -> None:
+    """A CPU subgraph must carry all its weights: onnxruntime would read external data relative to
+    the working directory, so a binary could pull any file of the user's into its outputs."""
+    import onnx
+
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except Exception:  # protobuf's DecodeError and friends
+        raise NpubError(f"subgraph {k}: the CPU model is not a valid ONNX protobuf") from None
+    graphs = [model.graph]
+    while graphs:
+        graph = graphs.pop()
+        tensors = list(graph.initializer)
+        for node in graph.node:
+            for attr in node.attribute:
+                tensors.extend([attr.t, *attr.tensors])
+                graphs.extend([attr.g, *attr.graphs])
+        if any(t.data_location == onnx.TensorProto.EXTERNAL or t.external_data for t in tensors):
+            raise NpubError(f"subgraph {k}: the CPU model refers to external data, which a .npub may not")
+
+
 class Runtime:
     def __init__(self, binary: npub.Npub):
         self.binary = binary
@@ -77,11 +104,14 @@ class Runtime:
             import onnxruntime as ort
 
             start, size = self.subgraphs[k]["model"]
+            data = self.binary.sections["cpu"][start : start + size]
+            _check_self_contained(data, k)
             options = ort.SessionOptions()
             options.log_severity_level = 3
-            self.sessions[k] = ort.InferenceSession(
-                self.binary.sections["cpu"][start : start + size], options, providers=["CPUExecutionProvider"]
-            )
+            try:
+                self.sessions[k] = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+            except Exception as exc:  # onnxruntime's own error types: the model is not one it runs
+                raise NpubError(f"subgraph {k}: the CPU model does not load: {_first_line(exc)}") from None
         return self.sessions[k]
 
     def run_npu(self, k: int, env: dict[str, np.ndarray]) -> None:
@@ -112,7 +142,13 @@ class Runtime:
         self.check_inputs(feeds)
         env: dict[str, np.ndarray] = {k: np.asarray(v, np.float32) for k, v in feeds.items()}
         for k, sg in enumerate(self.subgraphs):
-            (self.run_npu if sg["device"] == "npu" else self.run_cpu)(k, env)
+            try:
+                (self.run_npu if sg["device"] == "npu" else self.run_cpu)(k, env)
+            except NpubError:
+                raise
+            except Exception as exc:  # inconsistent metadata, code or model that passed the checks
+                where = f"subgraph {k} ({sg['device']})"
+                raise NpubError(f"{where} cannot run: {type(exc).__name__}: {_first_line(exc)}") from None
         outputs = {}
         for spec in self.outputs:
             value = env[spec["name"]]

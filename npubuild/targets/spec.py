@@ -13,18 +13,22 @@ class TargetSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
-    clock_mhz: float = Field(gt=0)
-    mac_rows: PositiveInt
-    mac_cols: PositiveInt
+    # Upper bounds well past any real NPU: a spec also arrives in untrusted .npub files and BUILD
+    # files, and the simulator allocates what it says.
+    clock_mhz: float = Field(gt=0, le=100_000)
+    mac_rows: PositiveInt = Field(le=4096)
+    mac_cols: PositiveInt = Field(le=4096)
     int16_rate: float = Field(0.25, gt=0, le=1, description="int16 MAC throughput relative to int8")
-    vector_lanes: PositiveInt
-    sram_kib: PositiveInt
-    sram_banks: PositiveInt
-    accumulator_kib: PositiveInt
-    dram_bytes_per_cycle: float = Field(gt=0)
-    dram_latency_cycles: int = Field(ge=0)
-    sram_bytes_per_cycle: float = Field(64.0, gt=0, description="on-chip copy bandwidth (resident tensors)")
-    alignment_bytes: PositiveInt = 16
+    vector_lanes: PositiveInt = Field(le=65536)
+    sram_kib: PositiveInt = Field(le=256 * 1024)
+    sram_banks: PositiveInt = Field(le=1024)
+    accumulator_kib: PositiveInt = Field(le=256 * 1024)
+    dram_bytes_per_cycle: float = Field(gt=0, le=1 << 20)
+    dram_latency_cycles: int = Field(ge=0, le=1 << 20)
+    sram_bytes_per_cycle: float = Field(
+        64.0, gt=0, le=1 << 20, description="on-chip copy bandwidth (resident tensors)"
+    )
+    alignment_bytes: PositiveInt = Field(16, le=4096)
     activation_dtypes: tuple[Literal["int8", "int16"], ...] = ("int8", "int16")
     supported_ops: tuple[str, ...] = ()
 
