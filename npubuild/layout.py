@@ -3,8 +3,9 @@ no-op build uses it to check a cached analysis without loading the rules."""
 
 from __future__ import annotations
 
-import glob as globlib
 import os
+import re
+from functools import lru_cache
 from pathlib import Path
 
 from npubuild.errors import Location, UserError
@@ -45,18 +46,64 @@ def build_file(package: str) -> str:
 def glob_files(
     directory: Path, include: list[str], exclude: list[str], location: Location | None = None
 ) -> list[str]:
-    """Files (not directories) under `directory` matching include and not exclude, sorted."""
+    """Files (not directories) under `directory` matching include and not exclude, sorted.
 
-    def expand(patterns: list[str]) -> set[str]:
-        found: set[str] = set()
-        for pattern in patterns:
-            if not isinstance(pattern, str) or pattern.startswith("/") or ".." in pattern.split("/"):
-                raise UserError(
-                    f"glob pattern {pattern!r} must be relative and stay inside the package", location
-                )
-            for hit in globlib.glob(pattern, root_dir=directory, recursive=True):
-                if os.path.isfile(directory / hit):
-                    found.add(hit.replace(os.sep, "/"))
-        return found
+    Patterns read as Python's recursive glob: `*` and `?` within one name, `**` any number of
+    folders, names starting with '.' only when the pattern says so. The walk never follows a
+    symlinked folder (so a link loop cannot hang it); a symlinked file is listed, and whether its
+    target stays in the workspace is checked where the file is used."""
+    for pattern in [*include, *exclude]:
+        if not isinstance(pattern, str) or pattern.startswith("/") or ".." in pattern.split("/"):
+            raise UserError(
+                f"glob pattern {pattern!r} must be relative and stay inside the package", location
+            )
+    if not include:
+        return []
+    wanted = [_pattern_regex(p) for p in include]
+    unwanted = [_pattern_regex(p) for p in exclude]
+    found = []
+    for dirpath, dirnames, filenames in os.walk(directory, followlinks=False):
+        dirnames.sort()
+        rel_dir = os.path.relpath(dirpath, directory)
+        prefix = "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/"
+        for name in filenames:
+            rel = prefix + name
+            if any(r.match(rel) for r in wanted) and not any(r.match(rel) for r in unwanted):
+                found.append(rel)
+    return sorted(found)
 
-    return sorted(expand(include) - expand(exclude))
+
+@lru_cache(maxsize=256)
+def _pattern_regex(pattern: str) -> re.Pattern:
+    parts = [p for p in pattern.split("/") if p not in ("", ".")]
+    out = []
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if part == "**":
+            # zero or more visible folders; as the last part, any visible file below as well
+            out.append(r"(?:[^/.][^/]*/)*" + (r"[^/.][^/]*" if last else ""))
+            continue
+        out.append(_part_regex(part) + ("" if last else "/"))
+    return re.compile("".join(out) + r"\Z")
+
+
+def _part_regex(part: str) -> str:
+    """One name's pattern: `*`, `?` and `[...]` as fnmatch reads them; hidden names need a dot."""
+    regex = "" if part.startswith(".") else r"(?!\.)"
+    i = 0
+    while i < len(part):
+        c = part[i]
+        if c == "*":
+            regex += r"[^/]*"
+        elif c == "?":
+            regex += r"[^/]"
+        elif c == "[" and "]" in part[i + 2 :] or c == "[" and part[i + 1 : i + 2] == "]":
+            end = part.index("]", i + 2)
+            body = part[i + 1 : end]
+            body = "^" + body[1:] if body.startswith("!") else body
+            regex += "[" + body.replace("\\", "\\\\").replace("[", "\\[") + "]"
+            i = end
+        else:
+            regex += re.escape(c)
+        i += 1
+    return regex

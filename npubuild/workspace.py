@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from npubuild.buildlang import evaluate
@@ -174,5 +175,12 @@ class Workspace:
         if not path.is_file():
             raise UserError(
                 f"{target.kind} {target.label}: source file '{rel}' does not exist", target.where(attr)
+            )
+        real, root = os.path.realpath(path), os.path.realpath(self.root)
+        if os.path.commonpath([real, root]) != root:
+            raise UserError(
+                f"{target.kind} {target.label}: source '{rel}' is a symlink to {real}, outside the "
+                "workspace; copy the file in (a build reads only the workspace)",
+                target.where(attr),
             )
         return path

@@ -266,3 +266,31 @@ def test_unknown_quantize_method_is_an_attribute_error(built):
         '    optimize = {"check_samples": 2},\n    quantize = {"method": "magic"},\n',
     )
     assert_one_clear_error(cli(["build", "//..."], ws, cache), "models/BUILD:", "attribute 'quantize.method'")
+
+
+def test_symlinks_leaving_the_workspace_are_refused_and_loops_do_not_hang(tmp_path):
+    import time
+
+    from conftest import cli, write
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.png").write_bytes(b"not yours")
+    ws = tmp_path / "ws"
+    write(ws / "WORKSPACE", "")
+    write(ws / "data" / "BUILD", 'dataset(name = "d", srcs = glob(["**/*.png"]))\nX = glob(["**"])\n')
+    (ws / "data" / "img").mkdir()
+    (ws / "data" / "img" / "loop").symlink_to("..")  # a folder that contains itself
+    (ws / "data" / "a").symlink_to("b")
+    (ws / "data" / "b").symlink_to("a")  # two links pointing at each other
+    (ws / "data" / "secret.png").symlink_to(outside / "secret.png")
+    started = time.monotonic()
+    proc = cli(["query", "//..."], ws, tmp_path / "cache", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert time.monotonic() - started < 30
+    proc = cli(["build", "//data:d"], ws, tmp_path / "cache", timeout=120)
+    assert proc.returncode == 1
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "outside the workspace" in errors[0] and "secret.png" in errors[0], (
+        proc.stderr
+    )
