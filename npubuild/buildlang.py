@@ -19,6 +19,7 @@ import ast
 import re
 import string
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -387,7 +388,9 @@ def evaluate(source: str, path: str, builtins: dict[str, Builtin]) -> dict[str, 
     if len(source) > MAX_SOURCE_BYTES:
         raise UserError(f"BUILD file larger than {MAX_SOURCE_BYTES:,} characters", Location(path))
     try:
-        module = ast.parse(source, filename=path)
+        with warnings.catch_warnings():  # SyntaxWarnings would print to stderr: errors are ours
+            warnings.simplefilter("ignore")
+            module = ast.parse(source, filename=path)
     except SyntaxError as exc:
         raise UserError(
             f"syntax error: {exc.msg}", Location(path, exc.lineno or 0, exc.offset or 0)

@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
 from npubuild.targets.spec import TargetSpec
+
+MAX_ELEMENTS = 1 << 30  # of one tensor: the simulator and the runtime allocate what a shape says
+
+
+def _bounded(shape: list[int]) -> list[int]:
+    if len(shape) > 8 or math.prod(shape) > MAX_ELEMENTS:
+        raise ValueError(f"shape {shape[:8]} is larger than {MAX_ELEMENTS} elements or 8 dimensions")
+    return shape
+
+
+Shape = Annotated[list[NonNegativeInt], AfterValidator(_bounded)]
 
 
 class _Strict(BaseModel):
@@ -21,24 +33,24 @@ class Quant(_Strict):
 
 class InputSpec(_Strict):
     name: str
-    shape: list[NonNegativeInt]
+    shape: Shape
 
 
 class OutputSpec(_Strict):
     name: str
-    shape: list[NonNegativeInt]
+    shape: Shape
     quant: Quant | None = None
 
 
 class TensorSpec(Quant):
-    shape: list[NonNegativeInt]
+    shape: Shape
     dram: NonNegativeInt
 
 
 class DramIo(_Strict):
     name: str
     dram: NonNegativeInt
-    shape: list[NonNegativeInt]
+    shape: Shape
     bits: Literal[8, 16]
 
 

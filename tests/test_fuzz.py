@@ -1,0 +1,38 @@
+"""The fuzzers of benchmarks/fuzz.py in the suite: only the project's own errors escape, no case
+hangs, memory stays under a cap. The benchmark runs 2,000 cases of each; here BUILD files get the
+same 2,000 and binaries a seeded 300 (each one is simulated)."""
+
+from __future__ import annotations
+
+import resource
+import sys
+
+import pytest
+
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import fuzz  # noqa: E402
+
+
+@pytest.fixture
+def capped_memory():
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (fuzz.MEMORY_LIMIT, hard))
+    yield
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def test_build_file_fuzzer(capped_memory):
+    tally = fuzz.fuzz_build(2000, seed=7)
+    assert tally.cases == 2000
+    assert not tally.crashes and not tally.hangs, (tally.crashes[:5], tally.hangs[:5])
+    assert tally.ok > 50 and tally.clean > 1000  # it reaches both the evaluator and the rules
+
+
+@pytest.mark.slow
+def test_npub_fuzzer(cls_binary, capped_memory):
+    tally = fuzz.fuzz_npub(cls_binary.read_bytes(), 300, seed=7)
+    assert tally.cases == 300
+    assert not tally.crashes and not tally.hangs, (tally.crashes[:5], tally.hangs[:5])
+    assert tally.clean > 100
