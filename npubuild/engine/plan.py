@@ -226,7 +226,28 @@ def plan_targets(workspace: Workspace, patterns: list[str], until: str | None = 
     targets = workspace.resolve(patterns)
     workspace.check_acyclic(targets)
     planner = Planner(workspace, until)
-    return [planner.plan(t) for t in targets]
+    plans = [planner.plan(t) for t in targets]
+    _check_output_paths(workspace, plans)
+    return plans
+
+
+def _check_output_paths(workspace: Workspace, plans: list[TargetPlan]) -> None:
+    """Two targets must not write the same file under npubuild-out, nor one a file where the other
+    needs a folder (//a:b writes a/b/model.npub; //a/b:model.npub would need it as a folder)."""
+    files: dict[str, TargetPlan] = {}
+    for plan in plans:
+        for _, _, filename in plan.outputs:
+            files.setdefault(f"{plan.label.out_dir}/{filename}", plan)
+    for path, plan in files.items():
+        parts = path.split("/")
+        for i in range(1, len(parts)):
+            other = files.get("/".join(parts[:i]))
+            if other is not None and other is not plan:
+                raise UserError(
+                    f"{plan.label} and {other.label} both need npubuild-out/{'/'.join(parts[:i])} "
+                    "(one as a file, one as a folder); rename one of them",
+                    workspace.target(plan.label).location,
+                )
 
 
 def ordered_actions(plans: list[TargetPlan]) -> list[Action]:
