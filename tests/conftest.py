@@ -116,8 +116,10 @@ def run_build(ws: Path, store: Store, patterns=("//...",), **kw) -> BuildOutcome
     return build(ws, store, list(patterns), **kw)
 
 
-def cli(args: list[str], cwd: Path, cache: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "NPUBUILD_CACHE": str(cache), "COLUMNS": "200"}
+def cli(
+    args: list[str], cwd: Path, cache: Path, timeout: float = 600, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    env = {**os.environ, "NPUBUILD_CACHE": str(cache), "COLUMNS": "200", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "npubuild", *args],
         cwd=cwd,
@@ -166,7 +168,9 @@ def shared(tmp_path_factory, cls_model):
         yield {"ws": ws, "dav": dav, "outcome": outcome, "outputs": out_digests(ws), "remote": remote}
 
 
-def cli_build(ws: Path, cache: Path, *args: str) -> subprocess.Popen:
+def cli_build(ws: Path, cache: Path, *args: str, new_session: bool = False) -> subprocess.Popen:
+    """A build running in the background; with new_session in its own process group, as a
+    shell runs a foreground job (so a test can send the group Ctrl-C)."""
     env = {**os.environ, "NPUBUILD_CACHE": str(cache), "COLUMNS": "200"}
     return subprocess.Popen(
         [sys.executable, "-m", "npubuild", "build", "//...", *args],
@@ -176,4 +180,5 @@ def cli_build(ws: Path, cache: Path, *args: str) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         stdin=subprocess.DEVNULL,
+        start_new_session=new_session,
     )

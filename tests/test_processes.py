@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from conftest import cli, cli_build
 
 
 def _children(pid: int) -> set[int]:
@@ -35,16 +36,7 @@ def _alive(pid: int) -> bool:
 
 
 def _start_build(ws: Path, cache: Path) -> tuple[subprocess.Popen, set[int]]:
-    env = {**os.environ, "NPUBUILD_CACHE": str(cache)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "npubuild", "build", "//...", "-j", "2"],
-        cwd=ws,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own process group, as a shell gives a foreground job
-    )
+    proc = cli_build(ws, cache, "-j", "2", new_session=True)
     deadline = time.monotonic() + 60
     workers: set[int] = set()
     while time.monotonic() < deadline and len(workers) < 2:
@@ -93,13 +85,5 @@ def test_ctrl_c_is_quiet_and_exits_130(small_ws, tmp_path):
     assert stderr.strip().splitlines()[-1] == "interrupted", stderr
     assert _gone_within(workers, 10)
     # What the interrupted build left in the cache is sound: the next build finishes.
-    env = {**os.environ, "NPUBUILD_CACHE": str(tmp_path / "cache")}
-    again = subprocess.run(
-        [sys.executable, "-m", "npubuild", "build", "//...", "-j", "2"],
-        cwd=small_ws,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    again = cli(["build", "//...", "-j", "2"], small_ws, tmp_path / "cache")
     assert again.returncode == 0, again.stderr
