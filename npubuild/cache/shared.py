@@ -11,7 +11,7 @@ import json
 import tempfile
 from typing import TYPE_CHECKING
 
-from npubuild.cache.store import CorruptBlob, Store
+from npubuild.cache.store import CorruptBlob, Store, is_result_of
 
 if TYPE_CHECKING:  # the client imports pydantic, which a no-op build never needs
     from npubuild.cache.remote import RemoteCache
@@ -26,7 +26,7 @@ def download_action(
     entry = remote.get_action(key)
     if entry is None:
         return None
-    if entry["stage"] != stage or set(entry["outputs"]) != set(files):
+    if not is_result_of(entry, stage, files):
         remote.reject_action(key, f"is not a result of stage '{stage}' (outputs {sorted(entry['outputs'])})")
         return None
     sizes = entry.get("sizes") or {}

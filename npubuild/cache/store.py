@@ -90,6 +90,11 @@ def valid_action_entry(entry: Any) -> bool:
     )
 
 
+def is_result_of(entry: dict, stage: str, outputs) -> bool:
+    """A valid entry of exactly this stage's outputs (not another stage's, not hand-made names)."""
+    return entry["stage"] == stage and set(entry["outputs"]) == set(outputs)
+
+
 def default_cache_dir() -> Path:
     if env := os.environ.get("NPUBUILD_CACHE"):
         return Path(env)

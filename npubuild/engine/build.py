@@ -13,7 +13,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 
 from npubuild.cache.shared import download_action, upload_action, upload_blob
-from npubuild.cache.store import CorruptBlob, Store
+from npubuild.cache.store import CorruptBlob, Store, is_result_of
 from npubuild.engine.actions import Action, Output, SourceFile
 from npubuild.stages import STAGES
 
@@ -195,7 +195,7 @@ class Builder:
                 digests[name] = results[i.action.identity].outputs[i.name]
         key = action.key(digests)
         hit = self.store.get_action(key)
-        if hit is not None and not _matches_stage(hit, action.stage):
+        if hit is not None and not is_result_of(hit, action.stage, STAGES[action.stage].outputs):
             self.store.delete_action(key)  # written by hand or by a poisoned remote: not ours
             hit = None
         if hit is not None and all(self.store.has_blob(d) for d in hit["outputs"].values()):
@@ -223,10 +223,6 @@ class Builder:
             name: results[i.action.identity].key if isinstance(i, Output) else None
             for name, i in action.inputs.items()
         }
-
-
-def _matches_stage(entry: dict, stage: str) -> bool:
-    return entry["stage"] == stage and set(entry["outputs"]) == set(STAGES[stage].outputs)
 
 
 Callback = Callable[[Action, ActionResult], None]

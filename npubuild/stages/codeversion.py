@@ -9,7 +9,6 @@ libraries' entry files) keys a record in the cache's metadata, and an unchanged 
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import os
 from functools import cache, lru_cache
@@ -48,6 +47,8 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
 
 @lru_cache(maxsize=1024)
 def _named_imports(name: str, is_package: bool, source: bytes) -> frozenset[str]:
+    import ast  # only when the tree changed: a no-op build never parses
+
     package = name if is_package else name.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(ast.parse(source)):
