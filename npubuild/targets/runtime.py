@@ -109,7 +109,7 @@ class Runtime:
             data = self.binary.sections["cpu"][start : start + size]
             _check_self_contained(data, k)
             options = ort.SessionOptions()
-            options.log_severity_level = 3
+            options.log_severity_level = 4  # its errors come back as one NpubError, not a log line
             try:
                 # onnxruntime prints its provider fallback to stdout; the error below says it all
                 with contextlib.redirect_stdout(io.StringIO()):
