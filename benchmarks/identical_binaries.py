@@ -35,7 +35,8 @@ def digests(tmp: Path) -> dict[str, str]:
     from conftest import CLS, make_small_ws
     from npubuild.cache.store import Store
     from npubuild.engine.run import build
-    from npubuild.stages import fetch, tensorfile
+    from npubuild.intmodel import tensorfile
+    from npubuild.stages import fetch
     from npubuild.stages.onnx_utils import load_model
     from npubuild.targets.compile import compile_npub, plan_partition
     from npubuild.targets.spec import BUILTIN_TARGETS

@@ -26,7 +26,7 @@ MODELS = {"yolo": "YOLOv8n", "ocr_det": "PP-OCRv4 det", "ocr_cls": "PP-OCR cls"}
 def main() -> None:
     from npubuild.cache.store import Store
     from npubuild.engine.run import build
-    from npubuild.stages import tensorfile
+    from npubuild.intmodel import tensorfile
     from npubuild.stages.onnx_utils import load_model
     from npubuild.targets.compile import compile_npub, plan_partition
     from npubuild.targets.spec import BUILTIN_TARGETS

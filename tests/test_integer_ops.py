@@ -8,14 +8,15 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from npubuild.stages.quantize.fixedpoint import (
+from npubuild.intmodel.codes import quantize_float
+from npubuild.intmodel.fixedpoint import (
     ADD_FRACTION_BITS,
     add_multiplier,
     quantize_multiplier,
     requantize,
     rounding_shift,
 )
-from npubuild.stages.quantize.interpreter import Interpreter, quantize_float
+from npubuild.intmodel.interpreter import Interpreter
 
 RNG = np.random.default_rng(11)
 

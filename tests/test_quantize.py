@@ -7,7 +7,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from npubuild.stages import calibrate, tensorfile
+from npubuild.intmodel import tensorfile
+from npubuild.stages import calibrate
 from npubuild.stages import evaluate as evaluate_stage
 from npubuild.stages.quantize import ranges
 from npubuild.stages.quantize import stage as quantize_stage

@@ -8,7 +8,7 @@ from pathlib import Path
 import onnx
 
 from npubuild.errors import UserError
-from npubuild.stages import tensorfile
+from npubuild.intmodel import tensorfile
 from npubuild.stages.onnx_utils import load_model, with_outputs, write_json
 from npubuild.stages.optimize.check import SampleFile, iterate_feeds, session
 from npubuild.stages.quantize.histogram import TensorStats

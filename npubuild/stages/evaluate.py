@@ -13,10 +13,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from npubuild.stages import tensorfile
+from npubuild.intmodel import tensorfile
+from npubuild.intmodel.codes import dequantize
+from npubuild.intmodel.interpreter import Interpreter
 from npubuild.stages.onnx_utils import load_model, with_outputs, write_json
 from npubuild.stages.optimize.check import samples_for, session
-from npubuild.stages.quantize.interpreter import Interpreter, dequantize
 from npubuild.stages.reductions import dot
 
 

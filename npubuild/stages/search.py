@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from npubuild.errors import UserError
-from npubuild.stages import tensorfile
+from npubuild.intmodel import tensorfile
 from npubuild.stages.onnx_utils import load_model, write_json
 from npubuild.stages.optimize.check import SampleFile, iterate_feeds
 from npubuild.stages.quantize.cost import layer_cost, op_work

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from npubuild.stages import tensorfile
+from npubuild.intmodel import tensorfile
 from npubuild.stages.onnx_utils import load_model, write_json
 from npubuild.stages.optimize.check import SampleFile, iterate_feeds
 from npubuild.stages.quantize.cost import op_work

@@ -18,17 +18,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from npubuild.stages.quantize.interpreter import _conv_pads, _pool_pads, nearest_indices, qrange
+from npubuild.intmodel.codes import qrange
+from npubuild.intmodel.kernels import conv_pads, nearest_indices, pool_pads
+from npubuild.intmodel.ops import ALIASES
 from npubuild.targets.cycles import estimate
 from npubuild.targets.isa import NO_SIGNAL, Instruction
-from npubuild.targets.partition import slice_steps
 from npubuild.targets.spec import TargetSpec
+from npubuild.targets.support import slice_steps
 
 ALIGN = 64
 T_CONST, T_IN, T_DONE, T_STORED = 0, (1, 2), (3, 4), (5, 6)
 # With two constant slots, slot 0's loads signal token 0 and slot 1's token 7.
 SLOT_TOKENS = (0, 7)
-ALIASES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
 # A tensor kept in SRAM between the ops of one NPU subgraph has this bit in its address.
 SRAM_FLAG = 1 << 40
 # Row splits of the largest fitting tile that `pipelined` tries, and the cycles a split must save
@@ -489,7 +490,7 @@ class Codegen:
         weight = self.arrays[op["arrays"]["weight"]]
         kh, kw = weight.shape[2:]
         at = op["attrs"]
-        pt, pl, _, _ = _conv_pads(at, [h, w], [kh, kw])
+        pt, pl, _, _ = conv_pads(at, [h, w], [kh, kw])
         sh, sw = at["strides"]
         dh, dw = at["dilations"]
         group = at["group"]
@@ -1109,7 +1110,7 @@ class Codegen:
         kh, kw = at["kernel_shape"]
         strides = at.get("strides") or [1, 1]
         dil = (at.get("dilations") or [1, 1]) if maxpool else [1, 1]
-        pads = _pool_pads([h, w], {**at, "strides": strides, "dilations": dil})
+        pads = pool_pads([h, w], {**at, "strides": strides, "dilations": dil})
         pt, pl = pads[0], pads[1]
         xb, yb = esize(xt["bits"]), esize(yt["bits"])
         paddr = None

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import ValidationError
 
-from npubuild.stages.quantize.interpreter import dequantize
+from npubuild.intmodel.codes import dequantize
 from npubuild.targets import npub
 from npubuild.targets.isa import decode
 from npubuild.targets.meta import Meta

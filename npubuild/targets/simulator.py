@@ -15,19 +15,15 @@ from collections import Counter, OrderedDict
 
 import numpy as np
 
-from npubuild.stages.quantize.fixedpoint import ADD_FRACTION_BITS, requantize, rounding_shift
-from npubuild.stages.quantize.interpreter import conv_accumulate, conv_transpose_accumulate, qrange
+from npubuild.intmodel.codes import saturate
+from npubuild.intmodel.fixedpoint import ADD_FRACTION_BITS, requantize, rounding_shift
+from npubuild.intmodel.kernels import conv_accumulate, conv_transpose_accumulate, windows
 from npubuild.targets.cycles import Timeline
 from npubuild.targets.isa import ENGINES, Instruction
 from npubuild.targets.npub import NpubError
 
 DTYPES = {8: np.dtype("<i1"), 16: np.dtype("<i2"), 32: np.dtype("<i4"), 64: np.dtype("<i8")}
 ESIZE_BITS = {1: 8, 2: 16, 4: 32, 8: 64}
-
-
-def _saturate(v: np.ndarray, bits: int) -> np.ndarray:
-    lo, hi = qrange(bits)
-    return np.clip(v, lo, hi)
 
 
 # float32 sums of int8 x int8 products (|x - zp| <= 255, |w| <= 127) are exact while the sum
@@ -260,17 +256,17 @@ class Simulator:
     def _add(self, a: dict) -> None:
         x, y = self._operands(a)
         acc = (x - a["za"]) * a["ma"] + (y - a["zb"]) * a["mb"]
-        out = _saturate(rounding_shift(acc, ADD_FRACTION_BITS) + a["out_zp"], a["out_bits"])
+        out = saturate(rounding_shift(acc, ADD_FRACTION_BITS) + a["out_zp"], a["out_bits"])
         self.sram.write(a["dst"], a["out_bits"], out)
 
     def _mul(self, a: dict) -> None:
         x, y = self._operands(a)
         out = requantize((x - a["za"]) * (y - a["zb"]), a["m0"], a["shift"]) + a["out_zp"]
-        self.sram.write(a["dst"], a["out_bits"], _saturate(out, a["out_bits"]))
+        self.sram.write(a["dst"], a["out_bits"], saturate(out, a["out_bits"]))
 
     def _requant(self, a: dict) -> None:
         x = self.sram.view(a["src"], a["in_bits"], (a["n"],)).astype(np.int64)
-        out = _saturate(requantize(x - a["in_zp"], a["m0"], a["shift"]) + a["out_zp"], a["out_bits"])
+        out = saturate(requantize(x - a["in_zp"], a["m0"], a["shift"]) + a["out_zp"], a["out_bits"])
         self.sram.write(a["dst"], a["out_bits"], out)
 
     def _lut(self, a: dict) -> None:
@@ -279,7 +275,7 @@ class Simulator:
         index = x + a["offset"]
         if index.size and (index.min() < 0 or index.max() >= table.size):
             raise NpubError("LUT index outside its table")
-        self.sram.write(a["dst"], a["out_bits"], _saturate(table[index], a["out_bits"]))
+        self.sram.write(a["dst"], a["out_bits"], saturate(table[index], a["out_bits"]))
 
     def _clamp(self, a: dict) -> None:
         x = self.sram.view(a["src"], a["bits"], (a["n"],))
@@ -291,11 +287,10 @@ class Simulator:
         partial = x.sum(axis=1)
         acc[...] = partial if a["first"] else acc + partial
         if a["last"]:
-            y = _saturate(requantize(acc, a["m0"], a["shift"]) + a["out_zp"], a["out_bits"])
+            y = saturate(requantize(acc, a["m0"], a["shift"]) + a["out_zp"], a["out_bits"])
             self.sram.write(a["dst"], a["out_bits"], y)
 
     def _pool(self, a: dict) -> None:
-        from npubuild.stages.quantize.interpreter import _windows
 
         x = self.sram.view(a["src"], a["in_bits"], (1, a["c"], a["in_h"], a["in_w"]))
         kernel, strides, dil = [a["kh"], a["kw"]], [a["sh"], a["sw"]], [a["dh"], a["dw"]]
@@ -303,14 +298,14 @@ class Simulator:
             raise NpubError("pool with a non-positive window, stride or dilation")
         shape = (a["out_h"], a["out_w"])
         if a["mode"] == 0:
-            win = _windows(x, kernel, strides, dil, [0, 0, 0, 0], 0)
+            win = windows(x, kernel, strides, dil, [0, 0, 0, 0], 0)
             y = win.max(axis=(-2, -1))
         else:
             xc = x.astype(np.float64) - a["in_zp"]
-            total = np.rint(_windows(xc, kernel, strides, dil, [0, 0, 0, 0], 0.0).sum(axis=(-2, -1)))
+            total = np.rint(windows(xc, kernel, strides, dil, [0, 0, 0, 0], 0.0).sum(axis=(-2, -1)))
             params = self.sram.view(a["params"], 64, (*shape, 2))
             y = requantize(total.astype(np.int64), params[..., 0], params[..., 1]) + a["out_zp"]
-            y = _saturate(y, a["out_bits"])
+            y = saturate(y, a["out_bits"])
         if y.shape[2:] != shape:
             raise NpubError(f"pool tile gives {y.shape[2:]}, instruction says {shape}")
         self.sram.write(a["dst"], a["out_bits"], y[0])

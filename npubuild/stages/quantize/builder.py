@@ -14,15 +14,13 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from npubuild.intmodel.codes import qrange
+from npubuild.intmodel.fixedpoint import add_multiplier, quantize_multiplier
+from npubuild.intmodel.lut import lut_function
+from npubuild.intmodel.ops import LUT_OPS, MAC_OPS, MOVE_OPS
 from npubuild.stages.quantize import ranges
-from npubuild.stages.quantize.fixedpoint import add_multiplier, quantize_multiplier
-from npubuild.stages.quantize.ops import ELEMENTWISE, INTEGER_OPS, LUT_OPS, MOVE_OPS
-from npubuild.stages.quantize.reference import lut_function
 from npubuild.stages.reductions import vector_matrix
-
-
-def qrange(bits: int) -> tuple[int, int]:
-    return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+from npubuild.targets.support import integer_blocker
 
 
 @dataclass
@@ -137,48 +135,7 @@ class Builder:
         return choice
 
     def integer_blocker(self, node: onnx.NodeProto) -> str:
-        op = node.op_type
-        if op not in INTEGER_OPS:
-            return f"no integer rule for {op}"
-        if node.domain not in ("", "ai.onnx", "npubuild"):
-            return f"unknown domain {node.domain}"
-        if op in ("Conv", "ConvTranspose", "MatMul", "Gemm"):
-            if len(node.input) < 2 or node.input[1] not in self.constants:
-                return f"{op} with a non-constant weight"
-            if op == "Gemm" and (
-                _attr(node, "transA", 0)
-                or _attr(node, "alpha", 1.0) != 1.0
-                or _attr(node, "beta", 1.0) != 1.0
-            ):
-                return "Gemm with transA/alpha/beta"
-            if op == "MatMul" and self.constants[node.input[1]].ndim != 2:
-                return "MatMul with a weight that is not 2-D"
-        if op == "Div" and node.input[1] not in self.constants:
-            return "Div by a tensor"
-        if op in ELEMENTWISE and all(i in self.constants for i in node.input):
-            return "all inputs constant"
-        if op == "Resize":
-            if _attr(node, "mode", "nearest") != "nearest":
-                return f"Resize mode {_attr(node, 'mode')}"
-            if _attr(node, "coordinate_transformation_mode", "half_pixel") not in (
-                "asymmetric",
-                "half_pixel",
-            ):
-                return "Resize coordinate mode"
-        if op == "Clip" and any(i and i not in self.constants for i in node.input[1:]):
-            return "Clip with tensor bounds"
-        if op in ("Split", "Slice", "Reshape", "Squeeze", "Unsqueeze") and any(
-            i and i not in self.constants for i in node.input[1:]
-        ):
-            return f"{op} with non-constant parameters"
-        if op == "AveragePool" and (
-            _attr(node, "auto_pad", "NOTSET") not in ("NOTSET", "VALID")
-            or any(d != 1 for d in _attr(node, "dilations", []))
-        ):
-            return "AveragePool with SAME padding or dilations"
-        if op == "MaxPool" and len(node.output) > 1 and node.output[1]:
-            return "MaxPool with indices"
-        return ""
+        return integer_blocker(node, lambda name, default: _attr(node, name, default), self.constants)
 
     # tensor parameters ------------------------------------------------------------------------
     def from_stats(self, name: str, bits: int, method: str) -> TensorParams:
@@ -225,7 +182,7 @@ class Builder:
         choices = {id(n): self.choose(n) for n in self.graph.node}
         fused: dict[int, onnx.NodeProto] = {}  # id(conv) -> activation node folded into it
         for n in self.graph.node:
-            if n.op_type in ("Conv", "ConvTranspose", "MatMul", "Gemm") and choices[id(n)].integer:
+            if n.op_type in MAC_OPS and choices[id(n)].integer:
                 users = self.consumers.get(n.output[0], [])
                 if (
                     len(users) == 1
@@ -589,7 +546,7 @@ class Builder:
     def avgpool(self, node: onnx.NodeProto, activation=None) -> None:
         """Window sums of zero-point-free codes, divided by each window's element count (which is
         smaller at the borders unless count_include_pad) through a per-position multiplier."""
-        from npubuild.stages.quantize.interpreter import pool_counts
+        from npubuild.intmodel.kernels import pool_counts
 
         x, out = node.input[0], node.output[0]
         xp, yp = self.params[x], self.params[out]

@@ -15,11 +15,10 @@ from pathlib import Path
 import onnx
 
 from npubuild.errors import UserError
+from npubuild.intmodel.ops import MAC_OPS, MOVE_OPS
 from npubuild.stages.quantize.builder import Builder, node_label
-from npubuild.stages.quantize.ops import MOVE_OPS
 
 PRECISIONS = ("int8", "int16", "float")
-_MACS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 
 
 def load_table(path: Path) -> dict[str, str]:
@@ -62,7 +61,7 @@ class Layers:
             fused = (
                 n.op_type in ("Relu", "Clip")
                 and producer is not None
-                and producer.op_type in _MACS
+                and producer.op_type in MAC_OPS
                 and len(consumers.get(producer.output[0], [])) == 1
             )
             if n.op_type in MOVE_OPS or fused:
@@ -86,3 +85,26 @@ class Layers:
 
     def unknown(self, table: dict[str, str]) -> list[str]:
         return [name for name in table if name not in self.nodes]
+
+
+def precision_overrides(table: dict[str, str]) -> list[dict]:
+    """A precision table as quantize overrides (exact node names)."""
+    out = []
+    for node, precision in sorted(table.items()):
+        override = {
+            "match": _escape_glob(node),
+            "op_type": None,
+            "bits": None,
+            "method": None,
+            "keep_float": False,
+        }
+        if precision == "float":
+            override["keep_float"] = True
+        else:
+            override["bits"] = 16 if precision == "int16" else 8
+        out.append(override)
+    return out
+
+
+def _escape_glob(name: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[]" else c for c in name)

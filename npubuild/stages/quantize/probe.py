@@ -15,36 +15,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from npubuild.intmodel.ops import MAC_OPS
 from npubuild.stages.evaluate import Agreement
 from npubuild.stages.optimize.check import session
 from npubuild.stages.quantize.builder import Builder, node_label
-from npubuild.stages.quantize.precision import Layers
+from npubuild.stages.quantize.integer_model import build_integer_model
+from npubuild.stages.quantize.precision import Layers, precision_overrides
 from npubuild.stages.reductions import vector_matrix
-
-MAC_TYPES = ("Conv", "ConvTranspose", "MatMul", "Gemm")
-
-
-def precision_overrides(table: dict[str, str]) -> list[dict]:
-    """A precision table as quantize overrides (exact node names)."""
-    out = []
-    for node, precision in sorted(table.items()):
-        override = {
-            "match": _escape_glob(node),
-            "op_type": None,
-            "bits": None,
-            "method": None,
-            "keep_float": False,
-        }
-        if precision == "float":
-            override["keep_float"] = True
-        else:
-            override["bits"] = 16 if precision == "int16" else 8
-        out.append(override)
-    return out
-
-
-def _escape_glob(name: str) -> str:
-    return "".join(f"[{c}]" if c in "*?[]" else c for c in name)
 
 
 class PrecisionProbe:
@@ -125,7 +102,7 @@ class PrecisionProbe:
                 new_nodes += switch_tensor(value.name)
         weight_nodes = []
         for node in g.node:
-            if node.op_type in MAC_TYPES and len(node.input) > 1 and node.input[1] in initializers:
+            if node.op_type in MAC_OPS and len(node.input) > 1 and node.input[1] in initializers:
                 weight_nodes.append(node)
         quantized_weights = self._quantized_weights(weight_nodes, initializers)
         self.constant_switches: dict[str, tuple[str, str]] = {}
@@ -276,7 +253,7 @@ class PrecisionProbe:
         self.mac_input_bits = {
             label: program.tensors[self.layers.nodes[label].input[0]]["bits"]
             for label in program.integer_nodes
-            if self.layers.nodes[label].op_type in MAC_TYPES
+            if self.layers.nodes[label].op_type in MAC_OPS
             and self.layers.nodes[label].input[0] in program.tensors
         }
         bits = {}
@@ -296,8 +273,7 @@ class PrecisionProbe:
 
     def confirm(self, table: dict[str, str]) -> dict:
         """The same configuration as the integer model itself, run by the golden interpreter."""
-        from npubuild.stages.quantize.interpreter import Interpreter
-        from npubuild.stages.quantize.stage import build_integer_model
+        from npubuild.intmodel.interpreter import Interpreter
 
         overrides = precision_overrides(self.layers.expand(table))
         settings = {**self.settings, "overrides": list(self.settings.get("overrides", [])) + overrides}

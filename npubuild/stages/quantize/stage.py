@@ -5,37 +5,12 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
-
 from npubuild.errors import UserError
-from npubuild.stages import tensorfile
-from npubuild.stages.onnx_utils import default_opset, load_model, save_model, write_json
-from npubuild.stages.quantize.builder import Builder
-from npubuild.stages.quantize.precision import Layers, load_table
-from npubuild.stages.quantize.probe import precision_overrides
+from npubuild.intmodel import tensorfile
+from npubuild.stages.onnx_utils import load_model, save_model, write_json
+from npubuild.stages.quantize.integer_model import build_integer_model
+from npubuild.stages.quantize.precision import Layers, load_table, precision_overrides
 from npubuild.stages.quantize.qdq import export_qdq
-
-
-def build_integer_model(model, stats_meta: dict, stats_arrays: dict, params: dict, range_cache=None):
-    """The program, its JSON header and its arrays, as stored in quantized.npq."""
-    program = Builder(model, stats_meta, stats_arrays, params, range_cache=range_cache).build()
-    initializers = {t.name for t in model.graph.initializer}
-    meta = {
-        "version": 1,
-        "inputs": [i.name for i in model.graph.input if i.name not in initializers],
-        "outputs": [o.name for o in model.graph.output],
-        "ops": program.ops,
-        "tensors": program.tensors,
-        "float_nodes": program.float_nodes,
-        "opset": default_opset(model),
-        "functions": [],
-    }
-    arrays = dict(program.arrays)
-    for i, f in enumerate(model.functions):
-        key = f"function/{i}"
-        arrays[key] = np.frombuffer(f.SerializeToString(deterministic=True), dtype=np.uint8)
-        meta["functions"].append(key)
-    return program, meta, arrays
 
 
 def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:

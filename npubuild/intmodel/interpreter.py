@@ -8,174 +8,18 @@ NPU simulator is checked against.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import onnx
 
-from npubuild.stages.quantize.fixedpoint import ADD_FRACTION_BITS, requantize, rounding_shift
-
-
-def qrange(bits: int) -> tuple[int, int]:
-    return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
-
-
-def quantize_float(x: np.ndarray, t: dict) -> np.ndarray:
-    """ONNX QuantizeLinear: x / scale in float32, round half to even, add zero point, saturate."""
-    qmin, qmax = qrange(t["bits"])
-    scaled = np.asarray(x, np.float32) / np.float32(t["scale"])
-    return np.clip(np.rint(scaled).astype(np.int64) + t["zero_point"], qmin, qmax).astype(np.int32)
-
-
-def dequantize(q: np.ndarray, t: dict) -> np.ndarray:
-    return ((q.astype(np.int64) - t["zero_point"]) * np.float64(t["scale"])).astype(np.float32)
-
-
-def _saturate(v: np.ndarray, bits: int) -> np.ndarray:
-    qmin, qmax = qrange(bits)
-    return np.clip(v, qmin, qmax).astype(np.int32)
-
-
-def _conv_pads(attrs: dict, in_spatial, kernel) -> list[int]:
-    auto = attrs.get("auto_pad", "NOTSET")
-    if auto in ("NOTSET", "") or auto is None:
-        return list(attrs["pads"])
-    if auto == "VALID":
-        return [0] * (2 * len(kernel))
-    begins, ends = [], []
-    for size, k, s, d in zip(in_spatial, kernel, attrs["strides"], attrs["dilations"]):
-        out = math.ceil(size / s)
-        total = max((out - 1) * s + (k - 1) * d + 1 - size, 0)
-        small, large = total // 2, total - total // 2
-        begins.append(small if auto == "SAME_UPPER" else large)
-        ends.append(large if auto == "SAME_UPPER" else small)
-    return begins + ends
-
-
-def _windows(xc: np.ndarray, kernel, strides, dilations, pads, pad_value: float) -> np.ndarray:
-    """[N, C, *out, *kernel] views of the padded input."""
-    nd = len(kernel)
-    pad_width = [(0, 0), (0, 0)] + [(pads[i], pads[i + nd]) for i in range(nd)]
-    xp = np.pad(xc, pad_width, constant_values=pad_value)
-    span = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
-    view = np.lib.stride_tricks.sliding_window_view(xp, span, axis=tuple(range(2, 2 + nd)))
-    index = (
-        (slice(None), slice(None))
-        + tuple(slice(None, None, s) for s in strides)
-        + tuple(slice(None, None, d) for d in dilations)
-    )
-    return view[index]
-
-
-def conv_accumulate(xc: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
-    """Exact integer convolution of zero-point-free inputs (float64 sums of integer products)."""
-    kernel = list(w.shape[2:])
-    pads = _conv_pads(attrs, xc.shape[2:], kernel)
-    group = attrs["group"]
-    win = _windows(xc, kernel, attrs["strides"], attrs["dilations"], pads, 0.0)  # [N, C, *o, *k]
-    n, c = xc.shape[:2]
-    cout = w.shape[0]
-    nd = len(kernel)
-    wf = w.astype(np.float64)
-    if group == c and w.shape[1] == 1:  # depthwise (channel multiplier cout // c)
-        mult = cout // c
-        wg = wf.reshape(c, mult, *kernel)
-        letters = "abc"[:nd]
-        kl = "xyz"[:nd]
-        out = np.einsum(f"nc{letters}{kl},cm{kl}->ncm{letters}", win, wg, optimize=True)
-        return out.reshape(n, cout, *out.shape[3:])
-    cg, og = c // group, cout // group
-    outs = []
-    for g in range(group):
-        wgin = win[:, g * cg : (g + 1) * cg]
-        spatial = wgin.shape[2 : 2 + nd]
-        cols = np.moveaxis(wgin, 1, 1 + nd).reshape(n, *spatial, -1)  # [N, *o, C*k]
-        wmat = wf[g * og : (g + 1) * og].reshape(og, -1)
-        outs.append(np.moveaxis(cols @ wmat.T, -1, 1))
-    return np.concatenate(outs, axis=1)
-
-
-def conv_transpose_accumulate(xc: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
-    """Exact integer transposed convolution (group 1 or grouped), by scattering kernel taps."""
-    group = attrs["group"]
-    n, c = xc.shape[:2]
-    kernel = list(w.shape[2:])
-    nd = len(kernel)
-    strides, dil = attrs["strides"], attrs["dilations"]
-    pads = attrs["pads"] if attrs.get("pads") else [0] * 2 * nd
-    out_pad = attrs.get("output_padding") or [0] * nd
-    cg, og = c // group, w.shape[1]
-    in_sp = xc.shape[2:]
-    full = [
-        (i - 1) * s + (k - 1) * d + 1 + op for i, s, k, d, op in zip(in_sp, strides, kernel, dil, out_pad)
-    ]
-    out = np.zeros((n, og * group, *full), np.float64)
-    wf = w.astype(np.float64)
-    for g in range(group):
-        xg = xc[:, g * cg : (g + 1) * cg].astype(np.float64)
-        for tap in np.ndindex(*kernel):
-            taps = wf[(slice(g * cg, (g + 1) * cg), slice(None)) + tuple(tap)]
-            contrib = np.einsum("nc...,co->no...", xg, taps)
-            index = (slice(None), slice(g * og, (g + 1) * og)) + tuple(
-                slice(t * d, t * d + (i - 1) * s + 1, s) for t, d, i, s in zip(tap, dil, in_sp, strides)
-            )
-            out[index] += contrib
-    crop = (slice(None), slice(None)) + tuple(slice(pads[i], full[i] - pads[i + nd]) for i in range(nd))
-    return out[crop]
-
-
-def _pool_pads(spatial, attrs) -> list[int]:
-    """Explicit pads plus what ceil_mode adds at the end of each axis."""
-    kernel, strides = attrs["kernel_shape"], attrs["strides"]
-    dilations = attrs.get("dilations") or [1] * len(kernel)
-    nd = len(kernel)
-    pads = list(attrs.get("pads") or [0] * 2 * nd)
-    if attrs.get("ceil_mode"):
-        for i in range(nd):
-            size = spatial[i] + pads[i] + pads[i + nd]
-            span = (kernel[i] - 1) * dilations[i] + 1
-            out = math.ceil((size - span) / strides[i]) + 1
-            if (out - 1) * strides[i] >= spatial[i] + pads[i]:  # ONNX: the last window must start inside
-                out -= 1
-            pads[i + nd] += max((out - 1) * strides[i] + span - size, 0)
-    return pads
-
-
-def pool_counts(spatial, attrs) -> np.ndarray:
-    """How many elements each average-pool window divides by (ONNX semantics)."""
-    kernel, nd = attrs["kernel_shape"], len(attrs["kernel_shape"])
-    pads = _pool_pads(spatial, attrs)
-    ones = np.ones((1, 1, *spatial))
-    if attrs.get("count_include_pad"):
-        explicit = list(attrs.get("pads") or [0] * 2 * nd)
-        ones = np.pad(
-            ones, [(0, 0), (0, 0)] + [(explicit[i], explicit[i + nd]) for i in range(nd)], constant_values=1
-        )
-        extra = [0] * nd + [p - e for p, e in zip(pads[nd:], explicit[nd:])]
-        win = _windows(ones, kernel, attrs["strides"], [1] * nd, extra, 0.0)
-    else:
-        win = _windows(ones, kernel, attrs["strides"], [1] * nd, pads, 0.0)
-    return win.sum(axis=tuple(range(-nd, 0)))[0, 0].astype(np.int64)
-
-
-def nearest_indices(size_in: int, size_out: int, attrs: dict) -> np.ndarray:
-    """The source index of each output position of a nearest-neighbour Resize along one axis."""
-    scale = size_out / size_in
-    o = np.arange(size_out, dtype=np.float64)
-    if attrs["coordinate_transformation_mode"] == "asymmetric":
-        src = o / scale
-    else:
-        src = (o + 0.5) / scale - 0.5
-    mode = attrs["nearest_mode"]
-    if mode == "floor":
-        idx = np.floor(src)
-    elif mode == "ceil":
-        idx = np.ceil(src)
-    elif mode == "round_prefer_ceil":
-        idx = np.floor(src + 0.5)
-    else:
-        idx = np.ceil(src - 0.5)
-    return np.clip(idx, 0, size_in - 1).astype(np.int64)
+from npubuild.intmodel.codes import dequantize, qrange, quantize_float, saturate
+from npubuild.intmodel.fixedpoint import ADD_FRACTION_BITS, requantize, rounding_shift
+from npubuild.intmodel.kernels import (
+    conv_accumulate,
+    conv_transpose_accumulate,
+    nearest_indices,
+    pool_pads,
+    windows,
+)
 
 
 class Interpreter:
@@ -265,7 +109,7 @@ class Interpreter:
         acc = (a - at["za"]) * at["ma"] + (b - at["zb"]) * at["mb"]
         out = op["outputs"][0]
         t = self.tensors[out]
-        env[out] = _saturate(rounding_shift(acc, ADD_FRACTION_BITS) + t["zero_point"], t["bits"])
+        env[out] = _saturate32(rounding_shift(acc, ADD_FRACTION_BITS) + t["zero_point"], t["bits"])
 
     def _mul(self, op, env):
         a, b = self._operands(op, env)
@@ -273,7 +117,7 @@ class Interpreter:
         out = op["outputs"][0]
         t = self.tensors[out]
         y = requantize((a - at["za"]) * (b - at["zb"]), at["m0"], at["shift"]) + t["zero_point"]
-        env[out] = _saturate(y, t["bits"])
+        env[out] = _saturate32(y, t["bits"])
 
     def _concat(self, op, env):
         parts = self._operands(op, env)
@@ -285,7 +129,7 @@ class Interpreter:
                 scaled.append(part)
             else:
                 scaled.append(
-                    _saturate(requantize(part - r["zin"], r["m0"], r["shift"]) + t["zero_point"], t["bits"])
+                    _saturate32(requantize(part - r["zin"], r["m0"], r["shift"]) + t["zero_point"], t["bits"])
                 )
         env[out] = np.concatenate(scaled, axis=op["attrs"]["axis"]).astype(np.int32)
 
@@ -296,20 +140,20 @@ class Interpreter:
         out = op["outputs"][0]
         t = self.tensors[out]
         at = op["attrs"]
-        env[out] = _saturate(requantize(total, at["m0"], at["shift"]) + t["zero_point"], t["bits"])
+        env[out] = _saturate32(requantize(total, at["m0"], at["shift"]) + t["zero_point"], t["bits"])
 
     def _avgpool(self, op, env):
         x = op["inputs"][0]
         at = op["attrs"]
         xc = env[x].astype(np.float64) - self.tensors[x]["zero_point"]
         nd = len(at["kernel_shape"])
-        pads = _pool_pads(xc.shape[2:], at)
-        win = _windows(xc, at["kernel_shape"], at["strides"], [1] * nd, pads, 0.0)
+        pads = pool_pads(xc.shape[2:], at)
+        win = windows(xc, at["kernel_shape"], at["strides"], [1] * nd, pads, 0.0)
         total = np.rint(win.sum(axis=tuple(range(-nd, 0)))).astype(np.int64)
         out = op["outputs"][0]
         t = self.tensors[out]
         y = requantize(total, self.arrays[op["arrays"]["m0"]], self.arrays[op["arrays"]["shift"]])
-        env[out] = _saturate(y + t["zero_point"], t["bits"])
+        env[out] = _saturate32(y + t["zero_point"], t["bits"])
 
     def _resize_nearest(self, op, env):
         x = env[op["inputs"][0]]
@@ -380,7 +224,12 @@ class Interpreter:
         kernel = at["kernel_shape"]
         nd = len(kernel)
         attrs = {**at, "strides": at.get("strides") or [1] * nd}
-        pads = _pool_pads(x.shape[2:], attrs)
+        pads = pool_pads(x.shape[2:], attrs)
         qmin = qrange(self.tensors[op["inputs"][0]]["bits"])[0]
-        win = _windows(x, kernel, attrs["strides"], at.get("dilations") or [1] * nd, pads, qmin)
+        win = windows(x, kernel, attrs["strides"], at.get("dilations") or [1] * nd, pads, qmin)
         return win.max(axis=tuple(range(-nd, 0))).astype(np.int32)
+
+
+def _saturate32(v: np.ndarray, bits: int) -> np.ndarray:
+    """Saturated int32 codes, the interpreter's representation of every integer tensor."""
+    return saturate(v, bits).astype(np.int32)

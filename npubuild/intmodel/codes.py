@@ -1,0 +1,27 @@
+"""Integer codes: the representable range of a bit width, saturation, and the conversions
+between float values and codes (ONNX QuantizeLinear and DequantizeLinear semantics)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def qrange(bits: int) -> tuple[int, int]:
+    return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+
+
+def quantize_float(x: np.ndarray, t: dict) -> np.ndarray:
+    """ONNX QuantizeLinear: x / scale in float32, round half to even, add zero point, saturate."""
+    qmin, qmax = qrange(t["bits"])
+    scaled = np.asarray(x, np.float32) / np.float32(t["scale"])
+    return np.clip(np.rint(scaled).astype(np.int64) + t["zero_point"], qmin, qmax).astype(np.int32)
+
+
+def dequantize(q: np.ndarray, t: dict) -> np.ndarray:
+    return ((q.astype(np.int64) - t["zero_point"]) * np.float64(t["scale"])).astype(np.float32)
+
+
+def saturate(v: np.ndarray, bits: int) -> np.ndarray:
+    """Clip to the range of `bits` (the array keeps its dtype)."""
+    qmin, qmax = qrange(bits)
+    return np.clip(v, qmin, qmax)

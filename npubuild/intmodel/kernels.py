@@ -1,0 +1,151 @@
+"""Exact integer kernels shared by the golden interpreter and the NPU simulator: padding rules,
+sliding windows, convolution accumulators (float64 sums of integer products, exact below 2^53),
+average-pool divisors and nearest-neighbour indices, all with ONNX semantics."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def conv_pads(attrs: dict, in_spatial, kernel) -> list[int]:
+    auto = attrs.get("auto_pad", "NOTSET")
+    if auto in ("NOTSET", "") or auto is None:
+        return list(attrs["pads"])
+    if auto == "VALID":
+        return [0] * (2 * len(kernel))
+    begins, ends = [], []
+    for size, k, s, d in zip(in_spatial, kernel, attrs["strides"], attrs["dilations"]):
+        out = math.ceil(size / s)
+        total = max((out - 1) * s + (k - 1) * d + 1 - size, 0)
+        small, large = total // 2, total - total // 2
+        begins.append(small if auto == "SAME_UPPER" else large)
+        ends.append(large if auto == "SAME_UPPER" else small)
+    return begins + ends
+
+
+def windows(xc: np.ndarray, kernel, strides, dilations, pads, pad_value: float) -> np.ndarray:
+    """[N, C, *out, *kernel] views of the padded input."""
+    nd = len(kernel)
+    pad_width = [(0, 0), (0, 0)] + [(pads[i], pads[i + nd]) for i in range(nd)]
+    xp = np.pad(xc, pad_width, constant_values=pad_value)
+    span = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    view = np.lib.stride_tricks.sliding_window_view(xp, span, axis=tuple(range(2, 2 + nd)))
+    index = (
+        (slice(None), slice(None))
+        + tuple(slice(None, None, s) for s in strides)
+        + tuple(slice(None, None, d) for d in dilations)
+    )
+    return view[index]
+
+
+def conv_accumulate(xc: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
+    """Exact integer convolution of zero-point-free inputs (float64 sums of integer products)."""
+    kernel = list(w.shape[2:])
+    pads = conv_pads(attrs, xc.shape[2:], kernel)
+    group = attrs["group"]
+    win = windows(xc, kernel, attrs["strides"], attrs["dilations"], pads, 0.0)  # [N, C, *o, *k]
+    n, c = xc.shape[:2]
+    cout = w.shape[0]
+    nd = len(kernel)
+    wf = w.astype(np.float64)
+    if group == c and w.shape[1] == 1:  # depthwise (channel multiplier cout // c)
+        mult = cout // c
+        wg = wf.reshape(c, mult, *kernel)
+        letters = "abc"[:nd]
+        kl = "xyz"[:nd]
+        out = np.einsum(f"nc{letters}{kl},cm{kl}->ncm{letters}", win, wg, optimize=True)
+        return out.reshape(n, cout, *out.shape[3:])
+    cg, og = c // group, cout // group
+    outs = []
+    for g in range(group):
+        wgin = win[:, g * cg : (g + 1) * cg]
+        spatial = wgin.shape[2 : 2 + nd]
+        cols = np.moveaxis(wgin, 1, 1 + nd).reshape(n, *spatial, -1)  # [N, *o, C*k]
+        wmat = wf[g * og : (g + 1) * og].reshape(og, -1)
+        outs.append(np.moveaxis(cols @ wmat.T, -1, 1))
+    return np.concatenate(outs, axis=1)
+
+
+def conv_transpose_accumulate(xc: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
+    """Exact integer transposed convolution (group 1 or grouped), by scattering kernel taps."""
+    group = attrs["group"]
+    n, c = xc.shape[:2]
+    kernel = list(w.shape[2:])
+    nd = len(kernel)
+    strides, dil = attrs["strides"], attrs["dilations"]
+    pads = attrs["pads"] if attrs.get("pads") else [0] * 2 * nd
+    out_pad = attrs.get("output_padding") or [0] * nd
+    cg, og = c // group, w.shape[1]
+    in_sp = xc.shape[2:]
+    full = [
+        (i - 1) * s + (k - 1) * d + 1 + op for i, s, k, d, op in zip(in_sp, strides, kernel, dil, out_pad)
+    ]
+    out = np.zeros((n, og * group, *full), np.float64)
+    wf = w.astype(np.float64)
+    for g in range(group):
+        xg = xc[:, g * cg : (g + 1) * cg].astype(np.float64)
+        for tap in np.ndindex(*kernel):
+            taps = wf[(slice(g * cg, (g + 1) * cg), slice(None)) + tuple(tap)]
+            contrib = np.einsum("nc...,co->no...", xg, taps)
+            index = (slice(None), slice(g * og, (g + 1) * og)) + tuple(
+                slice(t * d, t * d + (i - 1) * s + 1, s) for t, d, i, s in zip(tap, dil, in_sp, strides)
+            )
+            out[index] += contrib
+    crop = (slice(None), slice(None)) + tuple(slice(pads[i], full[i] - pads[i + nd]) for i in range(nd))
+    return out[crop]
+
+
+def pool_pads(spatial, attrs) -> list[int]:
+    """Explicit pads plus what ceil_mode adds at the end of each axis."""
+    kernel, strides = attrs["kernel_shape"], attrs["strides"]
+    dilations = attrs.get("dilations") or [1] * len(kernel)
+    nd = len(kernel)
+    pads = list(attrs.get("pads") or [0] * 2 * nd)
+    if attrs.get("ceil_mode"):
+        for i in range(nd):
+            size = spatial[i] + pads[i] + pads[i + nd]
+            span = (kernel[i] - 1) * dilations[i] + 1
+            out = math.ceil((size - span) / strides[i]) + 1
+            if (out - 1) * strides[i] >= spatial[i] + pads[i]:  # ONNX: the last window must start inside
+                out -= 1
+            pads[i + nd] += max((out - 1) * strides[i] + span - size, 0)
+    return pads
+
+
+def pool_counts(spatial, attrs) -> np.ndarray:
+    """How many elements each average-pool window divides by (ONNX semantics)."""
+    kernel, nd = attrs["kernel_shape"], len(attrs["kernel_shape"])
+    pads = pool_pads(spatial, attrs)
+    ones = np.ones((1, 1, *spatial))
+    if attrs.get("count_include_pad"):
+        explicit = list(attrs.get("pads") or [0] * 2 * nd)
+        ones = np.pad(
+            ones, [(0, 0), (0, 0)] + [(explicit[i], explicit[i + nd]) for i in range(nd)], constant_values=1
+        )
+        extra = [0] * nd + [p - e for p, e in zip(pads[nd:], explicit[nd:])]
+        win = windows(ones, kernel, attrs["strides"], [1] * nd, extra, 0.0)
+    else:
+        win = windows(ones, kernel, attrs["strides"], [1] * nd, pads, 0.0)
+    return win.sum(axis=tuple(range(-nd, 0)))[0, 0].astype(np.int64)
+
+
+def nearest_indices(size_in: int, size_out: int, attrs: dict) -> np.ndarray:
+    """The source index of each output position of a nearest-neighbour Resize along one axis."""
+    scale = size_out / size_in
+    o = np.arange(size_out, dtype=np.float64)
+    if attrs["coordinate_transformation_mode"] == "asymmetric":
+        src = o / scale
+    else:
+        src = (o + 0.5) / scale - 0.5
+    mode = attrs["nearest_mode"]
+    if mode == "floor":
+        idx = np.floor(src)
+    elif mode == "ceil":
+        idx = np.ceil(src)
+    elif mode == "round_prefer_ceil":
+        idx = np.floor(src + 0.5)
+    else:
+        idx = np.ceil(src - 0.5)
+    return np.clip(idx, 0, size_in - 1).astype(np.int64)
