@@ -28,7 +28,7 @@ def main() -> None:
 
     from npubuild.cache.store import Store
     from npubuild.engine.run import build
-    from npubuild.stages.optimize.check import session
+    from npubuild.stages.feeds import session
     from npubuild.stages.prepare import _image
     from npubuild.targets.runtime import Runtime, load
 

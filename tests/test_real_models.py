@@ -149,7 +149,7 @@ def test_integer_model_agrees_with_its_qdq_twin_and_with_float(example, name):
 def test_simulator_is_bit_exact_with_the_integer_model_on_every_npu_op(example, name, target_name):
     """Every tensor every NPU op writes (DRAM not reused, so all stay readable) equals the golden
     interpreter's codes, on a held-out photo, for both built-in targets."""
-    from npubuild.stages.evaluate import load_integer_model
+    from npubuild.intmodel.interpreter import load_integer_model
     from npubuild.targets import npub
     from npubuild.targets.compile import compile_npub, plan_partition
     from npubuild.targets.runtime import Runtime

@@ -8,9 +8,12 @@ NPU simulator is checked against.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 
+from npubuild.intmodel import tensorfile
 from npubuild.intmodel.codes import dequantize, qrange, quantize_float, saturate
 from npubuild.intmodel.fixedpoint import ADD_FRACTION_BITS, requantize, rounding_shift
 from npubuild.intmodel.kernels import (
@@ -233,3 +236,13 @@ class Interpreter:
 def _saturate32(v: np.ndarray, bits: int) -> np.ndarray:
     """Saturated int32 codes, the interpreter's representation of every integer tensor."""
     return saturate(v, bits).astype(np.int32)
+
+
+def load_integer_model(path: Path) -> tuple[dict, dict, Interpreter]:
+    arrays, program = tensorfile.load(path)
+    functions = []
+    for key in program["functions"]:
+        f = onnx.FunctionProto()
+        f.ParseFromString(arrays[key].tobytes())
+        functions.append(f)
+    return program, arrays, Interpreter(program, arrays, functions, {"": program["opset"], "npubuild": 1})

@@ -9,8 +9,8 @@ import onnx
 
 from npubuild.errors import UserError
 from npubuild.intmodel import tensorfile
+from npubuild.stages.feeds import SampleFile, iterate_feeds, session
 from npubuild.stages.onnx_utils import load_model, with_outputs, write_json
-from npubuild.stages.optimize.check import SampleFile, iterate_feeds, session
 from npubuild.stages.quantize.histogram import TensorStats
 
 _FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE}

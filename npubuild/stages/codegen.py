@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from npubuild.stages.evaluate import load_integer_model
+from npubuild.intmodel.interpreter import load_integer_model
 from npubuild.stages.onnx_utils import load_model, write_json
 from npubuild.targets.compile import compile_npub
 from npubuild.targets.spec import TargetSpec

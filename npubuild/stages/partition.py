@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from npubuild.stages.evaluate import load_integer_model
+from npubuild.intmodel.interpreter import load_integer_model
 from npubuild.stages.onnx_utils import load_model, write_json
 from npubuild.targets.compile import plan_partition
 from npubuild.targets.spec import TargetSpec

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from npubuild.errors import UserError
+from npubuild.stages.feeds import read_npy_header
 from npubuild.stages.onnx_utils import write_json
 
 
@@ -63,11 +64,7 @@ def _check_header(f, what: str) -> int:
     """Read a .npy header and refuse what we will not load: object (pickle), complex, bool or
     string arrays, empty arrays, and more than MAX_TENSOR_BYTES. Returns the array's bytes."""
     try:
-        version = np.lib.format.read_magic(f)
-        reader = (
-            np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-        )
-        shape, _, dtype = reader(f)
+        shape, _, dtype = read_npy_header(f)
     except (ValueError, OSError, EOFError) as exc:
         raise UserError(f"{what}: not a .npy array ({exc})") from None
     if dtype.hasobject:

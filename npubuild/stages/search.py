@@ -17,8 +17,8 @@ from pathlib import Path
 
 from npubuild.errors import UserError
 from npubuild.intmodel import tensorfile
+from npubuild.stages.feeds import SampleFile, iterate_feeds
 from npubuild.stages.onnx_utils import load_model, write_json
-from npubuild.stages.optimize.check import SampleFile, iterate_feeds
 from npubuild.stages.quantize.cost import layer_cost, op_work
 from npubuild.stages.quantize.probe import PrecisionProbe
 

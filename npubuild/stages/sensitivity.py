@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from npubuild.intmodel import tensorfile
+from npubuild.stages.feeds import SampleFile, iterate_feeds
 from npubuild.stages.onnx_utils import load_model, write_json
-from npubuild.stages.optimize.check import SampleFile, iterate_feeds
 from npubuild.stages.quantize.cost import op_work
 from npubuild.stages.quantize.probe import PrecisionProbe
 

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from npubuild.stages.evaluate import Agreement, load_integer_model
+from npubuild.intmodel.interpreter import load_integer_model
+from npubuild.stages.feeds import iterate_feeds, session
+from npubuild.stages.metrics import Agreement
 from npubuild.stages.onnx_utils import load_model, write_json
-from npubuild.stages.optimize.check import iterate_feeds, session
 from npubuild.targets.runtime import Runtime, load
 
 

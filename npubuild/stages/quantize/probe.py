@@ -16,8 +16,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from npubuild.intmodel.ops import MAC_OPS
-from npubuild.stages.evaluate import Agreement
-from npubuild.stages.optimize.check import session
+from npubuild.stages.feeds import session
+from npubuild.stages.metrics import Agreement
 from npubuild.stages.quantize.builder import Builder, node_label
 from npubuild.stages.quantize.integer_model import build_integer_model
 from npubuild.stages.quantize.precision import Layers, precision_overrides

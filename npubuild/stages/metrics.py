@@ -1,0 +1,107 @@
+"""How close two models' tensors are: streaming cosine, SQNR and max error; top-1 agreement; and
+the golden interpreter op by op against the QDQ model's codes."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from npubuild.intmodel.interpreter import Interpreter
+from npubuild.stages.reductions import dot
+
+
+class Agreement:
+    """Streaming cosine / SQNR / max-abs-error between a reference and a candidate tensor."""
+
+    def __init__(self) -> None:
+        self.dot = self.ref2 = self.cand2 = self.err2 = 0.0
+        self.max_abs = 0.0
+        self.count = 0
+        self.nonfinite = 0
+
+    def update(self, ref: np.ndarray, cand: np.ndarray) -> None:
+        r = np.asarray(ref, np.float64).reshape(-1)
+        c = np.asarray(cand, np.float64).reshape(-1)
+        finite = np.isfinite(r) & np.isfinite(c)
+        if not finite.all():  # NaN/Inf (e.g. log of 0) cannot be compared; count them instead
+            self.nonfinite += int((~finite).sum())
+            r, c = r[finite], c[finite]
+        d = r - c
+        self.dot += dot(r, c)
+        self.ref2 += dot(r, r)
+        self.cand2 += dot(c, c)
+        self.err2 += dot(d, d)
+        self.max_abs = max(self.max_abs, float(np.max(np.abs(d))) if d.size else 0.0)
+        self.count += r.size
+
+    def result(self) -> dict:
+        denom = math.sqrt(self.ref2 * self.cand2)
+        cosine = self.dot / denom if denom > 0 else (1.0 if self.err2 == 0 else 0.0)
+        if self.err2 == 0:
+            sqnr = 200.0
+        elif self.ref2 == 0:
+            sqnr = -200.0
+        else:
+            sqnr = 10 * math.log10(self.ref2 / self.err2)
+        result = {"cosine": round(cosine, 7), "sqnr_db": round(sqnr, 3), "max_abs_error": self.max_abs}
+        if self.nonfinite:
+            result["nonfinite_elements"] = self.nonfinite
+        return result
+
+
+class Top1:
+    """How often the integer model's arg-max over axis 1 (the class axis of NCHW / N x classes
+    outputs) equals the float model's, over every other position."""
+
+    def __init__(self) -> None:
+        self.agree = self.total = 0
+
+    def update(self, ref: np.ndarray, cand: np.ndarray) -> None:
+        ref, cand = np.asarray(ref), np.asarray(cand)
+        if ref.ndim < 2 or ref.shape[1] < 2 or ref.shape != cand.shape:
+            return
+        same = np.argmax(ref, axis=1) == np.argmax(cand, axis=1)
+        self.agree += int(same.sum())
+        self.total += same.size
+
+    def result(self) -> dict:
+        return {"top1_agreement": self.agree / self.total} if self.total else {}
+
+
+class OpAgreement:
+    """Each integer op of the golden interpreter against the QDQ model in onnxruntime, fed the same
+    integer inputs (the QDQ model's codes), so differences do not compound from layer to layer."""
+
+    def __init__(self) -> None:
+        self.samples = 0
+        self.by_kind: dict[str, list[int]] = {}  # kind -> [elements, within 1 LSB, exact]
+
+    def update(self, interpreter: Interpreter, program: dict, codes: dict[str, np.ndarray]) -> None:
+        self.samples += 1
+        for op in program["ops"]:
+            if op["kind"] in ("float", "quantize"):
+                continue
+            env = {i: codes[i].astype(np.int32) for i in op["inputs"] if i in codes}
+            getattr(interpreter, f"_{op['kind']}")(op, env)
+            counts = self.by_kind.setdefault(op["kind"], [0, 0, 0])
+            for out in op["outputs"]:
+                if out in codes:
+                    diff = np.abs(env[out].astype(np.int64) - codes[out].astype(np.int64))
+                    counts[0] += diff.size
+                    counts[1] += int((diff <= 1).sum())
+                    counts[2] += int((diff == 0).sum())
+
+    def result(self) -> dict:
+        total = sum(c[0] for c in self.by_kind.values())
+        return {
+            "samples": self.samples,
+            "elements": total,
+            "within_1_lsb": sum(c[1] for c in self.by_kind.values()) / total if total else None,
+            "exact": sum(c[2] for c in self.by_kind.values()) / total if total else None,
+            "by_kind": {
+                k: {"elements": c[0], "within_1_lsb": c[1] / c[0], "exact": c[2] / c[0]}
+                for k, c in sorted(self.by_kind.items())
+                if c[0]
+            },
+        }
