@@ -39,6 +39,11 @@ PIPELINE_INSTRUCTION_CYCLES = 0
 PIPELINE_MIN_GAIN = 0.02
 
 
+# Per output channel, the requantization parameters a MAC layer loads with its weights: bias, M0
+# and shift, each int64 (see Codegen.mac_params).
+CHANNEL_PARAM_BYTES = 3 * 8
+
+
 def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
@@ -507,7 +512,7 @@ class Codegen:
             return (n - 1) * stride + (k - 1) * d + 1
 
         def sizes(ocb, rows, cols):
-            fixed = table_bytes + ocb * cg * kh * kw + ocb * 24
+            fixed = table_bytes + ocb * cg * kh * kw + ocb * CHANNEL_PARAM_BYTES
             tile = (
                 in_channels(ocb) * span(rows, sh, kh, dh) * span(cols, sw, kw, dw) * xb
                 + ocb * rows * cols * yb
@@ -540,9 +545,9 @@ class Codegen:
                     self.load_const(s, 0, taddr, table.nbytes, signal=NO_SIGNAL)
             self.load_const(s, wbase, waddr + o0 * cg * kh * kw, n_out * cg * kh * kw, signal=NO_SIGNAL)
             params_at = wbase + _align(n_out * cg * kh * kw)
-            if params_at + n_out * 24 > _align(fixed):
+            if params_at + n_out * CHANNEL_PARAM_BYTES > _align(fixed):
                 params_at = wbase + n_out * cg * kh * kw  # tight packing when alignment would not fit
-            self.load_const(s, params_at, paddr + o0 * 24, n_out * 24)
+            self.load_const(s, params_at, paddr + o0 * CHANNEL_PARAM_BYTES, n_out * CHANNEL_PARAM_BYTES)
             ci0 = 0 if group == 1 else (o0 // og) * cg
             cin = in_channels(n_out)
             for r0 in range(0, oh, rows):
@@ -638,7 +643,7 @@ class Codegen:
             worst = max(
                 (lambda a: a[1] - a[0] + 1)(input_rows(r, min(r + rows, oh))) for r in range(0, oh, rows)
             )
-            return ocb * c * kh * kw + ocb * 24, c * worst * w * xb + ocb * rows * ow * yb
+            return ocb * c * kh * kw + ocb * CHANNEL_PARAM_BYTES, c * worst * w * xb + ocb * rows * ow * yb
 
         ocb, rows = oc, oh
         while not self.fits(*sizes(ocb, rows)):
@@ -662,9 +667,9 @@ class Codegen:
                 s, 0, waddr, [1, c, n_out, kh * kw], [0, oc * kh * kw, kh * kw, 1], [0, 0, o0, 0], NO_SIGNAL
             )
             params_at = _align(c * n_out * kh * kw)
-            if params_at + n_out * 24 > _align(fixed):
+            if params_at + n_out * CHANNEL_PARAM_BYTES > _align(fixed):
                 params_at = c * n_out * kh * kw
-            self.load_const(s, params_at, paddr + o0 * 24, n_out * 24)
+            self.load_const(s, params_at, paddr + o0 * CHANNEL_PARAM_BYTES, n_out * CHANNEL_PARAM_BYTES)
             for r0 in range(0, oh, rows):
                 r1 = min(r0 + rows, oh)
                 i0, i1 = input_rows(r0, r1)
@@ -738,8 +743,8 @@ class Codegen:
         waddr = self.const(op["arrays"]["weight"], weight.astype(np.int8))
         paddr = self.const(op["arrays"]["bias"] + "#params", self.mac_params(op))
         mb, nb = m, n
-        while not self.fits(k * nb + nb * 24, mb * k * xb + mb * nb * yb):
-            if not self.consts_fit(k * nb + nb * 24) and nb > 1:
+        while not self.fits(k * nb + nb * CHANNEL_PARAM_BYTES, mb * k * xb + mb * nb * yb):
+            if not self.consts_fit(k * nb + nb * CHANNEL_PARAM_BYTES) and nb > 1:
                 nb = halve(nb)
             elif mb > 1:
                 mb = halve(mb)
@@ -748,16 +753,16 @@ class Codegen:
             else:
                 raise DoesNotFit
         mb = -(-mb // self.split)
-        fixed, tile = k * nb + nb * 24, mb * k * xb + mb * nb * yb
+        fixed, tile = k * nb + nb * CHANNEL_PARAM_BYTES, mb * k * xb + mb * nb * yb
         bufs = self.buffers(fixed, tile)
         for n0 in range(0, n, nb):
             n1 = min(n0 + nb, n)
             cols = n1 - n0
             self.const_dma(s, 0, waddr, [1, 1, k, cols], [0, 0, n, 1], [0, 0, 0, n0], NO_SIGNAL)
             params_at = _align(k * cols)
-            if params_at + cols * 24 > _align(fixed):
+            if params_at + cols * CHANNEL_PARAM_BYTES > _align(fixed):
                 params_at = k * cols
-            self.load_const(s, params_at, paddr + n0 * 24, cols * 24)
+            self.load_const(s, params_at, paddr + n0 * CHANNEL_PARAM_BYTES, cols * CHANNEL_PARAM_BYTES)
             for m0 in range(0, m, mb):
                 m1 = min(m0 + mb, m)
                 b = s.next_tile()
