@@ -327,7 +327,7 @@ class _Evaluator:
             values = tuple(values)
         elif not isinstance(values, (tuple, dict)):
             values = (values,)
-        if isinstance(values, tuple) and not all(isinstance(v, (str, int, float)) for v in values):
+        if isinstance(values, tuple):
             values = tuple(v if isinstance(v, (str, int, float)) else _to_str(v) for v in values)
         try:
             result = template % values

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from npubuild.cache.store import CorruptBlob, Store, is_result_of
@@ -59,7 +60,7 @@ def download_blob(store: Store, remote: RemoteCache, digest: str, size: int | No
         if not remote.get_blob(digest, part, size):
             return False
         part.flush()
-        store.put_verified_file(part.name, digest)
+        store.put_source(Path(part.name), digest)
     return True
 
 

@@ -214,7 +214,8 @@ class Store:
         return digest
 
     def put_source(self, path: Path, digest: str) -> None:
-        """Store a workspace file whose digest is known; refuse it if it changed meanwhile."""
+        """Store a file whose digest is known (a workspace source, a download), hashing it on the
+        way in: one that changed meanwhile or holds other bytes is refused (CorruptBlob)."""
         if self.has_blob(digest):
             return
         with open(path, "rb") as f:
@@ -229,15 +230,6 @@ class Store:
         if not self.has_blob(digest):
             self._set_blob(digest, io.BytesIO(data), len(data))
         return digest
-
-    def put_verified_file(self, path: Path, digest: str) -> None:
-        """Store a file that must hash to `digest` (a download); raise CorruptBlob otherwise."""
-        actual = sha256_file(path)
-        if actual != digest:
-            raise CorruptBlob(digest, actual)
-        if not self.has_blob(digest):
-            with open(path, "rb") as f:
-                self._set_blob(digest, f, os.fstat(f.fileno()).st_size)
 
     def _open(self, digest: str) -> BinaryIO:
         try:
