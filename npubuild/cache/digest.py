@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 CHUNK = 1 << 20
+SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")  # a digest as the store and the remote name it
 
 
 def sha256_bytes(data: bytes) -> str:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import http.client
-import re
 import socket
 import threading
 import time
@@ -29,10 +28,9 @@ from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, Field, field_validator
 
-from npubuild.cache.digest import canonical_json
+from npubuild.cache.digest import SHA256_HEX, canonical_json
 from npubuild.errors import UserError
 
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _CHUNK = 1 << 20
 MAX_ENTRY_BYTES = 1 << 20  # an action entry is a few hundred bytes of JSON
 _MAX_ERROR_BODY = 64 << 10  # what is read (and dropped) of a 404 or an error page
@@ -260,7 +258,7 @@ class RemoteCache:
             return self._reject(f"ac/{key}", "is not a valid action entry")
         if entry.key != key:
             return self._reject(f"ac/{key}", f"names another action ({entry.key[:12]})")
-        if not all(_SHA256.match(d) for d in entry.outputs.values()):
+        if not all(SHA256_HEX.match(d) for d in entry.outputs.values()):
             return self._reject(f"ac/{key}", "lists a malformed output digest")
         if entry.sizes is not None and set(entry.sizes) != set(entry.outputs):
             return self._reject(f"ac/{key}", "declares sizes of other outputs")

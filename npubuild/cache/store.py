@@ -16,7 +16,6 @@ import hashlib
 import io
 import json
 import os
-import re
 import shutil
 import sqlite3
 import tempfile
@@ -26,9 +25,7 @@ from typing import Any, BinaryIO
 
 import diskcache
 
-from npubuild.cache.digest import CHUNK, canonical_json, sha256_file
-
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+from npubuild.cache.digest import CHUNK, SHA256_HEX, canonical_json, sha256_file
 
 
 def _read_umask() -> int:
@@ -84,7 +81,7 @@ def valid_action_entry(entry: Any) -> bool:
         and isinstance(entry.get("stage"), str)
         and isinstance(entry.get("outputs"), dict)
         and all(
-            isinstance(k, str) and isinstance(v, str) and _SHA256.match(v)
+            isinstance(k, str) and isinstance(v, str) and SHA256_HEX.match(v)
             for k, v in entry["outputs"].items()
         )
     )
@@ -313,7 +310,7 @@ class Store:
         entry = self._get_text(entry_key)
         if entry is not None:
             recorded_stamp, _, digest = entry.rpartition("|")
-            if recorded_stamp == stamp and _SHA256.match(digest):
+            if recorded_stamp == stamp and SHA256_HEX.match(digest):
                 return digest
         digest = sha256_file(path)
         if time.time_ns() - st.st_mtime_ns > _RACY_NS:

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+from npubuild.cache.digest import SHA256_HEX
 
 
 class Strict(BaseModel):
@@ -52,7 +52,7 @@ class PypiFile(Strict):
     @field_validator("sha256")
     @classmethod
     def _hex_digest(cls, v: str) -> str:
-        if not _SHA256.match(v):
+        if not SHA256_HEX.match(v):
             raise ValueError("must be 64 lowercase hex digits")
         return v
 
