@@ -1,0 +1,289 @@
+"""Allocation: where every tensor an NPU op touches lives.
+
+Tensors produced and consumed only inside one NPU subgraph may stay resident in the top of SRAM
+(first fit by liveness, in order of definition) and never touch DRAM: that is how a run of layers
+becomes one group. The rest get DRAM buffers, reused once dead (first fit). Reshape-like ops alias
+their input, and a Split or Slice that cuts contiguous pieces is a view into it. Constants follow
+the tensors in DRAM (`ConstantPool`). `verify_allocation` checks the result on its own terms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from npubuild.intmodel.ops import ALIASES
+from npubuild.targets.backend.fusion import Fusion
+from npubuild.targets.backend.memory import SRAM_FLAG, align, esize
+from npubuild.targets.support import slice_steps
+
+
+class AllocationError(Exception):
+    """An allocation that breaks its own rules: a bug in the allocator, never a user's error."""
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """One allocated area: the tensors with this `root` (itself and its aliases and views) occupy
+    [start, start + size) while op positions first..last run; `resident` ones are SRAM offsets
+    from `Allocation.resident_base`, the others DRAM addresses."""
+
+    root: str
+    start: int
+    size: int
+    first: int
+    last: int
+    resident: bool
+
+
+@dataclass
+class Allocation:
+    addr: dict[str, int]  # DRAM address, or SRAM_FLAG + SRAM address for a resident tensor
+    resident: dict[str, int]  # resident tensors' SRAM addresses
+    views: frozenset[int]  # indices of Split/Slice ops whose outputs are views of their input
+    tensor_area: int  # DRAM bytes of the tensors; the constants start there
+    tile_sram: int  # SRAM left for the ops' constants and tiles, below the resident area
+    sram_total: int
+    resident_bytes: int = 0  # the budget asked for; the area is that, aligned
+    buffers: list[Buffer] = field(default_factory=list)
+    extent: dict[str, tuple[str, int, int]] = field(default_factory=dict)  # name -> (root, offset, bytes)
+
+
+def view_parts(
+    op: dict, tensors: dict, shapes: dict, arrays: dict, fused_away=frozenset()
+) -> dict[str, int] | None:
+    """A Split, or a step-1 Slice along one axis, whose outputs are contiguous pieces of its
+    input (every axis before the cut has size 1) and keep its quantization: the outputs are
+    views at these byte offsets, and the op moves nothing. None when it must copy."""
+    x = op["inputs"][0]
+    if x not in tensors or x in fused_away:
+        return None
+    shape = [int(d) for d in shapes[x]]
+    rank = len(shape)
+    same = all(o in tensors and tensors[o] == tensors[x] for o in op["outputs"] if o)
+    if not same or not all(op["outputs"]):
+        return None
+    size = esize(tensors[x]["bits"])
+    if op["op_type"] == "Split":
+        axis = op["attrs"].get("axis", 0) % rank
+        cuts = [(o, int(shapes[o][axis])) for o in op["outputs"]]
+        begin = 0
+    elif op["op_type"] == "Slice":
+        consts = [
+            arrays[op["constants"][i]] if i in op.get("constants", {}) else None for i in op["inputs"][1:]
+        ]
+        if len(consts) < 2 or consts[0] is None or consts[1] is None or len(consts[0]) != 1:
+            return None
+        axes = consts[2] if len(consts) > 2 and consts[2] is not None else [0]
+        if any(step != 1 for step in slice_steps(op, arrays)):
+            return None
+        axis = int(axes[0]) % rank
+        begin, end, _ = slice(int(consts[0][0]), int(consts[1][0]), 1).indices(shape[axis])
+        cuts = [(op["outputs"][0], end - begin)]
+    else:
+        return None
+    if any(d != 1 for d in shape[:axis]):
+        return None
+    inner = int(np.prod(shape[axis + 1 :], dtype=np.int64)) * size
+    parts, start = {}, begin
+    for out, length in cuts:
+        parts[out] = start * inner
+        start += length
+    return parts
+
+
+def allocate(
+    program: dict,
+    arrays: dict,
+    shapes: dict,
+    plan: dict,
+    sram_total: int,
+    fusion: Fusion,
+    reuse: bool = True,
+    resident_bytes: int = 0,
+) -> Allocation:
+    """DRAM buffers (and resident SRAM areas within `resident_bytes`) for every tensor an NPU op
+    touches; without `reuse` every tensor keeps its own buffer (for checking every op's result)."""
+    ops, tensors = program["ops"], program["tensors"]
+    sequence = [i for sg in plan["subgraphs"] for i in sg["ops"]]
+    npu = {i for sg in plan["subgraphs"] if sg["device"] == "npu" for i in sg["ops"]}
+    root: dict[str, str] = {}
+    offset: dict[str, int] = {}  # bytes from the root's address (views into a tensor)
+    views: set[int] = set()
+
+    def find(n: str) -> str:
+        while root.get(n, n) != n:
+            n = root[n]
+        return n
+
+    def at(n: str) -> int:
+        total = 0
+        while root.get(n, n) != n:
+            total, n = total + offset.get(n, 0), root[n]
+        return total
+
+    touched: set[str] = set()
+    for i in npu:
+        op = ops[i]
+        for n in [*op["inputs"], *op["outputs"]]:
+            if n and n not in op.get("constants", {}) and n in tensors and n not in fusion.fused_away:
+                touched.add(n)
+        if op["kind"] == "move" and op["op_type"] in ALIASES:
+            root[op["outputs"][0]] = op["inputs"][0]
+        elif op["kind"] == "move":
+            parts = view_parts(op, tensors, shapes, arrays, fusion.fused_away)
+            if parts is None:
+                continue
+            views.add(i)
+            for out, start in parts.items():
+                root[out], offset[out] = op["inputs"][0], start
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    outputs = set(program["outputs"])
+    for pos, i in enumerate(sequence):
+        written = ops[i]["outputs"]
+        if i in fusion.activation:  # the convolution writes its activation's result
+            written = ops[fusion.activation[i]]["outputs"]
+        for n in [*ops[i]["inputs"], *written]:
+            if n in touched:
+                r = find(n)
+                first.setdefault(r, pos)
+                last[r] = max(last.get(r, pos), pos)
+    sizes: dict[str, int] = {}
+    extent: dict[str, tuple[str, int, int]] = {}
+    for n in touched:
+        r = find(n)
+        nbytes = int(np.prod(shapes[n], dtype=np.int64)) * esize(tensors[n]["bits"])
+        extent[n] = (r, at(n), nbytes)
+        if n in outputs or n in program["inputs"]:
+            last[r] = len(sequence)
+        sizes[r] = max(sizes.get(r, 0), at(n) + nbytes)
+    members: dict[str, list[str]] = {}
+    for n in touched:
+        members.setdefault(find(n), []).append(n)
+    eligible = _resident_candidates(program, plan, members)
+    buffers = _place_resident(eligible, first, last, sizes, resident_bytes) if resident_bytes > 0 else []
+    resident_base = sram_total - align(resident_bytes)
+    on_chip = {b.root: SRAM_FLAG + resident_base + b.start for b in buffers}
+    live: list[tuple[int, int, int]] = []  # (end position, start, size)
+    placed: dict[str, int] = {}
+    top = 0
+    for r in sorted(first, key=lambda k: (first[k], k)):
+        if r in on_chip:
+            placed[r] = on_chip[r]
+            continue
+        live = [b for b in live if b[0] >= first[r] or not reuse]
+        size = align(max(sizes.get(r, 1), 1))
+        start = first_fit(live, size)
+        placed[r] = start
+        live.append((last[r], start, size))
+        buffers.append(Buffer(r, start, size, first[r], last[r], False))
+        top = max(top, start + size)
+    addr: dict[str, int] = {}
+    resident: dict[str, int] = {}
+    for n in touched:
+        addr[n] = placed[find(n)] + at(n)
+        if find(n) in on_chip:
+            resident[n] = addr[n] - SRAM_FLAG
+    return Allocation(
+        addr=addr,
+        resident=resident,
+        views=frozenset(views),
+        tensor_area=align(top),
+        tile_sram=sram_total - align(resident_bytes),
+        sram_total=sram_total,
+        resident_bytes=resident_bytes,
+        buffers=buffers,
+        extent=extent,
+    )
+
+
+def _resident_candidates(program: dict, plan: dict, members: dict[str, list[str]]) -> list[str]:
+    """Roots whose tensors are all written and read inside one NPU subgraph, and are neither the
+    network's inputs nor its outputs: those may stay in SRAM."""
+    ops = program["ops"]
+    device, group = {}, {}
+    for k, sg in enumerate(plan["subgraphs"]):
+        for i in sg["ops"]:
+            device[i], group[i] = sg["device"], k
+    writers: dict[str, list[int]] = {}
+    readers: dict[str, list[int]] = {}
+    for i, op in enumerate(ops):
+        for n in op["inputs"]:
+            readers.setdefault(n, []).append(i)
+        for n in op["outputs"]:
+            writers.setdefault(n, []).append(i)
+    boundary = set(program["outputs"]) | set(program["inputs"])
+    eligible = []
+    for r, names in members.items():
+        home = {group[i] for n in names for i in writers.get(n, []) if device.get(i) == "npu"}
+        if len(home) != 1 or any(n in boundary for n in names):
+            continue
+        (k,) = home
+        users = [i for n in names for i in readers.get(n, []) + writers.get(n, [])]
+        if all(device.get(i) == "npu" and group.get(i) == k for i in users):
+            eligible.append(r)
+    return eligible
+
+
+def _place_resident(eligible, first, last, sizes, budget: int) -> list[Buffer]:
+    """First fit by liveness inside the resident budget; a tensor that does not fit goes to DRAM."""
+    live: list[tuple[int, int, int]] = []
+    placed = []
+    for r in sorted(eligible, key=lambda k: (first[k], k)):
+        live = [b for b in live if b[0] >= first[r]]
+        size = align(max(sizes.get(r, 1), 1))
+        start = first_fit(live, size)
+        if start + size > align(budget):
+            continue
+        placed.append(Buffer(r, start, size, first[r], last[r], True))
+        live.append((last[r], start, size))
+    return placed
+
+
+def first_fit(live: list[tuple[int, int, int]], size: int) -> int:
+    """The lowest offset where `size` bytes fit between the live (end, start, size) buffers."""
+    start = 0
+    for _, s0, sz in sorted(live, key=lambda b: b[1]):
+        if start + size <= s0:
+            break
+        start = max(start, s0 + sz)
+    return start
+
+
+def verify_allocation(allocation: Allocation) -> None:
+    """Raise AllocationError unless: buffers are aligned; no two buffers of one memory overlap in
+    bytes while both are live (positions first..last, inclusive); resident buffers lie inside the
+    resident area at the top of SRAM and DRAM ones below the constants; every tensor lies inside
+    its root's buffer at the address recorded for it."""
+    by_root = {b.root: b for b in allocation.buffers}
+    resident_room = allocation.sram_total - allocation.tile_sram
+    for memory in (False, True):
+        mine = sorted((b for b in allocation.buffers if b.resident is memory), key=lambda b: b.start)
+        for k, a in enumerate(mine):
+            if a.start % 64 or a.size % 64 or a.size <= 0:
+                raise AllocationError(f"buffer of {a.root} at {a.start} (+{a.size}) is not aligned")
+            end = resident_room if memory else allocation.tensor_area
+            if a.start < 0 or a.start + a.size > end:
+                raise AllocationError(
+                    f"buffer of {a.root} [{a.start}, {a.start + a.size}) leaves its area (0, {end})"
+                )
+            for b in mine[k + 1 :]:
+                if b.start >= a.start + a.size:
+                    break
+                if a.first <= b.last and b.first <= a.last:
+                    raise AllocationError(
+                        f"{a.root} and {b.root} share bytes at {b.start} while both live "
+                        f"({a.first}-{a.last}, {b.first}-{b.last})"
+                    )
+    base = allocation.tile_sram
+    for name, (root, offset, nbytes) in allocation.extent.items():
+        buffer = by_root.get(root)
+        if buffer is None:
+            raise AllocationError(f"{name} has no buffer (root {root})")
+        if offset + nbytes > buffer.size:
+            raise AllocationError(f"{name} ends past its buffer ({offset} + {nbytes} > {buffer.size})")
+        expected = (SRAM_FLAG + base if buffer.resident else 0) + buffer.start + offset
+        if allocation.addr.get(name) != expected:
+            raise AllocationError(f"{name} is at {allocation.addr.get(name)}, its buffer says {expected}")

@@ -1,0 +1,88 @@
+"""The high-level tile command stream: what an op does, tile by tile, before synchronisation.
+
+An emitter describes an op as `ConstLoads` (a group of constant loads into the constant area) and
+`Tile`s (loads into one tile buffer, one compute, one store back). SRAM operands are given
+relative to where they will be: `InTile(offset)` inside the tile's buffer, `InConst(offset)`
+inside the current constant area. `lowering.py` turns the stream into instructions: it picks the
+buffer of each tile, the tokens each instruction waits for and signals, and the constant slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from npubuild.targets.backend.memory import esize, space
+
+
+@dataclass(frozen=True)
+class InTile:
+    """An SRAM address `offset` bytes into the tile's buffer."""
+
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class InConst:
+    """An SRAM address `offset` bytes into the constant area the op's last constant group used."""
+
+    offset: int = 0
+
+
+@dataclass
+class Step:
+    """One instruction without its synchronisation: the opcode and its operands."""
+
+    op: str
+    args: dict
+
+
+@dataclass
+class ConstLoads:
+    """Constant loads that form one group: the last one signals that the constants are in."""
+
+    loads: list[Step]
+
+
+@dataclass
+class Tile:
+    """One tile: its loads (the last signals that the input is in), a compute, a store. The
+    store waits for the steps named in `store_after` ('compute', 'load')."""
+
+    buffers: tuple[int, int]
+    loads: list[Step]
+    compute: Step | None = None
+    store: Step | None = None
+    store_after: frozenset[str] = field(default_factory=lambda: frozenset({"compute"}))
+
+
+Command = ConstLoads | Tile
+
+
+def transfer(op: str, sram, far: int, bits: int, box, strides, start, **args) -> Step:
+    """A load or store of a 4-D box; `far` (a DRAM address, or a resident tensor's flagged SRAM
+    address) is that of the tensor whose element `start` the box begins at. `bits` 32 and 64 are
+    index and parameter arrays."""
+    e = esize(bits) if bits in (8, 16) else bits // 8
+    where, origin = space(far + sum(int(a) * int(b) for a, b in zip(start, strides)) * e)
+    box_args = {f"d{k}": box[k] for k in range(4)} | {f"s{k}": strides[k] for k in range(4)}
+    return Step(op, dict(space=where, dram=origin, sram=sram, esize=e, **box_args, **args))
+
+
+def load(sram, dram: int, bits: int, box, strides, start, pads=(0, 0, 0, 0), value: int = 0) -> Step:
+    """Load a box of `box` (SRAM dims incl. padding) whose unpadded part starts at `start`."""
+    pad = dict(zip(("pad_top", "pad_bottom", "pad_left", "pad_right"), pads))
+    return transfer("load", sram, dram, bits, box, strides, start, **pad, pad_value=value)
+
+
+def store(sram, dram: int, bits: int, box, strides, start) -> Step:
+    return transfer("store", sram, dram, bits, box, strides, start)
+
+
+def const_load(offset: int, addr: int, nbytes: int) -> Step:
+    """`nbytes` of constants (weights, parameters, tables) to `offset` in the constant area."""
+    return const_box(offset, addr, [1, 1, 1, nbytes], [0, 0, 0, 1], [0, 0, 0, 0])
+
+
+def const_box(offset: int, addr: int, box, strides, start) -> Step:
+    """A strided constant load (a block of a weight matrix's columns)."""
+    return load(InConst(offset), addr, 8, box, strides, start)

@@ -1,0 +1,74 @@
+"""What the scheduler and the emitters read: the integer model's tensors, shapes and arrays, the
+allocation's addresses, the SRAM plan, and the pool the constants go into."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from npubuild.targets.backend.memory import SramPlan, align, four
+
+
+@dataclass
+class ConstantPool:
+    """The constants section: arrays the NPU loads (weights, parameters, tables, indices), each
+    stored once per key, aligned, at DRAM addresses after the tensors (`base`)."""
+
+    base: int = 0
+    data: bytearray = field(default_factory=bytearray)
+    keys: dict[str, int] = field(default_factory=dict)
+
+    def add(self, key: str, array: np.ndarray) -> int:
+        """DRAM address of a constant array (deduplicated by key)."""
+        if key not in self.keys:
+            data = np.ascontiguousarray(array).tobytes()
+            self.keys[key] = self.base + len(self.data)
+            self.data += data + bytes(align(len(data)) - len(data))
+        return self.keys[key]
+
+    def mark(self) -> tuple[int, dict[str, int]]:
+        return len(self.data), dict(self.keys)
+
+    def rollback(self, mark: tuple[int, dict[str, int]]) -> None:
+        """Forget what was added since `mark` (a trial emission's constants are not kept)."""
+        del self.data[mark[0] :]
+        self.keys = dict(mark[1])
+
+
+@dataclass
+class OpContext:
+    tensors: dict
+    shapes: dict[str, list[int]]
+    arrays: dict[str, np.ndarray]
+    sram: SramPlan
+    addr: dict[str, int] = field(default_factory=dict)
+    consts: ConstantPool = field(default_factory=ConstantPool)
+
+    def bits(self, name: str) -> int:
+        return self.tensors[name]["bits"]
+
+    def zero_point(self, name: str) -> int:
+        return self.tensors[name]["zero_point"]
+
+    def operand(self, op: dict, name: str, bits: int) -> tuple[int, list[int], int]:
+        """(DRAM address, 4-D shape, bits) of a data tensor or a constant operand."""
+        consts = op.get("constants", {})
+        if name in consts:
+            value = self.arrays[consts[name]]
+            dtype = np.int8 if bits == 8 else np.int16
+            return self.consts.add(f"{consts[name]}@{bits}", value.astype(dtype)), four(value.shape), bits
+        return self.addr[name], four(self.shapes[name]), self.tensors[name]["bits"]
+
+    def operand_shape(self, op: dict, name: str) -> list[int]:
+        """The 4-D shape of a data tensor or a constant operand (no constant is stored)."""
+        consts = op.get("constants", {})
+        if name in consts:
+            return four(self.arrays[consts[name]].shape)
+        return four(self.shapes[name])
+
+    def mac_params(self, op: dict) -> np.ndarray:
+        """Per output channel: bias, M0, shift (int64 each, CHANNEL_PARAM_BYTES together)."""
+        a = op["arrays"]
+        bias, m0, shift = (self.arrays[a[k]].astype(np.int64).reshape(-1) for k in ("bias", "m0", "shift"))
+        return np.stack([bias, m0, shift], axis=1)

@@ -1,0 +1,189 @@
+"""Tile commands of the MAC-array ops: convolution (with a fused activation), transposed
+convolution, matrix multiplication. Weights and requantization parameters load per chunk of
+output channels; inside a chunk, tiles of output rows and columns."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from npubuild.intmodel.kernels import conv_pads
+from npubuild.targets.backend.commands import (
+    Command,
+    ConstLoads,
+    InConst,
+    InTile,
+    Step,
+    Tile,
+    const_box,
+    const_load,
+    load,
+    store,
+)
+from npubuild.targets.backend.context import OpContext
+from npubuild.targets.backend.memory import CHANNEL_PARAM_BYTES, align, esize, row_major
+from npubuild.targets.backend.schedule import OpSchedule, TransposeRows, window
+
+
+def params_offset(weights_at: int, weight_bytes: int, channels: int, fixed: int) -> int:
+    """Where a chunk's parameters go after its weights: aligned, or packed tight when alignment
+    would overflow the constant area the schedule reserved."""
+    at = weights_at + align(weight_bytes)
+    if at + channels * CHANNEL_PARAM_BYTES > align(fixed):
+        at = weights_at + weight_bytes
+    return at
+
+
+def conv(ctx: OpContext, op: dict, sched: OpSchedule, activation: dict | None = None) -> list[Command]:
+    if op["attrs"]["transpose"]:
+        return conv_transpose(ctx, op, sched)
+    x, raw = op["inputs"][0], op["outputs"][0]
+    y = activation["outputs"][0] if activation else raw  # what is stored: the activation's result
+    table_bytes = 0
+    if activation:
+        table = ctx.arrays[activation["arrays"]["table"]].astype(np.int8 if ctx.bits(y) == 8 else np.int16)
+        taddr = ctx.consts.add(activation["arrays"]["table"] + f"#{ctx.bits(y)}", table)
+        table_bytes = align(table.nbytes)
+    _, c, h, w = ctx.shapes[x]
+    _, oc, oh, ow = ctx.shapes[raw]
+    weight = ctx.arrays[op["arrays"]["weight"]]
+    kh, kw = weight.shape[2:]
+    at = op["attrs"]
+    pt, pl, _, _ = conv_pads(at, [h, w], [kh, kw])
+    sh, sw = at["strides"]
+    dh, dw = at["dilations"]
+    group = at["group"]
+    og, cg = oc // group, c // group
+    xb = esize(ctx.bits(x))
+    waddr = ctx.consts.add(op["arrays"]["weight"], weight.astype(np.int8))
+    paddr = ctx.consts.add(op["arrays"]["bias"] + "#params", ctx.mac_params(op))
+    ocb, rows, cols = sched.extents
+    bufs = sched.buffers(ctx.sram)
+    xs, ys = row_major([1, c, h, w]), row_major([1, oc, oh, ow])
+    commands: list[Command] = []
+    for o0 in range(0, oc, ocb):
+        n_out = min(o0 + ocb, oc) - o0
+        wbase = table_bytes
+        consts = []
+        if activation and (o0 == 0 or ctx.sram.const_slot):  # each slot needs its own copy
+            consts.append(const_load(0, taddr, table.nbytes))
+        consts.append(const_load(wbase, waddr + o0 * cg * kh * kw, n_out * cg * kh * kw))
+        params_at = params_offset(wbase, n_out * cg * kh * kw, n_out, sched.fixed)
+        consts.append(const_load(params_at, paddr + o0 * CHANNEL_PARAM_BYTES, n_out * CHANNEL_PARAM_BYTES))
+        commands.append(ConstLoads(consts))
+        ci0 = 0 if group == 1 else (o0 // og) * cg
+        cin = c if group == 1 else (n_out // og) * cg
+        for r0 in range(0, oh, rows):
+            r1 = min(r0 + rows, oh)
+            for c0 in range(0, ow, cols):
+                c1 = min(c0 + cols, ow)
+                rows_in, top, inner_r, row0 = window(r0, r1, sh, kh, dh, pt, h)
+                cols_in, left, inner_c, col0 = window(c0, c1, sw, kw, dw, pl, w)
+                dst = InTile(align(cin * rows_in * cols_in * xb))
+                pads = (top, rows_in - top - inner_r, left, cols_in - left - inner_c)
+                source = load(
+                    InTile(), ctx.addr[x], ctx.bits(x), [1, cin, rows_in, cols_in], xs, [0, ci0, row0, col0],
+                    pads, ctx.zero_point(x),
+                )  # fmt: skip
+                compute = Step(
+                    "conv",
+                    dict(
+                        src=InTile(), in_c=cin, in_h=rows_in, in_w=cols_in,
+                        in_bits=ctx.bits(x), in_zp=ctx.zero_point(x),
+                        weights=InConst(wbase), params=InConst(params_at), dst=dst,
+                        out_c=n_out, out_h=r1 - r0, out_w=c1 - c0,
+                        out_bits=ctx.bits(raw), out_zp=ctx.zero_point(raw),
+                        kh=kh, kw=kw, sh=sh, sw=sw, dh=dh, dw=dw,
+                        group=1 if group == 1 else n_out // og, min=at["min"], max=at["max"],
+                        transpose=0, crop_top=0, crop_left=0,
+                        lut=InConst(0) if activation else -1,
+                        lut_offset=activation["attrs"]["offset"] if activation else 0,
+                        lut_bits=ctx.bits(y),
+                    ),
+                )  # fmt: skip
+                result = store(
+                    dst, ctx.addr[y], ctx.bits(y), [1, n_out, r1 - r0, c1 - c0], ys, [0, o0, r0, c0]
+                )
+                commands.append(Tile(bufs, [source], compute, result))
+    return commands
+
+
+def conv_transpose(ctx: OpContext, op: dict, sched: OpSchedule) -> list[Command]:
+    x, y = op["inputs"][0], op["outputs"][0]
+    _, c, h, w = ctx.shapes[x]
+    _, oc, oh, ow = ctx.shapes[y]
+    weight = ctx.arrays[op["arrays"]["weight"]]  # [C, OC, kh, kw] (group 1)
+    kh, kw = weight.shape[2:]
+    at = op["attrs"]
+    pt, pl = (at["pads"] if at.get("pads") else [0, 0, 0, 0])[:2]
+    sh, sw = at["strides"]
+    dh, dw = at["dilations"]
+    xb = esize(ctx.bits(x))
+    waddr = ctx.consts.add(op["arrays"]["weight"], weight.astype(np.int8))
+    paddr = ctx.consts.add(op["arrays"]["bias"] + "#params", ctx.mac_params(op))
+    input_rows = TransposeRows(op, h, kh)
+    ocb, rows = sched.extents
+    bufs = sched.buffers(ctx.sram)
+    xs, ys = row_major([1, c, h, w]), row_major([1, oc, oh, ow])
+    commands: list[Command] = []
+    for o0 in range(0, oc, ocb):
+        n_out = min(o0 + ocb, oc) - o0
+        # weights [C, OC, kh, kw]: the block's columns, gathered by a strided load
+        weights = const_box(0, waddr, [1, c, n_out, kh * kw], [0, oc * kh * kw, kh * kw, 1], [0, 0, o0, 0])
+        params_at = params_offset(0, c * n_out * kh * kw, n_out, sched.fixed)
+        params = const_load(params_at, paddr + o0 * CHANNEL_PARAM_BYTES, n_out * CHANNEL_PARAM_BYTES)
+        commands.append(ConstLoads([weights, params]))
+        for r0 in range(0, oh, rows):
+            r1 = min(r0 + rows, oh)
+            i0, i1 = input_rows(r0, r1)
+            n_in = i1 - i0 + 1
+            dst = InTile(align(c * n_in * w * xb))
+            source = load(InTile(), ctx.addr[x], ctx.bits(x), [1, c, n_in, w], xs, [0, 0, i0, 0])
+            compute = Step(
+                "conv",
+                dict(
+                    src=InTile(), in_c=c, in_h=n_in, in_w=w, in_bits=ctx.bits(x), in_zp=ctx.zero_point(x),
+                    weights=InConst(0), params=InConst(params_at), dst=dst,
+                    out_c=n_out, out_h=r1 - r0, out_w=ow, out_bits=ctx.bits(y), out_zp=ctx.zero_point(y),
+                    kh=kh, kw=kw, sh=sh, sw=sw, dh=dh, dw=dw, group=1, min=at["min"], max=at["max"],
+                    transpose=1, crop_top=r0 + pt - i0 * sh, crop_left=pl,
+                    lut=-1, lut_offset=0, lut_bits=ctx.bits(y),
+                ),
+            )  # fmt: skip
+            result = store(dst, ctx.addr[y], ctx.bits(y), [1, n_out, r1 - r0, ow], ys, [0, o0, r0, 0])
+            commands.append(Tile(bufs, [source], compute, result))
+    return commands
+
+
+def matmul(ctx: OpContext, op: dict, sched: OpSchedule) -> list[Command]:
+    x, y = op["inputs"][0], op["outputs"][0]
+    weight = ctx.arrays[op["arrays"]["weight"]]
+    k, n = weight.shape
+    m = int(np.prod(ctx.shapes[x], dtype=np.int64)) // k
+    xb = esize(ctx.bits(x))
+    waddr = ctx.consts.add(op["arrays"]["weight"], weight.astype(np.int8))
+    paddr = ctx.consts.add(op["arrays"]["bias"] + "#params", ctx.mac_params(op))
+    mb, nb = sched.extents
+    bufs = sched.buffers(ctx.sram)
+    commands: list[Command] = []
+    for n0 in range(0, n, nb):
+        cols = min(n0 + nb, n) - n0
+        weights = const_box(0, waddr, [1, 1, k, cols], [0, 0, n, 1], [0, 0, 0, n0])
+        params_at = params_offset(0, k * cols, cols, sched.fixed)
+        params = const_load(params_at, paddr + n0 * CHANNEL_PARAM_BYTES, cols * CHANNEL_PARAM_BYTES)
+        commands.append(ConstLoads([weights, params]))
+        for m0 in range(0, m, mb):
+            m1 = min(m0 + mb, m)
+            dst = InTile(align((m1 - m0) * k * xb))
+            source = load(InTile(), ctx.addr[x], ctx.bits(x), [1, 1, m1 - m0, k], [0, 0, k, 1], [0, 0, m0, 0])
+            compute = Step(
+                "matmul",
+                dict(
+                    src=InTile(), m=m1 - m0, k=k, in_bits=ctx.bits(x), in_zp=ctx.zero_point(x),
+                    weights=InConst(0), params=InConst(params_at), dst=dst, n=cols,
+                    out_bits=ctx.bits(y), out_zp=ctx.zero_point(y),
+                    min=op["attrs"]["min"], max=op["attrs"]["max"],
+                ),
+            )  # fmt: skip
+            result = store(dst, ctx.addr[y], ctx.bits(y), [1, 1, m1 - m0, cols], [0, 0, n, 1], [0, 0, m0, n0])
+            commands.append(Tile(bufs, [source], compute, result))
+    return commands

@@ -1,0 +1,172 @@
+"""Tile commands of the vector engine's ops: element-wise Add and Mul (with broadcasting),
+lookup tables, clamps, global average and max/average pooling."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from npubuild.intmodel.codes import qrange
+from npubuild.targets.backend.commands import (
+    Command,
+    ConstLoads,
+    InConst,
+    InTile,
+    Step,
+    Tile,
+    const_load,
+    load,
+    store,
+)
+from npubuild.targets.backend.context import OpContext
+from npubuild.targets.backend.memory import align, esize, four, row_major
+from npubuild.targets.backend.schedule import OpSchedule, boxes, broadcast_box, pool_geometry, window
+
+
+def binary(ctx: OpContext, op: dict, sched: OpSchedule) -> list[Command]:
+    y = op["outputs"][0]
+    out4 = four(ctx.shapes[y])
+    operands = [ctx.operand(op, name, ctx.bits(y)) for name in op["inputs"]]
+    bufs = sched.buffers(ctx.sram)
+    at = op["attrs"]
+    commands: list[Command] = []
+    for start, size in boxes(out4, list(sched.extents)):
+        offset, loads, places = 0, [], []
+        for addr, shape, bits in operands:
+            box = broadcast_box(shape, size)
+            first = [st if d != 1 else 0 for st, d in zip(start, shape)]
+            loads.append(load(InTile(offset), addr, bits, box, row_major(shape), first))
+            places.append((InTile(offset), box, bits))
+            offset += align(int(np.prod(box)) * esize(bits))
+        (pa, ba, bita), (pb, bb, bitb) = places
+        args = dict(
+            a=pa, a0=ba[0], a1=ba[1], a2=ba[2], a3=ba[3], a_bits=bita,
+            b=pb, b0=bb[0], b1=bb[1], b2=bb[2], b3=bb[3], b_bits=bitb,
+            dst=InTile(offset), o0=size[0], o1=size[1], o2=size[2], o3=size[3], out_bits=ctx.bits(y),
+            za=at["za"], zb=at["zb"], out_zp=ctx.zero_point(y),
+        )  # fmt: skip
+        if op["kind"] == "add":
+            args.update(ma=at["ma"], mb=at["mb"])
+        else:
+            args.update(m0=at["m0"], shift=at["shift"])
+        result = store(InTile(offset), ctx.addr[y], ctx.bits(y), size, row_major(out4), start)
+        commands.append(Tile(bufs, loads, Step(op["kind"], args), result))
+    return commands
+
+
+def unary(ctx: OpContext, op: dict, sched: OpSchedule, instruction: str, **operands) -> list[Command]:
+    """Tiles of an element-wise op of one input: `instruction` with `operands` besides the source,
+    count and destination."""
+    x, y = op["inputs"][0], op["outputs"][0]
+    shape = four(ctx.shapes[y])
+    bufs = sched.buffers(ctx.sram)
+    strides = row_major(shape)
+    commands: list[Command] = []
+    for start, size in boxes(shape, list(sched.extents)):
+        n = int(np.prod(size))
+        dst = InTile(align(n * esize(ctx.bits(x))))
+        compute = Step(instruction, dict(src=InTile(), n=n, **operands, dst=dst))
+        source = load(InTile(), ctx.addr[x], ctx.bits(x), size, strides, start)
+        commands.append(
+            Tile(bufs, [source], compute, store(dst, ctx.addr[y], ctx.bits(y), size, strides, start))
+        )
+    return commands
+
+
+def lut(ctx: OpContext, op: dict, sched: OpSchedule) -> list[Command]:
+    x, y = op["inputs"][0], op["outputs"][0]
+    table = ctx.arrays[op["arrays"]["table"]].astype(np.int8 if ctx.bits(y) == 8 else np.int16)
+    taddr = ctx.consts.add(op["arrays"]["table"] + f"#{ctx.bits(y)}", table)
+    operands = dict(in_bits=ctx.bits(x), table=InConst(0), offset=op["attrs"]["offset"], out_bits=ctx.bits(y))
+    return [ConstLoads([const_load(0, taddr, table.nbytes)]), *unary(ctx, op, sched, "lut", **operands)]
+
+
+def clamp(ctx: OpContext, op: dict, sched: OpSchedule) -> list[Command]:
+    at = op["attrs"]
+    return unary(ctx, op, sched, "clamp", bits=ctx.bits(op["inputs"][0]), min=at["min"], max=at["max"])
+
+
+def global_avgpool(ctx: OpContext, op: dict, sched: OpSchedule) -> list[Command]:
+    x, y = op["inputs"][0], op["outputs"][0]
+    _, c, h, w = ctx.shapes[x]
+    cb, rows = sched.extents
+    bufs = sched.buffers(ctx.sram)
+    acc = ctx.sram.scratch_base()  # int64 accumulators, then the results
+    at = op["attrs"]
+    xs = row_major([1, c, h, w])
+    commands: list[Command] = []
+    for c0 in range(0, c, cb):
+        c1 = min(c0 + cb, c)
+        for r0 in range(0, h, rows):
+            r1 = min(r0 + rows, h)
+            last = r1 == h
+            source = load(InTile(), ctx.addr[x], ctx.bits(x), [1, c1 - c0, r1 - r0, w], xs, [0, c0, r0, 0])
+            compute = Step(
+                "gap",
+                dict(
+                    src=InTile(), c=c1 - c0, hw=(r1 - r0) * w, in_bits=ctx.bits(x), in_zp=ctx.zero_point(x),
+                    acc=acc, first=int(r0 == 0), last=int(last), m0=at["m0"], shift=at["shift"],
+                    dst=acc + cb * 8, out_bits=ctx.bits(y), out_zp=ctx.zero_point(y),
+                ),
+            )  # fmt: skip
+            result = None
+            if last:  # the channels' means are complete after their last rows
+                box = [1, c1 - c0, 1, 1]
+                result = store(
+                    acc + cb * 8, ctx.addr[y], ctx.bits(y), box, row_major([1, c, 1, 1]), [0, c0, 0, 0]
+                )
+            commands.append(Tile(bufs, [source], compute, result))
+    return commands
+
+
+def pool(ctx: OpContext, op: dict, sched: OpSchedule, maxpool: bool = False) -> list[Command]:
+    x, y = op["inputs"][0], op["outputs"][0]
+    _, c, h, w = ctx.shapes[x]
+    _, _, oh, ow = ctx.shapes[y]
+    (kh, kw), strides, dil, pads = pool_geometry(op, [h, w], maxpool)
+    pt, pl = pads[0], pads[1]
+    xb, yb = esize(ctx.bits(x)), esize(ctx.bits(y))
+    paddr = None
+    if not maxpool:  # per output position: M0 and shift of 1 / (window positions inside)
+        m0 = ctx.arrays[op["arrays"]["m0"]].astype(np.int64)
+        shift = ctx.arrays[op["arrays"]["shift"]].astype(np.int64)
+        paddr = ctx.consts.add(op["arrays"]["m0"] + "#pool", np.stack([m0, shift], axis=-1))
+    cb, rows, cols = sched.extents
+    bufs = sched.buffers(ctx.sram)
+    pad_value = qrange(ctx.bits(x))[0] if maxpool else ctx.zero_point(x)
+    xs, ys = row_major([1, c, h, w]), row_major([1, c, oh, ow])
+    commands: list[Command] = []
+    for c0 in range(0, c, cb):
+        c1 = min(c0 + cb, c)
+        for r0 in range(0, oh, rows):
+            r1 = min(r0 + rows, oh)
+            for q0 in range(0, ow, cols):
+                q1 = min(q0 + cols, ow)
+                rows_in, top, inner_r, row0 = window(r0, r1, strides[0], kh, dil[0], pt, h)
+                cols_in, left, inner_c, col0 = window(q0, q1, strides[1], kw, dil[1], pl, w)
+                dst_at = align((c1 - c0) * rows_in * cols_in * xb)
+                par = InTile(dst_at + align((c1 - c0) * (r1 - r0) * (q1 - q0) * yb))
+                box, first = [1, c1 - c0, rows_in, cols_in], [0, c0, row0, col0]
+                padding = (top, rows_in - top - inner_r, left, cols_in - left - inner_c)
+                loads = [load(InTile(), ctx.addr[x], ctx.bits(x), box, xs, first, padding, pad_value)]
+                if not maxpool:
+                    loads.append(
+                        load(par, paddr, 64, [1, r1 - r0, q1 - q0, 2], [0, ow * 2, 2, 1], [0, r0, q0, 0])
+                    )
+                compute = Step(
+                    "pool",
+                    dict(
+                        src=InTile(), c=c1 - c0, in_h=rows_in, in_w=cols_in,
+                        in_bits=ctx.bits(x), in_zp=ctx.zero_point(x),
+                        kh=kh, kw=kw, sh=strides[0], sw=strides[1], dh=dil[0], dw=dil[1],
+                        mode=0 if maxpool else 1, params=par if not maxpool else 0, dst=InTile(dst_at),
+                        out_h=r1 - r0, out_w=q1 - q0, out_bits=ctx.bits(y), out_zp=ctx.zero_point(y),
+                    ),
+                )  # fmt: skip
+                box = [1, c1 - c0, r1 - r0, q1 - q0]
+                result = store(InTile(dst_at), ctx.addr[y], ctx.bits(y), box, ys, [0, c0, r0, q0])
+                commands.append(Tile(bufs, loads, compute, result))
+    return commands
+
+
+def avgpool(ctx: OpContext, op: dict, sched: OpSchedule) -> list[Command]:
+    return pool(ctx, op, sched, maxpool=False)

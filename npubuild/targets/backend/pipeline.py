@@ -1,0 +1,96 @@
+"""One NPU subgraph through the back end's per-op phases: schedule each op (with the tile split
+the cycle model finds fastest), emit its tile commands, lower them into the subgraph's stream."""
+
+from __future__ import annotations
+
+from npubuild.targets.backend import emit_data, emit_mac, emit_vector
+from npubuild.targets.backend.allocation import Allocation
+from npubuild.targets.backend.commands import Command
+from npubuild.targets.backend.context import OpContext
+from npubuild.targets.backend.fusion import Fusion
+from npubuild.targets.backend.lowering import Lowering
+from npubuild.targets.backend.memory import DoesNotFit
+from npubuild.targets.backend.schedule import OpSchedule, schedule
+from npubuild.targets.cycles import estimate
+from npubuild.targets.isa import Instruction
+
+# Row splits of the largest fitting tile that `choose_split` tries, and the cycles a split must save
+# per instruction it adds (more instructions: a larger binary and a slower simulator).
+PIPELINE_SPLITS = (1, 2, 4, 8)
+PIPELINE_INSTRUCTION_CYCLES = 0
+PIPELINE_MIN_GAIN = 0.02
+
+EMITTERS = {
+    "conv": emit_mac.conv,
+    "matmul": emit_mac.matmul,
+    "add": emit_vector.binary,
+    "mul": emit_vector.binary,
+    "lut": emit_vector.lut,
+    "clamp": emit_vector.clamp,
+    "global_avgpool": emit_vector.global_avgpool,
+    "avgpool": emit_vector.avgpool,
+    "concat": emit_data.concat,
+    "resize_nearest": emit_data.resize_nearest,
+}
+
+
+def fits(ctx: OpContext, op: dict) -> bool:
+    """Whether some tiling of the op fits the SRAM (the code generator's part of NPU support)."""
+    try:
+        schedule(ctx, op)
+    except DoesNotFit:
+        return False
+    return True
+
+
+def emit(ctx: OpContext, op: dict, sched: OpSchedule | None, activation: dict | None = None) -> list[Command]:
+    if sched is None:
+        return []
+    if op["kind"] == "move":
+        if op["op_type"] == "MaxPool":
+            return emit_vector.pool(ctx, op, sched, maxpool=True)
+        return emit_data.copy(ctx, op, sched)
+    if op["kind"] == "conv":
+        return emit_mac.conv(ctx, op, sched, activation)
+    return EMITTERS[op["kind"]](ctx, op, sched)
+
+
+def lower_subgraph(
+    ctx: OpContext, ops: list[dict], indices: list[int], fusion: Fusion, allocation: Allocation, target: dict
+) -> tuple[list[Instruction], list[tuple[int, dict]]]:
+    """The subgraph's instructions and where each of its ops starts."""
+    lowering = Lowering(ctx.sram)
+    for i in indices:
+        op = ops[i]
+        if i in fusion.absorbed or i in allocation.views:
+            lowering.add_op(op, [])  # applied by the convolution before it, or a view of its input
+            continue
+        activation = ops[fusion.activation[i]] if i in fusion.activation else None
+        split = choose_split(ctx, op, activation, lowering, target)
+        lowering.add_op(op, emit(ctx, op, schedule(ctx, op, split, activation), activation))
+    return lowering.finish()
+
+
+def choose_split(ctx: OpContext, op: dict, activation: dict | None, lowering: Lowering, target: dict) -> int:
+    """The split of the op's largest fitting tile that the cycle model finds fastest. One tile
+    leaves the DMA nothing to overlap; more tiles pipeline load, compute and store, but each costs
+    a DMA latency and an instruction to simulate."""
+    best: tuple[int, int] | None = None
+    for split in PIPELINE_SPLITS:
+        mark = ctx.consts.mark()
+        try:
+            commands = emit(ctx, op, schedule(ctx, op, split, activation), activation)
+        except DoesNotFit:
+            if split == 1:
+                raise
+            continue
+        finally:  # a trial's constants (resize indices per row block) are not kept
+            ctx.consts.rollback(mark)
+        trial = lowering.trial()
+        trial.add_op(op, commands)
+        if not trial.code:
+            break
+        cost = estimate(trial.code, target)["cycles"] + PIPELINE_INSTRUCTION_CYCLES * len(trial.code)
+        if best is None or cost < best[0] * (1 - PIPELINE_MIN_GAIN):
+            best = (cost, split)
+    return best[1] if best else 1

@@ -1,0 +1,392 @@
+"""Scheduling: how each op is cut into tiles that fit SRAM.
+
+For every NPU op, the largest tile whose constants (weights, parameters, tables) plus two tile
+buffers fit the op's SRAM (`SramPlan`), shrinking rows, then channels, then columns down to a
+single element if it must: a layer too large is split, never an error. `split` then divides the
+tile's outermost cut further, so that the DMA of tile t+1 can overlap the computation of tile t
+(`pipeline.py` picks it with the cycle model). The result is an `OpSchedule`, which the emitters
+read and nothing changes afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from npubuild.intmodel.kernels import nearest_indices, pool_pads
+from npubuild.intmodel.ops import ALIASES
+from npubuild.targets.backend.context import OpContext
+from npubuild.targets.backend.memory import (
+    CHANNEL_PARAM_BYTES,
+    DoesNotFit,
+    SramPlan,
+    align,
+    esize,
+    four,
+    halve,
+)
+
+
+@dataclass(frozen=True)
+class OpSchedule:
+    """One op's tiling. `extents` per kind: conv (output channels, rows, columns); transposed conv
+    (output channels, rows); matmul (rows, columns); global average pool (channels, rows); pool
+    (channels, rows, columns); resize (channels, rows); element-wise ops and copies a 4-D block.
+    `fixed` bytes of constants, `per_tile` bytes of each of the two tile buffers, `scratch` bytes
+    of working space. Concat and Split schedule each input (output) as a `part` of its own."""
+
+    extents: tuple[int, ...] = ()
+    fixed: int = 0
+    per_tile: int = 0
+    scratch: int = 0
+    parts: tuple[OpSchedule, ...] = ()
+
+    def buffers(self, sram: SramPlan) -> tuple[int, int]:
+        return sram.buffers(self.fixed, self.per_tile, self.scratch)
+
+
+def schedule(ctx: OpContext, op: dict, split: int = 1, activation: dict | None = None) -> OpSchedule | None:
+    """The op's tiling (None for an op that moves nothing); DoesNotFit when none fits."""
+    kind = op["kind"]
+    if kind == "move":
+        if op["op_type"] in ALIASES:
+            return None
+        if op["op_type"] == "MaxPool":
+            return pool(ctx, op, split, maxpool=True)
+        return copy(ctx, op, split)
+    planner = SCHEDULERS.get(kind)
+    if planner is None:
+        raise DoesNotFit
+    if kind == "conv":
+        return planner(ctx, op, split, activation)
+    return planner(ctx, op, split)
+
+
+def span(n: int, stride: int, k: int, d: int) -> int:
+    """Input positions that `n` output positions of a window read."""
+    return (n - 1) * stride + (k - 1) * d + 1
+
+
+def window(o0: int, o1: int, stride: int, k: int, d: int, pad: int, size: int) -> tuple[int, int, int, int]:
+    """Input extent of output positions [o0, o1): (positions incl. padding, leading padding,
+    positions inside the tensor, first position inside the tensor)."""
+    begin = o0 * stride - pad
+    end = (o1 - 1) * stride - pad + (k - 1) * d + 1
+    total = end - begin
+    inside = max(0, min(end, size) - max(begin, 0))
+    lead = min(max(0, -begin), total)
+    first = min(max(begin, 0), max(size - 1, 0))
+    return total, lead, inside, first
+
+
+def conv(ctx: OpContext, op: dict, split: int, activation: dict | None = None) -> OpSchedule:
+    if op["attrs"]["transpose"]:
+        return conv_transpose(ctx, op, split)
+    x, raw = op["inputs"][0], op["outputs"][0]
+    y = activation["outputs"][0] if activation else raw
+    table_bytes = (
+        align(ctx.arrays[activation["arrays"]["table"]].size * esize(ctx.bits(y))) if activation else 0
+    )
+    _, c, h, w = ctx.shapes[x]
+    _, oc, oh, ow = ctx.shapes[raw]
+    kh, kw = ctx.arrays[op["arrays"]["weight"]].shape[2:]
+    at = op["attrs"]
+    sh, sw = at["strides"]
+    dh, dw = at["dilations"]
+    group = at["group"]
+    og, cg = oc // group, c // group
+    xb, yb = esize(ctx.bits(x)), esize(ctx.bits(y))
+
+    def sizes(ocb, rows, cols):
+        fixed = table_bytes + ocb * cg * kh * kw + ocb * CHANNEL_PARAM_BYTES
+        channels = c if group == 1 else (ocb // og) * cg
+        tile = channels * span(rows, sh, kh, dh) * span(cols, sw, kw, dw) * xb + ocb * rows * cols * yb
+        return fixed, tile
+
+    ocb, rows, cols = oc, oh, ow
+    step = og if group > 1 else 1  # whole groups per chunk
+    while not ctx.sram.fits(*sizes(ocb, rows, cols)):
+        if not ctx.sram.consts_fit(sizes(ocb, rows, cols)[0]) and ocb > step:
+            ocb = max(step, halve(ocb) // step * step)
+        elif rows > 1:
+            rows = halve(rows)
+        elif ocb > step:
+            ocb = max(step, halve(ocb) // step * step)
+        elif cols > 1:
+            cols = halve(cols)
+        else:
+            raise DoesNotFit
+    rows = -(-rows // split)
+    return OpSchedule((ocb, rows, cols), *sizes(ocb, rows, cols))
+
+
+def conv_transpose(ctx: OpContext, op: dict, split: int) -> OpSchedule:
+    x, y = op["inputs"][0], op["outputs"][0]
+    _, c, h, w = ctx.shapes[x]
+    _, oc, oh, ow = ctx.shapes[y]
+    kh, kw = ctx.arrays[op["arrays"]["weight"]].shape[2:]  # [C, OC, kh, kw] (group 1)
+    xb, yb = esize(ctx.bits(x)), esize(ctx.bits(y))
+    rows_of = TransposeRows(op, h, kh)
+
+    def sizes(ocb, rows):
+        worst = max(rows_of.count(r, min(r + rows, oh)) for r in range(0, oh, rows))
+        return ocb * c * kh * kw + ocb * CHANNEL_PARAM_BYTES, c * worst * w * xb + ocb * rows * ow * yb
+
+    ocb, rows = oc, oh
+    while not ctx.sram.fits(*sizes(ocb, rows)):
+        if not ctx.sram.consts_fit(sizes(ocb, rows)[0]) and ocb > 1:
+            ocb = halve(ocb)
+        elif rows > 1:
+            rows = halve(rows)
+        elif ocb > 1:
+            ocb = halve(ocb)
+        else:
+            raise DoesNotFit
+    rows = -(-rows // split)
+    return OpSchedule((ocb, rows), *sizes(ocb, rows))
+
+
+@dataclass(frozen=True)
+class TransposeRows:
+    """The input rows a transposed convolution reads for a band of output rows."""
+
+    op: dict
+    h: int
+    kh: int
+
+    def __call__(self, r0: int, r1: int) -> tuple[int, int]:
+        at = self.op["attrs"]
+        pt = (at["pads"] if at.get("pads") else [0, 0, 0, 0])[0]
+        sh, dh = at["strides"][0], at["dilations"][0]
+        i0 = min(max(math.ceil((r0 + pt - (self.kh - 1) * dh) / sh), 0), self.h - 1)
+        i1 = min(max((r1 - 1 + pt) // sh, 0), self.h - 1)
+        return i0, max(i1, i0)
+
+    def count(self, r0: int, r1: int) -> int:
+        i0, i1 = self(r0, r1)
+        return i1 - i0 + 1
+
+
+def matmul(ctx: OpContext, op: dict, split: int) -> OpSchedule:
+    x, y = op["inputs"][0], op["outputs"][0]
+    k, n = ctx.arrays[op["arrays"]["weight"]].shape
+    m = int(np.prod(ctx.shapes[x], dtype=np.int64)) // k
+    xb, yb = esize(ctx.bits(x)), esize(ctx.bits(y))
+    mb, nb = m, n
+    while not ctx.sram.fits(k * nb + nb * CHANNEL_PARAM_BYTES, mb * k * xb + mb * nb * yb):
+        if not ctx.sram.consts_fit(k * nb + nb * CHANNEL_PARAM_BYTES) and nb > 1:
+            nb = halve(nb)
+        elif mb > 1:
+            mb = halve(mb)
+        elif nb > 1:
+            nb = halve(nb)
+        else:
+            raise DoesNotFit
+    mb = -(-mb // split)
+    return OpSchedule((mb, nb), k * nb + nb * CHANNEL_PARAM_BYTES, mb * k * xb + mb * nb * yb)
+
+
+def block(sram: SramPlan, shape4: list[int], need, split: int) -> list[int]:
+    """Largest box (outer axes shrunk first) whose tile fits twice in SRAM with its constants;
+    `need(box)` gives (constant bytes, tile bytes)."""
+    b = list(shape4)
+    for axis in range(4):
+        while not sram.fits(*need(b)) and b[axis] > 1:
+            b[axis] = 1 if axis == 0 else halve(b[axis])
+    if not sram.fits(*need(b)):
+        raise DoesNotFit
+    for axis in range(4):  # pipelining: cut the outermost axis that has room
+        if b[axis] > 1:
+            b[axis] = -(-b[axis] // split)
+            break
+    return b
+
+
+def blocked(sram: SramPlan, shape4: list[int], need, split: int) -> OpSchedule:
+    blk = block(sram, shape4, need, split)
+    return OpSchedule(tuple(blk), *need(blk))
+
+
+def broadcast_box(shape: list[int], blk) -> list[int]:
+    """The part of an operand (broadcast along its size-1 axes) that an output block reads."""
+    return [bk if d != 1 else 1 for d, bk in zip(shape, blk)]
+
+
+def binary(ctx: OpContext, op: dict, split: int) -> OpSchedule:
+    y = op["outputs"][0]
+    out4 = four(ctx.shapes[y])
+    operands = []
+    for name in op["inputs"]:
+        bits = ctx.bits(y) if name in op.get("constants", {}) else ctx.bits(name)
+        operands.append((ctx.operand_shape(op, name), bits))
+    for shape, _ in operands:
+        if any(d not in (1, o) for d, o in zip(shape, out4)):
+            raise DoesNotFit
+
+    def need(blk):
+        size = sum(int(np.prod(broadcast_box(shape, blk))) * esize(bits) for shape, bits in operands)
+        return 0, size + int(np.prod(blk)) * esize(ctx.bits(y)) + 3 * 64
+
+    return blocked(ctx.sram, out4, need, split)
+
+
+def unary(ctx: OpContext, op: dict, split: int, fixed: int = 0) -> OpSchedule:
+    x, y = op["inputs"][0], op["outputs"][0]
+
+    def need(blk):
+        n = int(np.prod(blk))
+        return fixed, align(n * esize(ctx.bits(x))) + n * esize(ctx.bits(y))
+
+    return blocked(ctx.sram, four(ctx.shapes[y]), need, split)
+
+
+def lut(ctx: OpContext, op: dict, split: int) -> OpSchedule:
+    table = ctx.arrays[op["arrays"]["table"]]
+    return unary(ctx, op, split, fixed=table.size * esize(ctx.bits(op["outputs"][0])))
+
+
+def clamp(ctx: OpContext, op: dict, split: int) -> OpSchedule:
+    return unary(ctx, op, split)
+
+
+def concat(ctx: OpContext, op: dict, split: int) -> OpSchedule:
+    y = op["outputs"][0]
+    parts = []
+    for name in op["inputs"]:
+        bits = ctx.bits(y) if name in op.get("constants", {}) else ctx.bits(name)
+
+        def need(blk, bits=bits):
+            n = int(np.prod(blk))
+            return 0, align(n * esize(bits)) + n * esize(ctx.bits(y))
+
+        parts.append(blocked(ctx.sram, ctx.operand_shape(op, name), need, split))
+    return OpSchedule(parts=tuple(parts))
+
+
+def global_avgpool(ctx: OpContext, op: dict, split: int) -> OpSchedule:
+    x = op["inputs"][0]
+    _, c, h, w = ctx.shapes[x]
+    xb = esize(ctx.bits(x))
+    cb, rows = c, h
+    while not ctx.sram.fits(0, cb * rows * w * xb, cb * 8 + cb * 2):
+        if rows > 1:
+            rows = halve(rows)
+        elif cb > 1:
+            cb = halve(cb)
+        else:
+            raise DoesNotFit
+    rows = -(-rows // split)
+    # scratch: an int64 accumulator and a 16-bit result per channel
+    return OpSchedule((cb, rows), 0, cb * rows * w * xb, scratch=cb * 8 + cb * 2)
+
+
+def pool_geometry(op: dict, hw: list[int], maxpool: bool):
+    """(kernel, strides, dilations, pads) of a max or average pool."""
+    at = op["attrs"]
+    strides = at.get("strides") or [1, 1]
+    dil = (at.get("dilations") or [1, 1]) if maxpool else [1, 1]
+    pads = pool_pads(hw, {**at, "strides": strides, "dilations": dil})
+    return at["kernel_shape"], strides, dil, pads
+
+
+def pool(ctx: OpContext, op: dict, split: int, maxpool: bool = False) -> OpSchedule:
+    x, y = op["inputs"][0], op["outputs"][0]
+    _, c, h, w = ctx.shapes[x]
+    _, _, oh, ow = ctx.shapes[y]
+    (kh, kw), strides, dil, _ = pool_geometry(op, [h, w], maxpool)
+    xb, yb = esize(ctx.bits(x)), esize(ctx.bits(y))
+
+    def sizes(cb, rows, cols):
+        tile = cb * span(rows, strides[0], kh, dil[0]) * span(cols, strides[1], kw, dil[1]) * xb
+        # an average pool also loads its per-position (M0, shift), 16 bytes each
+        return 0, align(tile) + align(cb * rows * cols * yb) + (0 if maxpool else rows * cols * 16)
+
+    cb, rows, cols = c, oh, ow
+    while not ctx.sram.fits(*sizes(cb, rows, cols)):
+        if rows > 1:
+            rows = halve(rows)
+        elif cb > 1:
+            cb = halve(cb)
+        elif cols > 1:
+            cols = halve(cols)
+        else:
+            raise DoesNotFit
+    rows = -(-rows // split)
+    return OpSchedule((cb, rows, cols), *sizes(cb, rows, cols))
+
+
+def avgpool(ctx: OpContext, op: dict, split: int) -> OpSchedule:
+    return pool(ctx, op, split, maxpool=False)
+
+
+def resize_indices(op: dict, hw: list[int], out_hw: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The source row and column of every output row and column of a nearest resize."""
+    (h, w), (oh, ow) = hw, out_hw
+    rows = nearest_indices(h, oh, op["attrs"]) if h != oh else np.arange(h)
+    cols = nearest_indices(w, ow, op["attrs"]) if w != ow else np.arange(w)
+    return rows, cols
+
+
+def resize_nearest(ctx: OpContext, op: dict, split: int) -> OpSchedule:
+    x, y = op["inputs"][0], op["outputs"][0]
+    _, c, h, w = ctx.shapes[x]
+    _, _, oh, ow = ctx.shapes[y]
+    row_idx, _ = resize_indices(op, [h, w], [oh, ow])
+    e = esize(ctx.bits(x))
+
+    def sizes(cb, rows):
+        worst = max(
+            int(row_idx[min(r + rows, oh) - 1] - row_idx[r] + 1) if oh else 1 for r in range(0, oh, rows)
+        )
+        # the input rows the band reads, the output band, and the int32 row and column indices
+        return 0, align(cb * worst * w * e) + align(cb * rows * ow * e) + (rows + ow) * 4
+
+    cb, rows = c, oh
+    while not ctx.sram.fits(*sizes(cb, rows)):
+        if rows > 1:
+            rows = halve(rows)
+        elif cb > 1:
+            cb = halve(cb)
+        else:
+            raise DoesNotFit
+    rows = -(-rows // split)
+    return OpSchedule((cb, rows), *sizes(cb, rows))
+
+
+def copy(ctx: OpContext, op: dict, split: int) -> OpSchedule:
+    """Transpose, Slice and Split: a block of each output that is copied at a time."""
+    if op["op_type"] not in ("Transpose", "Slice", "Split"):
+        raise DoesNotFit
+    e = esize(ctx.bits(op["inputs"][0]))
+    outputs = op["outputs"] if op["op_type"] == "Split" else op["outputs"][:1]
+    parts = [
+        blocked(ctx.sram, four(ctx.shapes[out]), lambda b: (0, int(np.prod(b)) * e), split) for out in outputs
+    ]
+    return OpSchedule(parts=tuple(parts))
+
+
+SCHEDULERS = {
+    "conv": conv,
+    "matmul": matmul,
+    "add": binary,
+    "mul": binary,
+    "lut": lut,
+    "clamp": clamp,
+    "concat": concat,
+    "global_avgpool": global_avgpool,
+    "avgpool": avgpool,
+    "resize_nearest": resize_nearest,
+}
+
+
+def boxes(shape4: list[int], blk: list[int]):
+    """(start, size) of every tile of a 4-D box."""
+    ranges = [range(0, d, b) for d, b in zip(shape4, blk)]
+    for s0 in ranges[0]:
+        for s1 in ranges[1]:
+            for s2 in ranges[2]:
+                for s3 in ranges[3]:
+                    start = [s0, s1, s2, s3]
+                    yield start, [min(b, d - st) for st, b, d in zip(start, blk, shape4)]

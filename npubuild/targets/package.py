@@ -1,0 +1,186 @@
+"""Packaging: the compiled subgraphs -> the `.npub` binary (header, code, constants, CPU models),
+its listing, and the statistics the reports show (instructions, estimated cycles, DRAM traffic
+against the compulsory bytes, per-layer rows for the roofline)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from npubuild.targets import npub
+from npubuild.targets.backend.allocation import Allocation
+from npubuild.targets.backend.memory import SramPlan
+from npubuild.targets.cpu import CpuSubgraph
+from npubuild.targets.cycles import estimate, per_op, roofline
+from npubuild.targets.disasm import disassemble
+from npubuild.targets.isa import ENGINES, Instruction, encode
+from npubuild.targets.spec import TargetSpec, target_digest
+
+
+class Assembly:
+    """The binary's parts, added subgraph by subgraph in the plan's order."""
+
+    def __init__(
+        self,
+        program: dict,
+        arrays: dict,
+        shapes: dict,
+        target: TargetSpec,
+        plan: dict,
+        allocation: Allocation,
+    ):
+        self.program, self.shapes, self.target, self.plan = program, shapes, target, plan
+        self.allocation = allocation
+        self.target_fields = target.model_dump()
+        ops = program["ops"]
+        # which subgraph first needs each tensor, and in which state it is at each boundary
+        position = {i: k for k, sg in enumerate(plan["subgraphs"]) for i in sg["ops"]}
+        self.readers: dict[str, set[int]] = {}
+        for i, op in enumerate(ops):
+            for n in op["inputs"]:
+                if n and n not in op.get("constants", {}):
+                    self.readers.setdefault(n, set()).add(position[i])
+        self.states = {n: "f" for n in program["inputs"]}
+        self.code = bytearray()
+        self.cpu_blob = bytearray()
+        self.subgraphs: list[dict] = []
+        self.counts: dict[str, int] = {}
+        self.cycles = self.macs = 0
+        self.layers: list[dict] = []
+        self.weight_bytes = {
+            op.get("node", ""): int(arrays[op["arrays"]["weight"]].size)
+            for op in ops
+            if op["kind"] in ("conv", "matmul")
+        }
+
+    def _needed(self, k: int) -> list[str]:
+        """What subgraph k produces that the network outputs or a later subgraph reads."""
+        ops = self.program["ops"]
+        produced = [o for i in self.plan["subgraphs"][k]["ops"] for o in ops[i]["outputs"] if o]
+        outputs = set(self.program["outputs"])
+        return sorted({n for n in produced if n in outputs or any(p > k for p in self.readers.get(n, ()))})
+
+    def _names(self, k: int) -> list[str]:
+        ops = self.program["ops"]
+        return [ops[i].get("node", ops[i]["outputs"][0]) for i in self.plan["subgraphs"][k]["ops"]]
+
+    def add_npu(self, k: int, code: list[Instruction], marks: list[tuple[int, dict]]) -> None:
+        ops = self.program["ops"]
+        indices = self.plan["subgraphs"][k]["ops"]
+        produced = {o for i in indices for o in ops[i]["outputs"] if o}
+        consumed = []
+        for i in indices:
+            for n in ops[i]["inputs"]:
+                if n and n not in ops[i].get("constants", {}) and n not in consumed:
+                    consumed.append(n)
+        inputs = [n for n in consumed if n not in produced or _read_before_write(indices, ops, n)]
+        blob = encode(code)
+        entry = {
+            "device": "npu",
+            "code": [len(self.code), len(blob)],
+            "inputs": [self._io(n) for n in inputs],
+            "outputs": [self._io(n) for n in self._needed(k)],
+            "ops": self._names(k),
+        }
+        self.code += blob
+        entry["marks"] = [[at, op.get("node", op["outputs"][0]), op["kind"]] for at, op in marks]
+        for instruction in code:
+            engine = ENGINES[instruction.op]
+            self.counts[engine] = self.counts.get(engine, 0) + 1
+        timing = estimate(code, self.target_fields)
+        entry["estimate"] = timing
+        self.cycles += timing["cycles"]
+        self.macs += timing["macs"]
+        for row in per_op(code, entry["marks"], self.target_fields):
+            row["weight_bytes"] = self.weight_bytes.get(row["node"], 0)
+            row["roofline_cycles"] = roofline(row["macs"], row["weight_bytes"], self.target_fields)
+            self.layers.append(row)
+        self.subgraphs.append(entry)
+        for o in produced:
+            self.states[o] = "q"
+
+    def add_cpu(self, k: int, cpu: CpuSubgraph) -> None:
+        blob, cin, cout = cpu.build(self._needed(k))
+        self.subgraphs.append(
+            {
+                "device": "cpu",
+                "model": [len(self.cpu_blob), len(blob)],
+                "inputs": cin,
+                "outputs": cout,
+                "ops": self._names(k),
+            }
+        )
+        self.cpu_blob += blob
+
+    def _io(self, name: str) -> dict:
+        t = self.program["tensors"][name]
+        return {
+            "name": name,
+            "dram": self.allocation.addr[name],
+            "shape": self.shapes[name],
+            "bits": t["bits"],
+        }
+
+    def finish(self, constants: bytes, sram: SramPlan) -> tuple[bytes, str, dict]:
+        program, shapes, target, allocation = self.program, self.shapes, self.target, self.allocation
+        tensors = {
+            n: {**program["tensors"][n], "shape": shapes[n], "dram": allocation.addr[n]}
+            for n in sorted(allocation.addr)
+            if n not in allocation.resident
+        }
+        meta = {
+            "target": self.target_fields,
+            "inputs": [{"name": n, "shape": shapes[n]} for n in program["inputs"]],
+            "outputs": [
+                {"name": n, "shape": shapes.get(n, []), "quant": program["tensors"].get(n)}
+                for n in program["outputs"]
+            ],
+            "tensors": tensors,
+            "dram_size": allocation.tensor_area + len(constants),
+            "constants_base": allocation.tensor_area,
+            "subgraphs": self.subgraphs,
+        }
+        data = npub.write(
+            npub.Npub(
+                target_digest=target_digest(target),
+                meta=meta,
+                sections={"code": bytes(self.code), "constants": constants, "cpu": bytes(self.cpu_blob)},
+            )
+        )
+        # compulsory traffic: every weight once, the network's inputs and outputs once (NPU side)
+        io_bytes = sum(
+            int(np.prod(shapes[n], dtype=np.int64)) * (1 if program["tensors"][n]["bits"] == 8 else 2)
+            for n in {*program["inputs"], *program["outputs"]}
+            if n in program["tensors"] and n in allocation.addr
+        )
+        compulsory = sum(self.weight_bytes.values()) + io_bytes
+        cycles, mac_count = self.cycles, self.macs
+        stats = {
+            "instructions": sum(self.counts.values()),
+            "instructions_by_engine": dict(sorted(self.counts.items())),
+            "dram_tensor_bytes": allocation.tensor_area,
+            "resident_bytes": allocation.resident_bytes,
+            "resident_tensors": len(allocation.resident),
+            "const_slot_bytes": sram.const_slot,
+            "constant_bytes": len(constants),
+            "binary_bytes": len(data),
+            "estimated_cycles": cycles,
+            "estimated_latency_ms": cycles / (target.clock_mhz * 1000.0),
+            "macs": mac_count,
+            "mac_utilisation": mac_count / (cycles * target.mac_rows * target.mac_cols) if cycles else 0.0,
+            "dram_bytes": sum(r["dram_bytes"] for r in self.layers),
+            "compulsory_dram_bytes": compulsory,
+            "roofline_cycles": roofline(mac_count, compulsory, self.target_fields),
+            "layers": self.layers,
+            "npu_subgraphs": sum(1 for s in self.subgraphs if s["device"] == "npu"),
+            "cpu_subgraphs": sum(1 for s in self.subgraphs if s["device"] == "cpu"),
+        }
+        return data, disassemble(npub.read(data)), stats
+
+
+def _read_before_write(indices: list[int], ops: list[dict], name: str) -> bool:
+    for i in indices:
+        if name in ops[i]["inputs"]:
+            return True
+        if name in ops[i]["outputs"]:
+            return False
+    return False

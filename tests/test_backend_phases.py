@@ -1,0 +1,191 @@
+"""The back end's phases on their own (targets/backend/): allocation and its checker, scheduling,
+lowering of the tile command stream, each on small hand-made integer programs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from npubuild.targets.backend.allocation import AllocationError, allocate, verify_allocation
+from npubuild.targets.backend.commands import ConstLoads, InConst, InTile, Step, Tile, const_load, load, store
+from npubuild.targets.backend.context import OpContext
+from npubuild.targets.backend.fusion import Fusion, fuse
+from npubuild.targets.backend.lowering import SLOT_TOKENS, T_DONE, T_IN, T_STORED, Lowering
+from npubuild.targets.backend.memory import DoesNotFit, SramPlan
+from npubuild.targets.backend.schedule import schedule
+from npubuild.targets.isa import NO_SIGNAL
+
+
+def _chain(n: int, shape=(1, 8, 16, 16)) -> tuple[dict, dict, dict]:
+    """x -> clamp -> t1 -> clamp -> ... -> t{n}: one NPU subgraph of n element-wise ops."""
+    names = ["x", *(f"t{k}" for k in range(1, n + 1))]
+    ops = [
+        {
+            "kind": "clamp",
+            "op_type": "Clip",
+            "inputs": [a],
+            "outputs": [b],
+            "attrs": {"min": -128, "max": 127},
+        }
+        for a, b in zip(names, names[1:])
+    ]
+    tensors = {t: {"bits": 8, "zero_point": 0, "scale": 1.0} for t in names}
+    program = {"ops": ops, "tensors": tensors, "inputs": ["x"], "outputs": [names[-1]]}
+    plan = {"subgraphs": [{"device": "npu", "ops": list(range(n))}]}
+    return program, plan, {t: list(shape) for t in names}
+
+
+def test_allocation_reuses_dead_buffers_and_passes_its_checker():
+    program, plan, shapes = _chain(6)
+    alloc = allocate(program, {}, shapes, plan, 1 << 20, Fusion())
+    verify_allocation(alloc)
+    # a chain needs two live tensors at a time, plus the network's input and output (live to the end)
+    assert len({a for n, a in alloc.addr.items() if n not in ("x", "t6")}) == 2
+    flat = allocate(program, {}, shapes, plan, 1 << 20, Fusion(), reuse=False)
+    verify_allocation(flat)
+    assert len(set(flat.addr.values())) == 7
+
+
+def test_resident_tensors_stay_inside_the_resident_area():
+    program, plan, shapes = _chain(6)
+    alloc = allocate(program, {}, shapes, plan, 1 << 20, Fusion(), resident_bytes=1 << 14)
+    verify_allocation(alloc)
+    assert alloc.resident and "x" not in alloc.resident and "t6" not in alloc.resident
+    assert all((1 << 20) - (1 << 14) <= a < (1 << 20) for a in alloc.resident.values())
+    assert alloc.tile_sram == (1 << 20) - (1 << 14)
+
+
+@pytest.mark.parametrize(
+    "corrupt, message",
+    [
+        (lambda b, other: dataclasses.replace(b, start=other.start), "share bytes"),
+        (lambda b, other: dataclasses.replace(b, start=b.start + 8), "not aligned"),
+        (lambda b, other: dataclasses.replace(b, size=64), "ends past its buffer"),
+    ],
+    ids=["overlap", "misaligned", "too-small"],
+)
+def test_the_checker_catches_a_broken_allocation(corrupt, message):
+    program, plan, shapes = _chain(4)
+    alloc = allocate(program, {}, shapes, plan, 1 << 20, Fusion())
+    by_root = {b.root: b for b in alloc.buffers}
+    # t1 and t2 are live together (t2 is computed from t1): they must not share bytes
+    broken = corrupt(by_root["t2"], by_root["t1"])
+    alloc.buffers = [broken if b.root == "t2" else b for b in alloc.buffers]
+    if message != "ends past its buffer":
+        alloc.addr["t2"] = broken.start
+    with pytest.raises(AllocationError, match=message):
+        verify_allocation(alloc)
+
+
+def test_a_buffer_reused_after_its_tensor_died_is_no_overlap():
+    program, plan, shapes = _chain(4)
+    alloc = allocate(program, {}, shapes, plan, 1 << 20, Fusion())
+    by_root = {b.root: b for b in alloc.buffers}
+    assert by_root["t1"].start == by_root["t3"].start  # t1 is dead once t2 is computed
+    assert by_root["t1"].last < by_root["t3"].first
+
+
+def _ctx(program, shapes, sram_bytes: int, const_slot: int = 0) -> OpContext:
+    return OpContext(program["tensors"], shapes, {}, SramPlan(sram_bytes, const_slot))
+
+
+def test_schedule_shrinks_outer_axes_first_and_splits_for_pipelining():
+    program, _, shapes = _chain(1, shape=(1, 8, 64, 64))
+    op = program["ops"][0]
+    whole = schedule(_ctx(program, shapes, 1 << 20), op)
+    assert whole.extents == (1, 8, 64, 64)  # 32 KiB in, 32 KiB out, twice: fits 1 MiB
+    small = schedule(_ctx(program, shapes, 16 * 1024), op)
+    assert small.extents[1] < 8 and small.extents[2:] == (64, 64)  # channels go before rows
+    assert 2 * small.per_tile <= 16 * 1024
+    split = schedule(_ctx(program, shapes, 16 * 1024), op, split=2)
+    assert split.extents[1] == -(-small.extents[1] // 2)
+
+
+def test_an_op_that_cannot_be_tiled_does_not_fit():
+    program, _, shapes = _chain(1)
+    with pytest.raises(DoesNotFit):
+        schedule(_ctx(program, shapes, 128), program["ops"][0])  # not even one element, twice
+
+
+def test_a_fused_activation_leaves_no_intermediate():
+    ops = [
+        {"kind": "conv", "op_type": "Conv", "inputs": ["x"], "outputs": ["c"], "attrs": {"transpose": 0}},
+        {"kind": "lut", "op_type": "Sigmoid", "inputs": ["c"], "outputs": ["y"], "attrs": {}},
+    ]
+    tensors = {t: {"bits": 8, "zero_point": 0} for t in "xcy"}
+    program = {"ops": ops, "tensors": tensors, "inputs": ["x"], "outputs": ["y"]}
+    fusion = fuse(program, {"subgraphs": [{"device": "npu", "ops": [0, 1]}]})
+    assert fusion.activation == {0: 1} and fusion.fused_away == {"c"} and fusion.absorbed == {1}
+    apart = fuse(program, {"subgraphs": [{"device": "npu", "ops": [0]}, {"device": "npu", "ops": [1]}]})
+    assert apart.activation == {}  # not across subgraphs
+
+
+def _tile(n: int = 64) -> Tile:
+    box, strides = [1, 1, 1, n], [0, 0, 0, 1]
+    compute = Step("clamp", {"src": InTile(), "n": n, "bits": 8, "min": 0, "max": 1, "dst": InTile(n)})
+    return Tile(
+        (1000, 2000),
+        [load(InTile(), 0, 8, box, strides, [0] * 4)],
+        compute,
+        store(InTile(n), 4096, 8, box, strides, [0] * 4),
+    )
+
+
+def test_lowering_alternates_buffers_and_chains_the_tokens():
+    lowering = Lowering(SramPlan(1 << 16))
+    lowering.add_op({"kind": "clamp"}, [_tile() for _ in range(3)])
+    code, marks = lowering.finish()
+    assert [i.op for i in code] == ["load", "clamp", "store"] * 3 + ["end"]
+    assert marks[0][0] == 0
+    loads = code[0::3][:3]
+    assert [i.args["sram"] for i in loads] == [1000, 2000, 1000]
+    assert [i.signal for i in loads] == [T_IN[0], T_IN[1], T_IN[0]]
+    # the first two tiles wait for every store before the op; the third only for tile 1's store
+    both = (1 << T_STORED[0]) | (1 << T_STORED[1])
+    assert [i.wait for i in loads] == [both, both, 1 << T_STORED[0]]
+    assert code[1].args["dst"] == 1064 and code[1].signal == T_DONE[0]
+    assert code[1].wait == (1 << T_IN[0]) | (1 << T_STORED[0]) | 1
+    assert code[2].wait == 1 << T_DONE[0] and code[2].signal == T_STORED[0]
+
+
+def test_constant_groups_alternate_slots_and_hoist_ahead():
+    lowering = Lowering(SramPlan(1 << 16, const_slot=4096))
+    group = ConstLoads([const_load(0, 0, 64), const_load(64, 64, 64)])
+    with_table = [group, _tile(), ConstLoads([const_load(0, 128, 64)]), _tile()]
+    lowering.add_op({"kind": "conv"}, with_table)
+    code, marks = lowering.finish()
+    consts = [i for i in code if i.op == "load" and i.args["sram"] not in (1000, 2000)]  # not tile loads
+    # the first group goes to slot 0 (token 0), the second to slot 1 (token 7); only a group's
+    # last load signals
+    assert [(i.args["sram"], i.signal) for i in consts[:2]] == [(0, NO_SIGNAL), (64, SLOT_TOKENS[0])]
+    assert (consts[2].args["sram"], consts[2].signal) == (4096, SLOT_TOKENS[1])
+    # hoisted: the second group loads right after the first tile's input, before its compute
+    ops = [(i.op, i.args.get("dram")) for i in code]
+    assert ops.index(("load", 128)) == 3 and code[4].op == "clamp"
+    assert code[-2].op == "store" and code[-1].op == "end"
+    assert marks[0][0] == 0
+
+
+def test_in_const_resolves_to_the_current_slot():
+    lowering = Lowering(SramPlan(1 << 16, const_slot=4096))
+    tile = _tile()
+    tile.compute.args["min"] = InConst(8)
+    lowering.add_op(
+        {"kind": "clamp"},
+        [ConstLoads([const_load(0, 0, 64)]), tile, ConstLoads([const_load(0, 0, 64)]), _tile()],
+    )
+    code, _ = lowering.finish()
+    assert next(i for i in code if i.op == "clamp").args["min"] == 8  # slot 0 at SRAM 0
+
+
+def test_buffers_are_aligned_after_constants():
+    plan = SramPlan(1 << 14)
+    assert plan.buffers(100, 1000) == (128, 128 + 1024)
+    slots = SramPlan(1 << 14, const_slot=2048)
+    assert slots.buffers(100, 1000, scratch=10) == (4096 + 64, 4096 + 64 + 1024)
+    assert not slots.fits(4096, 10)
+    with pytest.raises(DoesNotFit):
+        plan.buffers(0, 1 << 14)
+    assert np.all(np.array(plan.buffers(0, 64)) % 64 == 0)
