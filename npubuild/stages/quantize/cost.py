@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from npubuild.stages.quantize.builder import node_label
+from npubuild.stages.quantize.planning import node_label
 
 CPU_MACS_PER_CYCLE = 8.0
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 
 from npubuild.stages.onnx_utils import default_opset
-from npubuild.stages.quantize.builder import Builder
+from npubuild.stages.quantize.encoding import build_program
 
 
 def build_integer_model(model, stats_meta: dict, stats_arrays: dict, params: dict, range_cache=None):
     """The program, its JSON header and its arrays, as stored in quantized.npq."""
-    program = Builder(model, stats_meta, stats_arrays, params, range_cache=range_cache).build()
+    program = build_program(model, stats_meta, stats_arrays, params, range_cache)
     initializers = {t.name for t in model.graph.initializer}
     meta = {
         "version": 1,

@@ -16,7 +16,7 @@ import onnx
 
 from npubuild.errors import UserError
 from npubuild.intmodel.ops import MAC_OPS, MOVE_OPS
-from npubuild.stages.quantize.builder import Builder, node_label
+from npubuild.stages.quantize.planning import Planner, node_label
 
 PRECISIONS = ("int8", "int16", "float")
 
@@ -43,7 +43,7 @@ class Layers:
 
     def __init__(self, model: onnx.ModelProto, stats_meta: dict, stats_arrays: dict, settings: dict):
         self.model = model
-        builder = Builder(model, stats_meta, stats_arrays, settings, dry=True)
+        planner = Planner(model, stats_meta, stats_arrays, settings)
         self.nodes = {node_label(n): n for n in model.graph.node}
         producers = {o: n for n in model.graph.node for o in n.output}
         consumers: dict[str, list] = {}
@@ -54,7 +54,7 @@ class Layers:
         units = []
         for n in model.graph.node:
             label = node_label(n)
-            if not builder.choose(n).integer:
+            if not planner.choose(n).integer:
                 continue
             data = [i for i in n.input if i and i in producers]
             producer = producers[data[0]] if data else None

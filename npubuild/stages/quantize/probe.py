@@ -3,7 +3,7 @@
 One onnxruntime session over the float model in which every activation can pass through an int8
 or an int16 QuantizeLinear/DequantizeLinear pair and every MAC weight can be swapped for its
 quantized (and bias-corrected) version, each switched by a boolean input. Which switches are on
-for a given precision table comes from the quantizer itself (a dry run of the Builder), so the
+for a given precision table comes from the quantizer itself (its plan, planning.py), so the
 probe quantizes exactly the tensors, with exactly the parameters, that the integer model would.
 It is the QDQ twin of that integer model, built once and reconfigured per run; the golden
 interpreter and the QDQ model agree within 1 LSB op by op.
@@ -18,9 +18,10 @@ from onnx import TensorProto, helper, numpy_helper
 from npubuild.intmodel.ops import MAC_OPS
 from npubuild.stages.feeds import session
 from npubuild.stages.metrics import Agreement
-from npubuild.stages.quantize.builder import Builder, node_label
 from npubuild.stages.quantize.integer_model import build_integer_model
+from npubuild.stages.quantize.planning import Planner, node_label
 from npubuild.stages.quantize.precision import Layers, precision_overrides
+from npubuild.stages.quantize.weights import bias_correction, constant_params, quantize_weight
 from npubuild.stages.reductions import vector_matrix
 
 
@@ -46,21 +47,15 @@ class PrecisionProbe:
         float_session = session(model)
         self.references = [float_session.run(self.outputs, f) for f in feeds]
 
-    def _dry_builder(self, settings: dict | None = None) -> Builder:
-        """A dry quantizer over this model, sharing the range cache across every use."""
-        return Builder(
-            self.model,
-            self.stats_meta,
-            self.stats_arrays,
-            settings or self.settings,
-            dry=True,
-            range_cache=self.range_cache,
+    def _planner(self, settings: dict | None = None) -> Planner:
+        """The quantizer's planner over this model, sharing the range cache across every use."""
+        return Planner(
+            self.model, self.stats_meta, self.stats_arrays, settings or self.settings, self.range_cache
         )
 
     # the switchable graph ---------------------------------------------------------------------
     def _params(self, name: str, bits: int):
-        builder = self._dry_builder()
-        return builder.from_stats(name, bits, self.settings["method"])
+        return self._planner().from_stats(name, bits, self.settings["method"])
 
     def _build_graph(self) -> None:
         model = onnx.ModelProto()
@@ -171,7 +166,6 @@ class PrecisionProbe:
     def _switch_constants(self, node, initializers, new_inits) -> list[onnx.NodeProto]:
         """Constant operands quantized to their own grid, as the integer Add/Mul/Concat use them
         (a Div by a constant becomes a Mul by its quantized reciprocal)."""
-        builder = self._dry_builder()
         label = node_label(node)
         on8, on16 = f"{label}__c8", f"{label}__c16"
         nodes = []
@@ -184,7 +178,7 @@ class PrecisionProbe:
             exact = value.astype(np.float32)
             variants = {}
             for bits in (8, 16):
-                params, q = builder.constant_params(value, bits)
+                params, q = constant_params(value, bits)
                 dq = ((q.astype(np.float64) - params.zero_point) * params.scale).astype(np.float32)
                 variants[bits] = f"{label}__const{k}_{bits}"
                 new_inits.append(numpy_helper.from_array(dq.reshape(value.shape), variants[bits]))
@@ -200,8 +194,7 @@ class PrecisionProbe:
         return nodes
 
     def _quantized_weights(self, nodes, initializers) -> dict:
-        """Per MAC node: dequantized int8 weights and the bias-corrected bias, as the Builder makes them."""
-        builder = self._dry_builder()
+        """Per MAC node: dequantized int8 weights and the bias-corrected bias, as the encoder makes them."""
         out = {}
         for node in nodes:
             w = numpy_helper.to_array(initializers[node.input[1]])
@@ -217,7 +210,7 @@ class PrecisionProbe:
                 axis = 1
             else:
                 axis = 0
-            wq, wscale = builder.quantize_weight(node, w, axis)
+            wq, wscale = quantize_weight(w, axis, self.settings["per_channel"])
             shape = [1] * w.ndim
             shape[axis] = -1
             w8 = (wq.astype(np.float64) * wscale.reshape(shape)).astype(np.float32)
@@ -229,7 +222,9 @@ class PrecisionProbe:
                     if bias_name
                     else np.zeros(w.shape[0] if not transpose else w.shape[1])
                 )
-                corrected = builder.bias_correction(node.input[0], w, wq, wscale, bias, group, transpose)
+                mean = self.stats_arrays.get(f"{node.input[0]}/channel_mean")
+                mean = mean if self.settings["bias_correction"] else None
+                corrected = bias_correction(mean, w, wq, wscale, bias, group, transpose)
                 bias8 = corrected.astype(np.float32) if bias_name else None
             shift = None
             mean = self.stats_arrays.get(f"{node.input[0]}/channel_mean")
@@ -241,23 +236,22 @@ class PrecisionProbe:
 
     # running a configuration -------------------------------------------------------------------
     def plan(self, table: dict[str, str]) -> tuple[dict, set[str]]:
-        """The quantized tensors (name -> bits) and integer nodes the Builder makes for a table."""
+        """The quantized tensors (name -> bits) and integer nodes the quantizer plans for a table."""
         settings = {
             **self.settings,
             "overrides": list(self.settings.get("overrides", []))
             + precision_overrides(self.layers.expand(table)),
         }
-        builder = self._dry_builder(settings)
-        program = builder.build()
+        program = self._planner(settings).build()
+        tensors = program.tensors
         # A MAC that reads a 16-bit tensor runs at the int16 rate whatever its own output width.
         self.mac_input_bits = {
-            label: program.tensors[self.layers.nodes[label].input[0]]["bits"]
+            label: tensors[self.layers.nodes[label].input[0]]["bits"]
             for label in program.integer_nodes
-            if self.layers.nodes[label].op_type in MAC_OPS
-            and self.layers.nodes[label].input[0] in program.tensors
+            if self.layers.nodes[label].op_type in MAC_OPS and self.layers.nodes[label].input[0] in tensors
         }
         bits = {}
-        for name, t in program.tensors.items():
+        for name, t in tensors.items():
             # A tensor that inherits its input's grid (Reshape, MaxPool, an unfused ReLU) is
             # already on it; only tensors with parameters of their own get a Q/DQ pair.
             own = self._params(name, t["bits"])
@@ -267,8 +261,8 @@ class PrecisionProbe:
         self.constant_bits = {}
         for label in self.constant_switches:
             out = self.layers.nodes[label].output[0]
-            if out in program.tensors:
-                self.constant_bits[label] = program.tensors[out]["bits"]
+            if out in tensors:
+                self.constant_bits[label] = tensors[out]["bits"]
         return bits, set(program.integer_nodes)
 
     def confirm(self, table: dict[str, str]) -> dict:

@@ -1,44 +1,29 @@
-"""From the optimized float model and calibration statistics to the integer model (a program).
-
-The program is plain JSON (ops in order, tensor parameters) plus named integer arrays; see
-docs/quantization.md for the semantics of every op kind.
+"""Encoding the integer model: a `QuantPlan` (planning.py) -> the program's ops and named integer
+arrays (weights, biases, multipliers, lookup tables). The program is plain JSON (ops in order,
+tensor parameters) plus the arrays; docs/quantization.md gives the semantics of every op kind.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from npubuild.intmodel.codes import qrange
 from npubuild.intmodel.fixedpoint import add_multiplier, quantize_multiplier
 from npubuild.intmodel.lut import lut_function
-from npubuild.intmodel.ops import LUT_OPS, MAC_OPS, MOVE_OPS
-from npubuild.stages.quantize import ranges
+from npubuild.intmodel.ops import LUT_OPS, MOVE_OPS
+from npubuild.stages.quantize.planning import Planner, QuantPlan, TensorParams, attr, node_label
+from npubuild.stages.quantize.weights import (
+    bias_correction,
+    constant_params,
+    grouped_transpose_scales,
+    quantize_weight,
+)
 from npubuild.stages.reductions import vector_matrix
-from npubuild.targets.support import integer_blocker
-
-
-@dataclass
-class TensorParams:
-    scale: float
-    zero_point: int
-    bits: int
-
-    def as_dict(self) -> dict:
-        return {"scale": self.scale, "zero_point": self.zero_point, "bits": self.bits}
-
-
-@dataclass
-class NodeChoice:
-    integer: bool
-    bits: int
-    method: str
-    reason: str = ""
 
 
 @dataclass
@@ -55,184 +40,55 @@ class Program:
         return key
 
 
-def _attr(node: onnx.NodeProto, name: str, default=None):
-    for a in node.attribute:
-        if a.name == name:
-            value = helper.get_attribute_value(a)
-            return value.decode() if isinstance(value, bytes) else value
-    return default
+def build_program(
+    model: onnx.ModelProto, stats_meta: dict, stats_arrays: dict, config: dict, range_cache=None
+) -> Program:
+    """Plan, then encode: the integer model of `model` under `config`."""
+    planner = Planner(model, stats_meta, stats_arrays, config, range_cache)
+    return Encoder(
+        model, planner.build(), planner.info.constants, planner.info.shapes, stats_arrays, config
+    ).encode()
 
 
-def node_label(node: onnx.NodeProto) -> str:
-    return node.name or node.output[0]
-
-
-class Builder:
+class Encoder:
     def __init__(
         self,
         model: onnx.ModelProto,
-        stats_meta: dict,
+        plan: QuantPlan,
+        constants: dict,
+        shapes: dict,
         stats_arrays: dict,
         config: dict,
-        dry: bool = False,
-        range_cache: dict | None = None,
     ):
-        # dry: decide every tensor's parameters and which nodes are integer, but build no arrays
-        # (weights, tables): what the precision search needs, many times over, cheaply.
-        self.dry = dry
-        self.range_cache = range_cache if range_cache is not None else {}
-        self.model = model
-        self.graph = model.graph
-        self.config = config
-        self.stats_meta = stats_meta
-        self.stats_arrays = stats_arrays
-        info = self.range_cache.get("__graph__")
-        if info is None:  # what does not depend on the settings, shared by dry runs over one model
-            constants = {t.name: numpy_helper.to_array(t) for t in self.graph.initializer}
-            shapes = {}
-            for v in [*self.graph.input, *self.graph.value_info, *self.graph.output]:
-                shapes[v.name] = [d.dim_value for d in v.type.tensor_type.shape.dim]
-            consumers: dict[str, list[onnx.NodeProto]] = {}
-            for n in self.graph.node:
-                for i in n.input:
-                    consumers.setdefault(i, []).append(n)
-            info = (constants, shapes, consumers, {o.name for o in self.graph.output})
-            self.range_cache["__graph__"] = info
-        constants, self.shapes, self.consumers, self.outputs = info
+        self.model, self.plan, self.config = model, plan, config
         # handlers add derived constants (a Div's reciprocal): keep the shared dict untouched
         self.constants = dict(constants)
-        self.program = Program()
-        self.params: dict[str, TensorParams] = {}
-        self.matched_overrides: set[int] = set()
+        self.shapes = shapes
+        self.stats_arrays = stats_arrays
+        self.params: dict[str, TensorParams] = plan.params
+        self.program = Program(
+            tensors=plan.tensors,
+            float_nodes=plan.float_nodes,
+            integer_nodes=plan.integer_nodes,
+            warnings=plan.warnings,
+        )
 
-    # choices ----------------------------------------------------------------------------------
-    def choose(self, node: onnx.NodeProto) -> NodeChoice:
-        cfg = self.config
-        choice = NodeChoice(True, cfg["activation_bits"], cfg["method"])
-        for i, override in enumerate(self.config.get("overrides", [])):
-            by_name = override.get("match") and fnmatch.fnmatchcase(node_label(node), override["match"])
-            by_type = override.get("op_type") and override["op_type"] == node.op_type
-            if not (by_name or by_type):
-                continue
-            self.matched_overrides.add(i)
-            if override.get("keep_float"):
-                return NodeChoice(False, 0, "", f"override #{i + 1} keeps it float")
-            if override.get("bits"):
-                choice.bits = override["bits"]
-            if override.get("method"):
-                choice.method = override["method"]
-        if (
-            cfg.get("float_output_activations")
-            and node.op_type in LUT_OPS
-            and any(o in self.outputs for o in node.output)
-        ):
-            return NodeChoice(
-                False, 0, "", "a network output's activation stays float (float_output_activations)"
-            )
-        reason = self.integer_blocker(node)
-        if reason:
-            return NodeChoice(False, 0, "", reason)
-        return choice
+    def encode(self) -> Program:
+        for step in self.plan.steps:
+            if step.kind == "quantize":
+                self.program.ops.append({"kind": "quantize", "inputs": [step.name], "outputs": [step.name]})
+            elif step.kind == "float":
+                self.float_op(step.node)
+            else:
+                self.integer_op(step.node, step.activation)
+        return self.program
 
-    def integer_blocker(self, node: onnx.NodeProto) -> str:
-        return integer_blocker(node, lambda name, default: _attr(node, name, default), self.constants)
+    def channel_mean(self, name: str):
+        """The input's per-channel calibration mean when bias correction is on."""
+        return self.stats_arrays.get(f"{name}/channel_mean") if self.config["bias_correction"] else None
 
-    # tensor parameters ------------------------------------------------------------------------
-    def from_stats(self, name: str, bits: int, method: str) -> TensorParams:
-        key = (name, bits, method)
-        if key not in self.range_cache:
-            self.range_cache[key] = self._from_stats(name, bits, method)
-        params, warnings = self.range_cache[key]
-        self.program.warnings.extend(w for w in warnings if w not in self.program.warnings)
-        return params
-
-    def _from_stats(self, name: str, bits: int, method: str) -> tuple[TensorParams, list[str]]:
-        warnings = []
-        meta = self.stats_meta.get(name)
-        if meta is None or meta["count"] == 0:
-            warnings.append(f"no calibration statistics for '{name}'; using range [-1, 1]")
-            lo, hi = -1.0, 1.0
-        else:
-            hist = self.stats_arrays[f"{name}/hist"]
-            lo, hi = ranges.METHOD_FUNCTIONS[method](
-                meta, hist, bits, self.config["symmetric_activations"], self.config["percentile"]
-            )
-            if meta.get("nonfinite"):
-                warnings.append(
-                    f"'{name}' had {meta['nonfinite']} NaN/Inf values in calibration; "
-                    "they were left out of its range"
-                )
-        scale, zp = ranges.quant_params(float(lo), float(hi), bits, self.config["symmetric_activations"])
-        return TensorParams(scale, zp, bits), warnings
-
-    def set_params(self, name: str, params: TensorParams) -> None:
-        self.params[name] = params
-        self.program.tensors[name] = params.as_dict()
-
-    def constant_params(self, value: np.ndarray, bits: int) -> tuple[TensorParams, np.ndarray]:
-        lo, hi = float(value.min()), float(value.max())
-        scale, zp = ranges.quant_params(lo, hi, bits, symmetric=False)
-        qmin, qmax = qrange(bits)
-        q = np.clip(np.rint(value / scale) + zp, qmin, qmax).astype(np.int32)
-        return TensorParams(scale, zp, bits), q
-
-    # the build --------------------------------------------------------------------------------
-    def build(self) -> Program:
+    def float_op(self, node: onnx.NodeProto) -> None:
         prog = self.program
-        choices = {id(n): self.choose(n) for n in self.graph.node}
-        fused: dict[int, onnx.NodeProto] = {}  # id(conv) -> activation node folded into it
-        for n in self.graph.node:
-            if n.op_type in MAC_OPS and choices[id(n)].integer:
-                users = self.consumers.get(n.output[0], [])
-                if (
-                    len(users) == 1
-                    and users[0].op_type in ("Relu", "Clip")
-                    and choices[id(users[0])].integer
-                    and n.output[0] not in self.outputs
-                ):
-                    fused[id(n)] = users[0]
-        skip = {id(a) for a in fused.values()}
-        initializers = set(self.constants)
-        for value in self.graph.input:
-            if value.name in initializers:
-                continue
-            users = self.consumers.get(value.name, [])
-            if any(choices[id(u)].integer for u in users):
-                bits = max(choices[id(u)].bits for u in users if choices[id(u)].integer)
-                self.set_params(value.name, self.from_stats(value.name, bits, self.config["method"]))
-                prog.ops.append({"kind": "quantize", "inputs": [value.name], "outputs": [value.name]})
-        for node in self.graph.node:
-            if id(node) in skip:
-                continue
-            choice = choices[id(node)]
-            if not choice.integer:
-                self.float_op(node, choice.reason, choices)
-                continue
-            self.integer_op(node, choice, fused.get(id(node)))
-        for i, override in enumerate(self.config.get("overrides", [])):
-            if i not in self.matched_overrides:
-                what = override.get("match") or override.get("op_type")
-                prog.warnings.append(f"override #{i + 1} ('{what}') matches no node")
-        return prog
-
-    def ensure_quantized(self, name: str, bits: int, method: str) -> None:
-        """An integer op reads `name`: give it parameters if a float op or the model made it."""
-        if name in self.params:
-            return
-        self.set_params(name, self.from_stats(name, bits, method))
-        self.program.ops.append({"kind": "quantize", "inputs": [name], "outputs": [name]})
-
-    def float_op(self, node: onnx.NodeProto, reason: str, choices: dict) -> None:
-        prog = self.program
-        if self.dry:
-            prog.float_nodes.append({"node": node_label(node), "op_type": node.op_type, "reason": reason})
-            for out in node.output:
-                integer_users = [u for u in self.consumers.get(out, []) if choices[id(u)].integer]
-                if integer_users:
-                    self.ensure_quantized(
-                        out, max(choices[id(u)].bits for u in integer_users), self.config["method"]
-                    )
-            return
         key = f"node/{len(prog.ops)}"
         prog.add_array(key, np.frombuffer(node.SerializeToString(deterministic=True), dtype=np.uint8))
         const_keys = {}
@@ -250,30 +106,14 @@ class Builder:
                 "constants": const_keys,
             }
         )
-        prog.float_nodes.append({"node": node_label(node), "op_type": node.op_type, "reason": reason})
-        for out in node.output:
-            users = self.consumers.get(out, [])
-            integer_users = [u for u in users if choices[id(u)].integer]
-            if integer_users:
-                bits = max(choices[id(u)].bits for u in integer_users)
-                self.ensure_quantized(out, bits, self.config["method"])
 
-    def integer_op(self, node: onnx.NodeProto, choice: NodeChoice, activation: onnx.NodeProto | None) -> None:
+    def integer_op(self, node: onnx.NodeProto, activation: onnx.NodeProto | None) -> None:
         op = node.op_type
-        self.program.integer_nodes.append(node_label(node))
-        data_inputs = [i for i in node.input if i and i not in self.constants]
-        for i in data_inputs:
-            self.ensure_quantized(i, choice.bits, choice.method)
         out = (activation or node).output[0]
         if op in MOVE_OPS:
-            for o in node.output:
-                if o:
-                    self.set_params(o, self.params[node.input[0]])
-            if not self.dry:
-                self.move_op(node)
+            self.move_op(node)
             return
         if op in ("Relu", "Clip"):
-            self.set_params(out, self.params[node.input[0]])
             lo, hi = self.clamp_bounds(node, self.params[out])
             self.program.ops.append(
                 {
@@ -285,11 +125,8 @@ class Builder:
                 }
             )
             return
-        out_params = self.from_stats(out, choice.bits, choice.method)
-        if op == "Resize":
-            out_params = self.params[node.input[0]]
-        self.set_params(out, out_params)
-        if self.dry:
+        if op in LUT_OPS:
+            self.lut(node)
             return
         handler = {
             "Conv": self.conv,
@@ -304,13 +141,9 @@ class Builder:
             "GlobalAveragePool": self.global_avgpool,
             "AveragePool": self.avgpool,
             "Resize": self.resize,
-        }.get(op)
-        if op in LUT_OPS:
-            self.lut(node)
-        else:
-            handler(node, activation)
+        }[op]
+        handler(node, activation)
 
-    # op encoders ------------------------------------------------------------------------------
     def clamp_bounds(self, act: onnx.NodeProto | None, params: TensorParams) -> tuple[int, int]:
         qmin, qmax = qrange(params.bits)
         if act is None:
@@ -320,8 +153,8 @@ class Builder:
         else:
             lo_f = float(self.constants[act.input[1]]) if len(act.input) > 1 and act.input[1] else -math.inf
             hi_f = float(self.constants[act.input[2]]) if len(act.input) > 2 and act.input[2] else math.inf
-            lo_f = _attr(act, "min", lo_f) if self.opset_below_11() else lo_f
-            hi_f = _attr(act, "max", hi_f) if self.opset_below_11() else hi_f
+            lo_f = attr(act, "min", lo_f) if self.opset_below_11() else lo_f
+            hi_f = attr(act, "max", hi_f) if self.opset_below_11() else hi_f
         lo = qmin if lo_f == -math.inf else max(qmin, int(np.rint(lo_f / params.scale)) + params.zero_point)
         hi = qmax if hi_f == math.inf else min(qmax, int(np.rint(hi_f / params.scale)) + params.zero_point)
         return int(lo), int(hi)
@@ -329,84 +162,41 @@ class Builder:
     def opset_below_11(self) -> bool:
         return any(o.domain in ("", "ai.onnx") and o.version < 11 for o in self.model.opset_import)
 
-    def quantize_weight(
-        self, node: onnx.NodeProto, weight: np.ndarray, axis: int
-    ) -> tuple[np.ndarray, np.ndarray]:
-        w = weight.astype(np.float64)
-        if self.config["per_channel"]:
-            reduce = tuple(i for i in range(w.ndim) if i != axis)
-            absmax = np.max(np.abs(w), axis=reduce)
-        else:
-            absmax = np.full(w.shape[axis], np.max(np.abs(w)))
-        scale = np.where(absmax > 0, absmax / 127.0, 1.0)
-        shape = [1] * w.ndim
-        shape[axis] = -1
-        q = np.clip(np.rint(w / scale.reshape(shape)), -127, 127).astype(np.int8)
-        return q, scale
-
     def conv(self, node: onnx.NodeProto, activation: onnx.NodeProto | None) -> None:
         transpose = node.op_type == "ConvTranspose"
         x, out = node.input[0], (activation or node).output[0]
         w = self.constants[node.input[1]]
-        group = int(_attr(node, "group", 1))
+        group = int(attr(node, "group", 1))
         if transpose:
             cout_g = w.shape[1]
             cout = cout_g * group
             # per output channel: for group 1 it is axis 1
             wq, wscale = (
-                self.quantize_weight(node, w, 1) if group == 1 else self._grouped_transpose_scales(w, group)
+                quantize_weight(w, 1, self.config["per_channel"])
+                if group == 1
+                else grouped_transpose_scales(w, group)
             )
         else:
             cout = w.shape[0]
-            wq, wscale = self.quantize_weight(node, w, 0)
+            wq, wscale = quantize_weight(w, 0, self.config["per_channel"])
         bias = (
             self.constants[node.input[2]].astype(np.float64)
             if len(node.input) > 2 and node.input[2]
             else np.zeros(cout)
         )
         xp, yp = self.params[x], self.params[out]
-        bias = self.bias_correction(x, w, wq, wscale, bias, group, transpose)
+        bias = bias_correction(self.channel_mean(x), w, wq, wscale, bias, group, transpose)
         spatial = w.ndim - 2
         attrs = {
-            "strides": list(_attr(node, "strides", [1] * spatial)),
-            "pads": list(_attr(node, "pads", [0] * 2 * spatial)),
-            "dilations": list(_attr(node, "dilations", [1] * spatial)),
+            "strides": list(attr(node, "strides", [1] * spatial)),
+            "pads": list(attr(node, "pads", [0] * 2 * spatial)),
+            "dilations": list(attr(node, "dilations", [1] * spatial)),
             "group": group,
             "transpose": transpose,
-            "output_padding": list(_attr(node, "output_padding", [0] * spatial)),
-            "auto_pad": _attr(node, "auto_pad", "NOTSET"),
+            "output_padding": list(attr(node, "output_padding", [0] * spatial)),
+            "auto_pad": attr(node, "auto_pad", "NOTSET"),
         }
         self.mac_op("conv", node, x, out, wq, wscale, bias, xp, yp, activation, attrs)
-
-    def _grouped_transpose_scales(self, w: np.ndarray, group: int):
-        cin, cout_g = w.shape[0], w.shape[1]
-        per = w.reshape(group, cin // group, cout_g, *w.shape[2:])
-        absmax = np.max(np.abs(per), axis=tuple(i for i in range(per.ndim) if i not in (0, 2))).reshape(-1)
-        scale = np.where(absmax > 0, absmax / 127.0, 1.0)
-        q = np.clip(np.rint(per / scale.reshape(group, 1, cout_g, *([1] * (w.ndim - 2)))), -127, 127)
-        return q.reshape(w.shape).astype(np.int8), scale
-
-    def bias_correction(self, x, w, wq, wscale, bias, group, transpose):
-        mean = self.stats_arrays.get(f"{x}/channel_mean")
-        if not self.config["bias_correction"] or mean is None:
-            return bias
-        if transpose:
-            if group != 1:
-                return bias
-            shape = [1] * w.ndim
-            shape[1] = -1
-            delta = wq.astype(np.float64) * wscale.reshape(shape) - w  # [Cin, Cout, k...]
-            per_pair = delta.reshape(delta.shape[0], delta.shape[1], -1).sum(axis=2)
-            return bias - vector_matrix(mean, per_pair)
-        shape = [-1] + [1] * (w.ndim - 1)
-        delta = wq.astype(np.float64) * wscale.reshape(shape) - w  # [Cout, Cin/g, k...]
-        cout, cin_g = w.shape[0], w.shape[1]
-        per_out_group = cout // group
-        means = mean.astype(np.float64).reshape(group, cin_g)
-        correction = np.empty(cout)
-        for o in range(cout):
-            correction[o] = np.sum(delta[o].reshape(cin_g, -1).sum(axis=1) * means[o // per_out_group])
-        return bias - correction
 
     def mac_op(self, kind, node, x, out, wq, wscale, bias, xp, yp, activation, attrs) -> None:
         prog = self.program
@@ -445,15 +235,15 @@ class Builder:
     def matmul(self, node: onnx.NodeProto, activation: onnx.NodeProto | None) -> None:
         x, out = node.input[0], (activation or node).output[0]
         w = self.constants[node.input[1]]
-        if node.op_type == "Gemm" and _attr(node, "transB", 0):
+        if node.op_type == "Gemm" and attr(node, "transB", 0):
             w = w.T
-        wq, wscale = self.quantize_weight(node, w, 1)
+        wq, wscale = quantize_weight(w, 1, self.config["per_channel"])
         n = w.shape[1]
         bias = np.zeros(n)
         if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]:
             bias = np.broadcast_to(self.constants[node.input[2]].astype(np.float64), (n,)).copy()
-        mean = self.stats_arrays.get(f"{x}/channel_mean")
-        if self.config["bias_correction"] and mean is not None and mean.shape == (w.shape[0],):
+        mean = self.channel_mean(x)
+        if mean is not None and mean.shape == (w.shape[0],):
             delta = wq.astype(np.float64) * wscale.reshape(1, -1) - w
             bias = bias - vector_matrix(mean, delta)
         self.mac_op(
@@ -463,7 +253,7 @@ class Builder:
     def operand(self, name: str, bits: int) -> tuple[str, TensorParams, str | None]:
         """A data tensor, or a constant quantized to its own grid (returned as an array key)."""
         if name in self.constants:
-            params, q = self.constant_params(self.constants[name].astype(np.float64), bits)
+            params, q = constant_params(self.constants[name].astype(np.float64), bits)
             key = self.program.add_array(f"const/{len(self.program.ops)}/{name}", q)
             return name, params, key
         return name, self.params[name], None
@@ -535,7 +325,7 @@ class Builder:
                 "inputs": [o[0] for o in operands],
                 "outputs": [out],
                 "attrs": {
-                    "axis": int(_attr(node, "axis")),
+                    "axis": int(attr(node, "axis")),
                     "rescale": [self.rescale_attrs(p, yp) for _, p, _ in operands],
                 },
                 "constants": {name: key for name, _, key in operands if key},
@@ -551,11 +341,11 @@ class Builder:
         x, out = node.input[0], node.output[0]
         xp, yp = self.params[x], self.params[out]
         attrs = {
-            "kernel_shape": list(_attr(node, "kernel_shape")),
-            "strides": list(_attr(node, "strides", [1] * len(_attr(node, "kernel_shape")))),
-            "pads": list(_attr(node, "pads", [0] * 2 * len(_attr(node, "kernel_shape")))),
-            "ceil_mode": int(_attr(node, "ceil_mode", 0)),
-            "count_include_pad": int(_attr(node, "count_include_pad", 0)),
+            "kernel_shape": list(attr(node, "kernel_shape")),
+            "strides": list(attr(node, "strides", [1] * len(attr(node, "kernel_shape")))),
+            "pads": list(attr(node, "pads", [0] * 2 * len(attr(node, "kernel_shape")))),
+            "ceil_mode": int(attr(node, "ceil_mode", 0)),
+            "count_include_pad": int(attr(node, "count_include_pad", 0)),
         }
         counts = pool_counts(self.shapes[x][2:], attrs)
         pairs = [quantize_multiplier(xp.scale / (yp.scale * c)) for c in counts.reshape(-1)]
@@ -606,10 +396,10 @@ class Builder:
                 "outputs": [out],
                 "attrs": {
                     "out_shape": self.shapes[out],
-                    "coordinate_transformation_mode": _attr(
+                    "coordinate_transformation_mode": attr(
                         node, "coordinate_transformation_mode", "half_pixel"
                     ),
-                    "nearest_mode": _attr(node, "nearest_mode", "round_prefer_floor"),
+                    "nearest_mode": attr(node, "nearest_mode", "round_prefer_floor"),
                 },
             }
         )

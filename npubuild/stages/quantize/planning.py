@@ -1,0 +1,241 @@
+"""Planning the integer model: which nodes become integer ops, which stay float and why, which
+activations fold into the MAC before them, and every tensor's quantization parameters. The plan is
+data (`QuantPlan`): the encoder (`encoding.py`) turns it into ops and arrays, and the precision
+search reads it directly, many times over one model, without encoding any weight."""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+
+import onnx
+from onnx import helper, numpy_helper
+
+from npubuild.intmodel.ops import LUT_OPS, MAC_OPS, MOVE_OPS
+from npubuild.stages.quantize import ranges
+from npubuild.targets.support import integer_blocker
+
+
+@dataclass
+class TensorParams:
+    scale: float
+    zero_point: int
+    bits: int
+
+    def as_dict(self) -> dict:
+        return {"scale": self.scale, "zero_point": self.zero_point, "bits": self.bits}
+
+
+@dataclass
+class NodeChoice:
+    integer: bool
+    bits: int
+    method: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One entry of the program in order: `quantize` a tensor (`name`) a float op or the model
+    made; a `float` node (with its `reason`); an `integer` node (with its `choice` and the
+    Relu/Clip `activation` folded into it)."""
+
+    kind: str
+    name: str = ""
+    node: onnx.NodeProto | None = None
+    reason: str = ""
+    choice: NodeChoice | None = None
+    activation: onnx.NodeProto | None = None
+
+
+@dataclass
+class QuantPlan:
+    steps: list[Step] = field(default_factory=list)
+    params: dict[str, TensorParams] = field(default_factory=dict)
+    float_nodes: list[dict] = field(default_factory=list)
+    integer_nodes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def tensors(self) -> dict[str, dict]:
+        return {name: p.as_dict() for name, p in self.params.items()}
+
+
+@dataclass(frozen=True)
+class GraphInfo:
+    """What does not depend on the settings: shared by every plan of one model."""
+
+    constants: dict
+    shapes: dict[str, list[int]]
+    consumers: dict[str, list[onnx.NodeProto]]
+    outputs: frozenset[str]
+
+    @classmethod
+    def of(cls, graph: onnx.GraphProto) -> GraphInfo:
+        constants = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+        shapes = {}
+        for v in [*graph.input, *graph.value_info, *graph.output]:
+            shapes[v.name] = [d.dim_value for d in v.type.tensor_type.shape.dim]
+        consumers: dict[str, list[onnx.NodeProto]] = {}
+        for n in graph.node:
+            for i in n.input:
+                consumers.setdefault(i, []).append(n)
+        return cls(constants, shapes, consumers, frozenset(o.name for o in graph.output))
+
+
+def attr(node: onnx.NodeProto, name: str, default=None):
+    for a in node.attribute:
+        if a.name == name:
+            value = helper.get_attribute_value(a)
+            return value.decode() if isinstance(value, bytes) else value
+    return default
+
+
+def node_label(node: onnx.NodeProto) -> str:
+    return node.name or node.output[0]
+
+
+class Planner:
+    """Plans one model under one configuration; `range_cache` shares graph facts and every
+    (tensor, bits, method) range across planners of the same model and statistics."""
+
+    def __init__(
+        self, model: onnx.ModelProto, stats_meta: dict, stats_arrays: dict, config: dict, range_cache=None
+    ):
+        self.range_cache = range_cache if range_cache is not None else {}
+        self.model, self.graph, self.config = model, model.graph, config
+        self.stats_meta, self.stats_arrays = stats_meta, stats_arrays
+        if "__graph__" not in self.range_cache:
+            self.range_cache["__graph__"] = GraphInfo.of(self.graph)
+        self.info: GraphInfo = self.range_cache["__graph__"]
+        self.plan = QuantPlan()
+        self.matched_overrides: set[int] = set()
+
+    # choices ----------------------------------------------------------------------------------
+    def choose(self, node: onnx.NodeProto) -> NodeChoice:
+        cfg = self.config
+        choice = NodeChoice(True, cfg["activation_bits"], cfg["method"])
+        for i, override in enumerate(self.config.get("overrides", [])):
+            by_name = override.get("match") and fnmatch.fnmatchcase(node_label(node), override["match"])
+            by_type = override.get("op_type") and override["op_type"] == node.op_type
+            if not (by_name or by_type):
+                continue
+            self.matched_overrides.add(i)
+            if override.get("keep_float"):
+                return NodeChoice(False, 0, "", f"override #{i + 1} keeps it float")
+            if override.get("bits"):
+                choice.bits = override["bits"]
+            if override.get("method"):
+                choice.method = override["method"]
+        if (
+            cfg.get("float_output_activations")
+            and node.op_type in LUT_OPS
+            and any(o in self.info.outputs for o in node.output)
+        ):
+            return NodeChoice(
+                False, 0, "", "a network output's activation stays float (float_output_activations)"
+            )
+        reason = integer_blocker(node, lambda name, default: attr(node, name, default), self.info.constants)
+        if reason:
+            return NodeChoice(False, 0, "", reason)
+        return choice
+
+    # tensor parameters ------------------------------------------------------------------------
+    def from_stats(self, name: str, bits: int, method: str) -> TensorParams:
+        key = (name, bits, method)
+        if key not in self.range_cache:
+            self.range_cache[key] = self._from_stats(name, bits, method)
+        params, warnings = self.range_cache[key]
+        self.plan.warnings.extend(w for w in warnings if w not in self.plan.warnings)
+        return params
+
+    def _from_stats(self, name: str, bits: int, method: str) -> tuple[TensorParams, list[str]]:
+        warnings = []
+        meta = self.stats_meta.get(name)
+        if meta is None or meta["count"] == 0:
+            warnings.append(f"no calibration statistics for '{name}'; using range [-1, 1]")
+            lo, hi = -1.0, 1.0
+        else:
+            hist = self.stats_arrays[f"{name}/hist"]
+            lo, hi = ranges.METHOD_FUNCTIONS[method](
+                meta, hist, bits, self.config["symmetric_activations"], self.config["percentile"]
+            )
+            if meta.get("nonfinite"):
+                warnings.append(
+                    f"'{name}' had {meta['nonfinite']} NaN/Inf values in calibration; "
+                    "they were left out of its range"
+                )
+        scale, zp = ranges.quant_params(float(lo), float(hi), bits, self.config["symmetric_activations"])
+        return TensorParams(scale, zp, bits), warnings
+
+    def ensure_quantized(self, name: str, bits: int, method: str) -> None:
+        """An integer op reads `name`: give it parameters if a float op or the model made it."""
+        if name in self.plan.params:
+            return
+        self.plan.params[name] = self.from_stats(name, bits, method)
+        self.plan.steps.append(Step("quantize", name=name))
+
+    # the plan ---------------------------------------------------------------------------------
+    def build(self) -> QuantPlan:
+        plan, info = self.plan, self.info
+        choices = {id(n): self.choose(n) for n in self.graph.node}
+        fused: dict[int, onnx.NodeProto] = {}  # id(MAC) -> the Relu/Clip folded into it
+        for n in self.graph.node:
+            if n.op_type in MAC_OPS and choices[id(n)].integer:
+                users = info.consumers.get(n.output[0], [])
+                if (
+                    len(users) == 1
+                    and users[0].op_type in ("Relu", "Clip")
+                    and choices[id(users[0])].integer
+                    and n.output[0] not in info.outputs
+                ):
+                    fused[id(n)] = users[0]
+        skip = {id(a) for a in fused.values()}
+        for value in self.graph.input:
+            if value.name in info.constants:
+                continue
+            users = info.consumers.get(value.name, [])
+            if any(choices[id(u)].integer for u in users):
+                bits = max(choices[id(u)].bits for u in users if choices[id(u)].integer)
+                self.ensure_quantized(value.name, bits, self.config["method"])
+        for node in self.graph.node:
+            if id(node) in skip:
+                continue
+            choice = choices[id(node)]
+            if choice.integer:
+                self._integer(node, choice, fused.get(id(node)))
+                continue
+            plan.steps.append(Step("float", node=node, reason=choice.reason))
+            plan.float_nodes.append(
+                {"node": node_label(node), "op_type": node.op_type, "reason": choice.reason}
+            )
+            for out in node.output:
+                integer_users = [u for u in info.consumers.get(out, []) if choices[id(u)].integer]
+                if integer_users:
+                    bits = max(choices[id(u)].bits for u in integer_users)
+                    self.ensure_quantized(out, bits, self.config["method"])
+        for i, override in enumerate(self.config.get("overrides", [])):
+            if i not in self.matched_overrides:
+                what = override.get("match") or override.get("op_type")
+                plan.warnings.append(f"override #{i + 1} ('{what}') matches no node")
+        return plan
+
+    def _integer(self, node: onnx.NodeProto, choice: NodeChoice, activation: onnx.NodeProto | None) -> None:
+        """The parameters of an integer node's inputs and outputs: moves and clamps keep their
+        input's; a Resize too; the others get their own from the statistics."""
+        plan = self.plan
+        plan.integer_nodes.append(node_label(node))
+        for i in node.input:
+            if i and i not in self.info.constants:
+                self.ensure_quantized(i, choice.bits, choice.method)
+        out = (activation or node).output[0]
+        if node.op_type in MOVE_OPS:
+            for o in node.output:
+                if o:
+                    plan.params[o] = plan.params[node.input[0]]
+        elif node.op_type in ("Relu", "Clip"):
+            plan.params[out] = plan.params[node.input[0]]
+        else:
+            params = self.from_stats(out, choice.bits, choice.method)  # (its warnings, even for Resize)
+            plan.params[out] = plan.params[node.input[0]] if node.op_type == "Resize" else params
+        plan.steps.append(Step("integer", node=node, choice=choice, activation=activation))

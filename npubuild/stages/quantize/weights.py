@@ -1,0 +1,72 @@
+"""Weights and constants on the integer grid: symmetric int8 weights per output channel (or per
+tensor), bias correction of the error they bring, constant operands on a grid of their own.
+Shared by the encoder and the precision probe, which must quantize exactly alike."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from npubuild.intmodel.codes import qrange
+from npubuild.stages.quantize import ranges
+from npubuild.stages.quantize.planning import TensorParams
+from npubuild.stages.reductions import vector_matrix
+
+
+def quantize_weight(weight: np.ndarray, axis: int, per_channel: bool) -> tuple[np.ndarray, np.ndarray]:
+    """int8 codes in [-127, 127] and the scale of each slice along `axis` (one scale repeated
+    when not `per_channel`)."""
+    w = weight.astype(np.float64)
+    if per_channel:
+        reduce = tuple(i for i in range(w.ndim) if i != axis)
+        absmax = np.max(np.abs(w), axis=reduce)
+    else:
+        absmax = np.full(w.shape[axis], np.max(np.abs(w)))
+    scale = np.where(absmax > 0, absmax / 127.0, 1.0)
+    shape = [1] * w.ndim
+    shape[axis] = -1
+    q = np.clip(np.rint(w / scale.reshape(shape)), -127, 127).astype(np.int8)
+    return q, scale
+
+
+def grouped_transpose_scales(w: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
+    """A grouped ConvTranspose's weight [Cin, Cout/g, k...]: one scale per output channel of
+    every group."""
+    cin, cout_g = w.shape[0], w.shape[1]
+    per = w.reshape(group, cin // group, cout_g, *w.shape[2:])
+    absmax = np.max(np.abs(per), axis=tuple(i for i in range(per.ndim) if i not in (0, 2))).reshape(-1)
+    scale = np.where(absmax > 0, absmax / 127.0, 1.0)
+    q = np.clip(np.rint(per / scale.reshape(group, 1, cout_g, *([1] * (w.ndim - 2)))), -127, 127)
+    return q.reshape(w.shape).astype(np.int8), scale
+
+
+def bias_correction(mean, w, wq, wscale, bias, group: int, transpose: bool) -> np.ndarray:
+    """The bias minus the mean error the quantized weights add, given the input's per-channel
+    calibration mean (None: no correction)."""
+    if mean is None:
+        return bias
+    if transpose:
+        if group != 1:
+            return bias
+        shape = [1] * w.ndim
+        shape[1] = -1
+        delta = wq.astype(np.float64) * wscale.reshape(shape) - w  # [Cin, Cout, k...]
+        per_pair = delta.reshape(delta.shape[0], delta.shape[1], -1).sum(axis=2)
+        return bias - vector_matrix(mean, per_pair)
+    shape = [-1] + [1] * (w.ndim - 1)
+    delta = wq.astype(np.float64) * wscale.reshape(shape) - w  # [Cout, Cin/g, k...]
+    cout, cin_g = w.shape[0], w.shape[1]
+    per_out_group = cout // group
+    means = mean.astype(np.float64).reshape(group, cin_g)
+    correction = np.empty(cout)
+    for o in range(cout):
+        correction[o] = np.sum(delta[o].reshape(cin_g, -1).sum(axis=1) * means[o // per_out_group])
+    return bias - correction
+
+
+def constant_params(value: np.ndarray, bits: int) -> tuple[TensorParams, np.ndarray]:
+    """A constant operand on an asymmetric grid spanning its own range, and its codes."""
+    lo, hi = float(value.min()), float(value.max())
+    scale, zp = ranges.quant_params(lo, hi, bits, symmetric=False)
+    qmin, qmax = qrange(bits)
+    q = np.clip(np.rint(value / scale) + zp, qmin, qmax).astype(np.int32)
+    return TensorParams(scale, zp, bits), q
