@@ -6,7 +6,10 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
-from npubuild.stages.search import Search
+from npubuild.stages.quantize.search import strategies
+from npubuild.stages.quantize.search.costs import Costs
+from npubuild.stages.quantize.search.log import SearchLog
+from npubuild.stages.quantize.search.measure import Measurer
 
 NOISE = {"cheap_a": 1.0, "big": 0.5, "cheap_b": 0.9}  # error power each layer adds at int8
 WORK = {
@@ -42,30 +45,33 @@ class StubProbe:
     confirm = run
 
 
+def make_search(probe, units, goal, work, noise_ranking, exact=None) -> strategies.Search:
+    costs = Costs(probe, units, ["int8", "int16"], work, TARGET)
+    return strategies.Search(Measurer(probe, goal, exact), costs, SearchLog(costs, goal), goal, noise_ranking)
+
+
 def search(noise_ranking):
     goal = {"sqnr": 10 * math.log10(1 / 0.6)}  # at most 0.6 of noise may remain
-    s = Search(
-        StubProbe(), ["cheap_a", "big", "cheap_b"], goal, ["int8", "int16"], TARGET, WORK, noise_ranking
-    )
-    table, reached = s.run()
-    return s, table, reached
+    s = make_search(StubProbe(), ["cheap_a", "big", "cheap_b"], goal, WORK, noise_ranking)
+    outcome = strategies.run(s)
+    return s, outcome.table, outcome.reached
 
 
 def test_the_fill_skips_the_expensive_layer_a_prefix_must_take():
     s, table, reached = search(sorted(NOISE, key=lambda u: -NOISE[u]))
     assert reached
     assert table == {"cheap_a": "int16", "big": "int8", "cheap_b": "int16"}
-    assert any(step["action"].startswith("noisiest layers int16 within a budget") for step in s.path)
+    assert any(step["action"].startswith("noisiest layers int16 within a budget") for step in s.log.path)
 
 
 def test_the_fill_is_cheaper_than_the_smallest_prefix():
     s, _, _ = search(sorted(NOISE, key=lambda u: -NOISE[u]))
     base = {u: "int8" for u in NOISE}
-    prefix = s.smallest_prefix(base, "int16")
+    prefix = strategies.smallest_prefix(s, base, "int16", s.goal)
     assert prefix == {"cheap_a": "int16", "big": "int16", "cheap_b": "int16"}  # it has to go past "big"
-    filled = s.budget_fill(base, "int16", s.cost, s.cost(prefix))
+    filled = strategies.budget_fill(s, base, "int16", s.costs.cycles, s.costs.cycles(prefix), s.goal)
     assert filled == {"cheap_a": "int16", "big": "int8", "cheap_b": "int16"}
-    assert s.cost(filled) < s.cost(prefix)
+    assert s.costs.cycles(filled) < s.costs.cycles(prefix)
 
 
 class OptimisticProbe(StubProbe):
@@ -87,15 +93,31 @@ def test_the_answer_is_the_cheapest_table_the_integer_model_passes_where_the_pro
     work = {u: {"macs": 1_000_000 if u == "big" else 0, "elements": 64} for u in probe.NOISE}
     goal = {"sqnr": 10 * math.log10(1 / 0.6)}  # at most 0.6 of noise may remain
     order = sorted(probe.NOISE, key=lambda u: -probe.NOISE[u])
-    s = Search(probe, ["a", "b", "c", "big"], goal, ["int8", "int16"], TARGET, work, order)
-    s.exact = False  # the stub is instant; measure as on a large model (probe, then integer model)
-    table, reached = s.run()
+    # the stub is instant: measure as on a large model (probe, then integer model)
+    s = make_search(probe, ["a", "b", "c", "big"], goal, work, order, exact=False)
+    outcome = strategies.run(s)
+    table, reached = outcome.table, outcome.reached
     # by hand: the probe accepts {a, b, c} (0.5 remains) but the integer model sees 0.65; the only
     # tables it passes keep at most 0.6 / 1.3 = 0.46, and the cheapest of them is {a, b, big}
     assert reached
     assert table == {"a": "int16", "b": "int16", "c": "int8", "big": "int16"}
     assert probe.metrics(table, 1.3)["sqnr_db"] >= goal["sqnr"]
-    assert s.final == probe.metrics(table, 1.3)
+    assert outcome.metrics == probe.metrics(table, 1.3)
     assert {"a": "int16", "b": "int16", "c": "int16"} in probe.confirmed  # the probe's choice was checked
-    fills = [p for p in s.path if p["action"].startswith("noisiest layers")]
+    fills = [p for p in s.log.path if p["action"].startswith("noisiest layers")]
     assert fills and all(p["action"].endswith("(integer model)") for p in fills)
+
+
+def test_the_measurer_runs_each_table_once_and_keeps_what_the_integer_model_passed():
+    probe = OptimisticProbe()
+    goal = {"sqnr": 10 * math.log10(1 / 0.6)}
+    measurer = Measurer(probe, goal, exact=False)
+    table = {"a": "int16", "b": "int16", "c": "int8", "big": "int16"}
+    first = measurer.measure(table)
+    assert measurer.measure(dict(table)) == first and probe.runs == 1  # remembered by its promotions
+    assert measurer.golden_metrics(table) == probe.metrics(table, 1.3)
+    assert measurer.golden_metrics(table) and len(probe.confirmed) == 1
+    assert measurer.confirmed_tables == [table]  # 0.39 of noise remains on the integer model: passes
+    failing = {"a": "int16"}
+    measurer.golden_metrics(failing)
+    assert failing not in measurer.confirmed_tables

@@ -264,23 +264,13 @@ class Encoder:
         bits = yp.bits
         (a, ap, akey), (b, bp, bkey) = self.operand(node.input[0], bits), self.operand(node.input[1], bits)
         sign = -1 if node.op_type == "Sub" else 1
-        self.program.ops.append(
-            {
-                "kind": "add",
-                "op_type": node.op_type,
-                "node": node_label(node),
-                "inputs": [a, b],
-                "outputs": [out],
-                "attrs": {
-                    "ma": add_multiplier(ap.scale / yp.scale),
-                    "mb": sign * add_multiplier(bp.scale / yp.scale),
-                    "za": ap.zero_point,
-                    "zb": bp.zero_point,
-                },
-                "constants": {k: v for k, v in ((a, akey), (b, bkey)) if v},
-                "operand_params": [ap.as_dict(), bp.as_dict()],
-            }
-        )
+        attrs = {
+            "ma": add_multiplier(ap.scale / yp.scale),
+            "mb": sign * add_multiplier(bp.scale / yp.scale),
+            "za": ap.zero_point,
+            "zb": bp.zero_point,
+        }
+        self.binary_op("add", node, ((a, ap, akey), (b, bp, bkey)), attrs)
 
     def mul(self, node: onnx.NodeProto, activation=None) -> None:
         out = node.output[0]
@@ -295,14 +285,20 @@ class Encoder:
         m0, shift = quantize_multiplier(ap.scale * bp.scale / yp.scale)
         if mbits == 15:
             m0, shift = m0 >> 16, shift - 16
+        attrs = {"m0": m0, "shift": shift, "za": ap.zero_point, "zb": bp.zero_point, "mbits": mbits}
+        self.binary_op("mul", node, ((a, ap, akey), (b, bp, bkey)), attrs)
+
+    def binary_op(self, kind: str, node: onnx.NodeProto, operands, attrs: dict) -> None:
+        """An Add or Mul of two operands (name, parameters, constant array key or None)."""
+        (a, ap, akey), (b, bp, bkey) = operands
         self.program.ops.append(
             {
-                "kind": "mul",
+                "kind": kind,
                 "op_type": node.op_type,
                 "node": node_label(node),
                 "inputs": [a, b],
-                "outputs": [out],
-                "attrs": {"m0": m0, "shift": shift, "za": ap.zero_point, "zb": bp.zero_point, "mbits": mbits},
+                "outputs": [node.output[0]],
+                "attrs": attrs,
                 "constants": {k: v for k, v in ((a, akey), (b, bkey)) if v},
                 "operand_params": [ap.as_dict(), bp.as_dict()],
             }

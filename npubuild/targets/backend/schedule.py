@@ -69,6 +69,27 @@ def span(n: int, stride: int, k: int, d: int) -> int:
     return (n - 1) * stride + (k - 1) * d + 1
 
 
+def shrink(sram: SramPlan, sizes, extents: tuple[int, ...], order: tuple[int, ...], chunked=None, step=1):
+    """The tiling decision: halve the tile's extents until `sizes(*extents)` (constant bytes, tile
+    bytes[, scratch bytes]) fits the SRAM plan. While the constants alone overflow their slot, the
+    weight-chunk axis `chunked` goes first (in multiples of `step`: whole groups); then the axes in
+    `order`, each down to 1 (the chunk axis to `step`). DoesNotFit when nothing is left to halve."""
+    ext = list(extents)
+
+    def cut(axis: int) -> None:
+        ext[axis] = max(step, halve(ext[axis]) // step * step) if axis == chunked else halve(ext[axis])
+
+    while not sram.fits(*sizes(*ext)):
+        if chunked is not None and not sram.consts_fit(sizes(*ext)[0]) and ext[chunked] > step:
+            cut(chunked)
+            continue
+        axis = next((a for a in order if ext[a] > (step if a == chunked else 1)), None)
+        if axis is None:
+            raise DoesNotFit
+        cut(axis)
+    return ext
+
+
 def window(o0: int, o1: int, stride: int, k: int, d: int, pad: int, size: int) -> tuple[int, int, int, int]:
     """Input extent of output positions [o0, o1): (positions incl. padding, leading padding,
     positions inside the tensor, first position inside the tensor)."""
@@ -105,19 +126,8 @@ def conv(ctx: OpContext, op: dict, split: int, activation: dict | None = None) -
         tile = channels * span(rows, sh, kh, dh) * span(cols, sw, kw, dw) * xb + ocb * rows * cols * yb
         return fixed, tile
 
-    ocb, rows, cols = oc, oh, ow
     step = og if group > 1 else 1  # whole groups per chunk
-    while not ctx.sram.fits(*sizes(ocb, rows, cols)):
-        if not ctx.sram.consts_fit(sizes(ocb, rows, cols)[0]) and ocb > step:
-            ocb = max(step, halve(ocb) // step * step)
-        elif rows > 1:
-            rows = halve(rows)
-        elif ocb > step:
-            ocb = max(step, halve(ocb) // step * step)
-        elif cols > 1:
-            cols = halve(cols)
-        else:
-            raise DoesNotFit
+    ocb, rows, cols = shrink(ctx.sram, sizes, (oc, oh, ow), order=(1, 0, 2), chunked=0, step=step)
     rows = -(-rows // split)
     return OpSchedule((ocb, rows, cols), *sizes(ocb, rows, cols))
 
@@ -134,16 +144,7 @@ def conv_transpose(ctx: OpContext, op: dict, split: int) -> OpSchedule:
         worst = max(rows_of.count(r, min(r + rows, oh)) for r in range(0, oh, rows))
         return ocb * c * kh * kw + ocb * CHANNEL_PARAM_BYTES, c * worst * w * xb + ocb * rows * ow * yb
 
-    ocb, rows = oc, oh
-    while not ctx.sram.fits(*sizes(ocb, rows)):
-        if not ctx.sram.consts_fit(sizes(ocb, rows)[0]) and ocb > 1:
-            ocb = halve(ocb)
-        elif rows > 1:
-            rows = halve(rows)
-        elif ocb > 1:
-            ocb = halve(ocb)
-        else:
-            raise DoesNotFit
+    ocb, rows = shrink(ctx.sram, sizes, (oc, oh), order=(1, 0), chunked=0)
     rows = -(-rows // split)
     return OpSchedule((ocb, rows), *sizes(ocb, rows))
 
@@ -174,18 +175,13 @@ def matmul(ctx: OpContext, op: dict, split: int) -> OpSchedule:
     k, n = ctx.arrays[op["arrays"]["weight"]].shape
     m = int(np.prod(ctx.shapes[x], dtype=np.int64)) // k
     xb, yb = esize(ctx.bits(x)), esize(ctx.bits(y))
-    mb, nb = m, n
-    while not ctx.sram.fits(k * nb + nb * CHANNEL_PARAM_BYTES, mb * k * xb + mb * nb * yb):
-        if not ctx.sram.consts_fit(k * nb + nb * CHANNEL_PARAM_BYTES) and nb > 1:
-            nb = halve(nb)
-        elif mb > 1:
-            mb = halve(mb)
-        elif nb > 1:
-            nb = halve(nb)
-        else:
-            raise DoesNotFit
+
+    def sizes(mb, nb):
+        return k * nb + nb * CHANNEL_PARAM_BYTES, mb * k * xb + mb * nb * yb
+
+    mb, nb = shrink(ctx.sram, sizes, (m, n), order=(0, 1), chunked=1)
     mb = -(-mb // split)
-    return OpSchedule((mb, nb), k * nb + nb * CHANNEL_PARAM_BYTES, mb * k * xb + mb * nb * yb)
+    return OpSchedule((mb, nb), *sizes(mb, nb))
 
 
 def block(sram: SramPlan, shape4: list[int], need, split: int) -> list[int]:
@@ -269,17 +265,13 @@ def global_avgpool(ctx: OpContext, op: dict, split: int) -> OpSchedule:
     x = op["inputs"][0]
     _, c, h, w = ctx.shapes[x]
     xb = esize(ctx.bits(x))
-    cb, rows = c, h
-    while not ctx.sram.fits(0, cb * rows * w * xb, cb * 8 + cb * 2):
-        if rows > 1:
-            rows = halve(rows)
-        elif cb > 1:
-            cb = halve(cb)
-        else:
-            raise DoesNotFit
+
+    def sizes(cb, rows):  # scratch: an int64 accumulator and a 16-bit result per channel
+        return 0, cb * rows * w * xb, cb * 8 + cb * 2
+
+    cb, rows = shrink(ctx.sram, sizes, (c, h), order=(1, 0))
     rows = -(-rows // split)
-    # scratch: an int64 accumulator and a 16-bit result per channel
-    return OpSchedule((cb, rows), 0, cb * rows * w * xb, scratch=cb * 8 + cb * 2)
+    return OpSchedule((cb, rows), *sizes(cb, rows))
 
 
 def pool_geometry(op: dict, hw: list[int], maxpool: bool):
@@ -303,16 +295,7 @@ def pool(ctx: OpContext, op: dict, split: int, maxpool: bool = False) -> OpSched
         # an average pool also loads its per-position (M0, shift), 16 bytes each
         return 0, align(tile) + align(cb * rows * cols * yb) + (0 if maxpool else rows * cols * 16)
 
-    cb, rows, cols = c, oh, ow
-    while not ctx.sram.fits(*sizes(cb, rows, cols)):
-        if rows > 1:
-            rows = halve(rows)
-        elif cb > 1:
-            cb = halve(cb)
-        elif cols > 1:
-            cols = halve(cols)
-        else:
-            raise DoesNotFit
+    cb, rows, cols = shrink(ctx.sram, sizes, (c, oh, ow), order=(1, 0, 2))
     rows = -(-rows // split)
     return OpSchedule((cb, rows, cols), *sizes(cb, rows, cols))
 
@@ -343,14 +326,7 @@ def resize_nearest(ctx: OpContext, op: dict, split: int) -> OpSchedule:
         # the input rows the band reads, the output band, and the int32 row and column indices
         return 0, align(cb * worst * w * e) + align(cb * rows * ow * e) + (rows + ow) * 4
 
-    cb, rows = c, oh
-    while not ctx.sram.fits(*sizes(cb, rows)):
-        if rows > 1:
-            rows = halve(rows)
-        elif cb > 1:
-            cb = halve(cb)
-        else:
-            raise DoesNotFit
+    cb, rows = shrink(ctx.sram, sizes, (c, oh), order=(1, 0))
     rows = -(-rows // split)
     return OpSchedule((cb, rows), *sizes(cb, rows))
 
