@@ -35,7 +35,7 @@ def digests(tmp: Path) -> dict[str, str]:
     from conftest import CLS, make_small_ws
     from npubuild.cache.store import Store
     from npubuild.engine.run import build
-    from npubuild.intmodel import tensorfile
+    from npubuild.intmodel.interpreter import load_integer_model
     from npubuild.stages import fetch
     from npubuild.stages.onnx_utils import load_model
     from npubuild.targets.compile import compile_npub, plan_partition
@@ -58,7 +58,7 @@ def digests(tmp: Path) -> dict[str, str]:
                 found[f"{label} quantized.npq"] = _sha((out / "quantized.npq").read_bytes())
                 found[f"{label} quantized.qdq.onnx"] = _sha((out / "quantized.qdq.onnx").read_bytes())
                 model = load_model(out / "optimized.onnx", "the optimized model")
-                arrays, program = tensorfile.load(out / "quantized.npq")
+                program, arrays, _ = load_integer_model(out / "quantized.npq")
                 for target_name, target in sorted(BUILTIN_TARGETS.items()):
                     plan = plan_partition(program, arrays, model, target)
                     for group in (False, True):

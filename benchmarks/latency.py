@@ -26,7 +26,7 @@ MODELS = {"yolo": "YOLOv8n", "ocr_det": "PP-OCRv4 det", "ocr_cls": "PP-OCR cls"}
 def main() -> None:
     from npubuild.cache.store import Store
     from npubuild.engine.run import build
-    from npubuild.intmodel import tensorfile
+    from npubuild.intmodel.interpreter import load_integer_model
     from npubuild.stages.onnx_utils import load_model
     from npubuild.targets.compile import compile_npub, plan_partition
     from npubuild.targets.spec import BUILTIN_TARGETS
@@ -46,7 +46,7 @@ def main() -> None:
         for name, title in MODELS.items():
             out = ws / "npubuild-out" / "models" / name
             model = load_model(out / "optimized.onnx", "the optimized model")
-            arrays, program = tensorfile.load(out / "quantized.npq")
+            program, arrays, _ = load_integer_model(out / "quantized.npq")
             for target_name, target in BUILTIN_TARGETS.items():
                 plan = plan_partition(program, arrays, model, target)
                 _, _, flat = compile_npub(program, arrays, model, target, plan, group=False)

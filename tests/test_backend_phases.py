@@ -8,6 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from npubuild.intmodel.program import IntegerModel
 from npubuild.targets.backend.allocation import AllocationError, allocate, verify_allocation
 from npubuild.targets.backend.commands import ConstLoads, InConst, InTile, Step, Tile, const_load, load, store
 from npubuild.targets.backend.context import OpContext
@@ -32,7 +33,9 @@ def _chain(n: int, shape=(1, 8, 16, 16)) -> tuple[dict, dict, dict]:
         for a, b in zip(names, names[1:])
     ]
     tensors = {t: {"bits": 8, "zero_point": 0, "scale": 1.0} for t in names}
-    program = {"ops": ops, "tensors": tensors, "inputs": ["x"], "outputs": [names[-1]]}
+    program = IntegerModel.model_validate(
+        {"ops": ops, "tensors": tensors, "inputs": ["x"], "outputs": [names[-1]]}
+    )
     plan = {"subgraphs": [{"device": "npu", "ops": list(range(n))}]}
     return program, plan, {t: list(shape) for t in names}
 
@@ -88,12 +91,12 @@ def test_a_buffer_reused_after_its_tensor_died_is_no_overlap():
 
 
 def _ctx(program, shapes, sram_bytes: int, const_slot: int = 0) -> OpContext:
-    return OpContext(program["tensors"], shapes, {}, SramPlan(sram_bytes, const_slot))
+    return OpContext(program.tensors, shapes, {}, SramPlan(sram_bytes, const_slot))
 
 
 def test_schedule_shrinks_outer_axes_first_and_splits_for_pipelining():
     program, _, shapes = _chain(1, shape=(1, 8, 64, 64))
-    op = program["ops"][0]
+    op = program.ops[0]
     whole = schedule(_ctx(program, shapes, 1 << 20), op)
     assert whole.extents == (1, 8, 64, 64)  # 32 KiB in, 32 KiB out, twice: fits 1 MiB
     small = schedule(_ctx(program, shapes, 16 * 1024), op)
@@ -106,20 +109,37 @@ def test_schedule_shrinks_outer_axes_first_and_splits_for_pipelining():
 def test_an_op_that_cannot_be_tiled_does_not_fit():
     program, _, shapes = _chain(1)
     with pytest.raises(DoesNotFit):
-        schedule(_ctx(program, shapes, 128), program["ops"][0])  # not even one element, twice
+        schedule(_ctx(program, shapes, 128), program.ops[0])  # not even one element, twice
 
 
 def test_a_fused_activation_leaves_no_intermediate():
+    conv_attrs = {"strides": [1, 1], "pads": [0] * 4, "dilations": [1, 1], "group": 1, "transpose": False}
+    arrays = {"weight": "w", "bias": "b", "m0": "m", "shift": "s", "weight_scale": "ws"}
     ops = [
-        {"kind": "conv", "op_type": "Conv", "inputs": ["x"], "outputs": ["c"], "attrs": {"transpose": 0}},
-        {"kind": "lut", "op_type": "Sigmoid", "inputs": ["c"], "outputs": ["y"], "attrs": {}},
+        {
+            "kind": "conv",
+            "inputs": ["x"],
+            "outputs": ["c"],
+            "attrs": {**conv_attrs, "min": -128, "max": 127, "mbits": 31},
+            "arrays": arrays,
+        },
+        {
+            "kind": "lut",
+            "inputs": ["c"],
+            "outputs": ["y"],
+            "attrs": {"offset": 128},
+            "arrays": {"table": "t"},
+        },
     ]
-    tensors = {t: {"bits": 8, "zero_point": 0} for t in "xcy"}
-    program = {"ops": ops, "tensors": tensors, "inputs": ["x"], "outputs": ["y"]}
+    tensors = {t: {"bits": 8, "zero_point": 0, "scale": 1.0} for t in "xcy"}
+    program = IntegerModel.model_validate({"ops": ops, "tensors": tensors, "inputs": ["x"], "outputs": ["y"]})
     fusion = fuse(program, {"subgraphs": [{"device": "npu", "ops": [0, 1]}]})
     assert fusion.activation == {0: 1} and fusion.fused_away == {"c"} and fusion.absorbed == {1}
     apart = fuse(program, {"subgraphs": [{"device": "npu", "ops": [0]}, {"device": "npu", "ops": [1]}]})
     assert apart.activation == {}  # not across subgraphs
+
+
+CLAMP = _chain(1)[0].ops[0]
 
 
 def _tile(n: int = 64) -> Tile:
@@ -135,7 +155,7 @@ def _tile(n: int = 64) -> Tile:
 
 def test_lowering_alternates_buffers_and_chains_the_tokens():
     lowering = Lowering(SramPlan(1 << 16))
-    lowering.add_op({"kind": "clamp"}, [_tile() for _ in range(3)])
+    lowering.add_op(CLAMP, [_tile() for _ in range(3)])
     code, marks = lowering.finish()
     assert [i.op for i in code] == ["load", "clamp", "store"] * 3 + ["end"]
     assert marks[0][0] == 0
@@ -154,7 +174,7 @@ def test_constant_groups_alternate_slots_and_hoist_ahead():
     lowering = Lowering(SramPlan(1 << 16, const_slot=4096))
     group = ConstLoads([const_load(0, 0, 64), const_load(64, 64, 64)])
     with_table = [group, _tile(), ConstLoads([const_load(0, 128, 64)]), _tile()]
-    lowering.add_op({"kind": "conv"}, with_table)
+    lowering.add_op(CLAMP, with_table)
     code, marks = lowering.finish()
     consts = [i for i in code if i.op == "load" and i.args["sram"] not in (1000, 2000)]  # not tile loads
     # the first group goes to slot 0 (token 0), the second to slot 1 (token 7); only a group's

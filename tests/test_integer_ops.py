@@ -7,6 +7,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from pydantic import TypeAdapter
 
 from npubuild.intmodel.codes import quantize_float
 from npubuild.intmodel.fixedpoint import (
@@ -17,6 +18,7 @@ from npubuild.intmodel.fixedpoint import (
     rounding_shift,
 )
 from npubuild.intmodel.interpreter import Interpreter
+from npubuild.intmodel.program import IntegerModel, Op, TensorQuant
 
 RNG = np.random.default_rng(11)
 
@@ -46,8 +48,13 @@ def test_rounding_shift_ties():
     assert rounding_shift(np.array([5, -5, 6, -6, 7, -7, 4]), 1).tolist() == [3, -3, 3, -3, 4, -4, 2]
 
 
-def op_program(ops, tensors, outputs):
-    return {"ops": ops, "tensors": tensors, "outputs": outputs}
+def op_program(ops, tensors, outputs) -> IntegerModel:
+    return IntegerModel.model_validate({"ops": ops, "tensors": tensors, "outputs": outputs})
+
+
+def as_op(record: dict):
+    """An op record as the integer model types it (what the interpreter reads)."""
+    return TypeAdapter(Op).validate_python(record)
 
 
 def t(scale, zp, bits=8):
@@ -74,14 +81,15 @@ def test_conv_with_padding_bias_requant_and_relu_clamp():
             "transpose": False,
             "output_padding": [0, 0],
             "auto_pad": "NOTSET",
+            "mbits": 31,
             "min": zy,
             "max": 127,
         },
-        "arrays": {"weight": "w", "bias": "b", "m0": "m0", "shift": "s"},
+        "arrays": {"weight": "w", "bias": "b", "m0": "m0", "shift": "s", "weight_scale": "ws"},
     }
     program = op_program([op], {"x": t(0.1, zx), "y": t(0.2, zy)}, ["y"])
     env = {"x": x}
-    Interpreter(program, arrays)._conv(op, env)
+    Interpreter(program, arrays)._conv(as_op(op), env)
     expected = np.zeros((1, 3, 4, 4), np.int64)
     for o in range(3):
         for i in range(4):
@@ -120,13 +128,14 @@ def test_depthwise_conv_with_stride():
             "transpose": False,
             "output_padding": [0, 0],
             "auto_pad": "NOTSET",
+            "mbits": 31,
             "min": -128,
             "max": 127,
         },
-        "arrays": {"weight": "w", "bias": "b", "m0": "m0", "shift": "s"},
+        "arrays": {"weight": "w", "bias": "b", "m0": "m0", "shift": "s", "weight_scale": "ws"},
     }
     env = {"x": x}
-    Interpreter(op_program([op], {"x": t(1, 0), "y": t(1, 0)}, ["y"]), arrays)._conv(op, env)
+    Interpreter(op_program([op], {"x": t(1, 0), "y": t(1, 0)}, ["y"]), arrays)._conv(as_op(op), env)
     for c in range(3):
         for i in range(2):
             for j in range(2):
@@ -161,13 +170,14 @@ def test_conv_transpose_stride_2_scatters_each_tap():
             "transpose": True,
             "output_padding": [0, 0],
             "auto_pad": "NOTSET",
+            "mbits": 31,
             "min": -128,
             "max": 127,
         },
-        "arrays": {"weight": "w", "bias": "b", "m0": "m0", "shift": "s"},
+        "arrays": {"weight": "w", "bias": "b", "m0": "m0", "shift": "s", "weight_scale": "ws"},
     }
     env = {"x": x}
-    Interpreter(op_program([op], {"x": t(1, 2), "y": t(1, 0)}, ["y"]), arrays)._conv(op, env)
+    Interpreter(op_program([op], {"x": t(1, 2), "y": t(1, 0)}, ["y"]), arrays)._conv(as_op(op), env)
     assert env["y"].shape == (1, 2, 6, 6)
     for o in range(2):
         for i in range(6):
@@ -195,7 +205,7 @@ def test_add_sub_with_broadcast_on_the_fixed_point_grid():
             },
         }
         env = {"a": a, "b": b}
-        Interpreter(op_program([op], {"y": t(so, zo)}, ["y"]), {})._add(op, env)
+        Interpreter(op_program([op], {"y": t(so, zo)}, ["y"]), {})._add(as_op(op), env)
         bb = np.broadcast_to(b, a.shape)
         for idx in np.ndindex(a.shape):
             num = (int(a[idx]) - za) * add_multiplier(sa / so) + sign * (int(bb[idx]) - zb) * add_multiplier(
@@ -213,7 +223,7 @@ def test_mul_and_lut_and_clamp():
         "kind": "mul",
         "inputs": ["a", "b"],
         "outputs": ["y"],
-        "attrs": {"m0": m0, "shift": shift, "za": 1, "zb": -1},
+        "attrs": {"m0": m0, "shift": shift, "za": 1, "zb": -1, "mbits": 31},
     }
     table = np.arange(256, dtype=np.int32)[::-1] - 128
     lut = {
@@ -228,9 +238,9 @@ def test_mul_and_lut_and_clamp():
     interp = Interpreter(
         op_program([mul, lut, clamp], {"y": t(1, 4), "z": t(1, 0), "c": t(1, 0)}, ["c"]), {"t": table}
     )
-    interp._mul(mul, env)
-    interp._lut(lut, env)
-    interp._clamp(clamp, env)
+    interp._mul(as_op(mul), env)
+    interp._lut(as_op(lut), env)
+    interp._clamp(as_op(clamp), env)
     for idx in np.ndindex(a.shape):
         y = min(
             max(
@@ -255,11 +265,16 @@ def test_maxpool_pads_with_the_lowest_code_and_global_average():
         "attrs": {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [0, 0, 1, 1]},
     }
     m0, shift = quantize_multiplier(1 / 9)
-    gap = {"kind": "global_avgpool", "inputs": ["x"], "outputs": ["g"], "attrs": {"m0": m0, "shift": shift}}
+    gap = {
+        "kind": "global_avgpool",
+        "inputs": ["x"],
+        "outputs": ["g"],
+        "attrs": {"m0": m0, "shift": shift, "mbits": 31},
+    }
     env = {"x": x}
     interp = Interpreter(op_program([pool, gap], {"x": t(1, 6), "p": t(1, 6), "g": t(1, -1)}, ["p"]), {})
-    interp._move(pool, env)
-    interp._global_avgpool(gap, env)
+    interp._move(as_op(pool), env)
+    interp._global_avgpool(as_op(gap), env)
     for c in range(2):
         for i in range(2):
             for j in range(2):
@@ -281,7 +296,10 @@ def test_concat_rescales_inputs_and_resize_repeats_nearest():
         "outputs": ["c"],
         "attrs": {
             "axis": 1,
-            "rescale": [{"same": True}, {"same": False, "m0": m0, "shift": shift, "zin": 4}],
+            "rescale": [
+                {"same": True, "m0": 0, "shift": 0, "zin": 0},
+                {"same": False, "m0": m0, "shift": shift, "zin": 4},
+            ],
         },
     }
     resize = {
@@ -296,8 +314,8 @@ def test_concat_rescales_inputs_and_resize_repeats_nearest():
     }
     env = {"a": a, "b": b}
     interp = Interpreter(op_program([concat, resize], {"c": t(1, 1), "r": t(1, 1)}, ["r"]), {})
-    interp._concat(concat, env)
-    interp._resize_nearest(resize, env)
+    interp._concat(as_op(concat), env)
+    interp._resize_nearest(as_op(resize), env)
     assert env["c"][0, 0].tolist() == a[0, 0].tolist()
     for idx in np.ndindex(2, 2):
         assert env["c"][0, 1][idx] == min(
@@ -328,4 +346,7 @@ def test_quantize_float_matches_onnx_quantizelinear():
     model.ir_version = 8
     onnx.checker.check_model(model)
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    assert quantize_float(x, t(0.05, 3)).tolist() == sess.run(None, {"x": x})[0].astype(np.int32).tolist()
+    assert (
+        quantize_float(x, TensorQuant(**t(0.05, 3))).tolist()
+        == sess.run(None, {"x": x})[0].astype(np.int32).tolist()
+    )

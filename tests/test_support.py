@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from npubuild.intmodel.program import IntegerModel
 from npubuild.targets.spec import BUILTIN_TARGETS
 from npubuild.targets.support import INTEGER_FORM, NPU, OpView, integer_blocker, npu_blocker
 
@@ -43,18 +44,34 @@ def test_integer_form(op_type, inputs, constants, attrs, reason):
     assert integer_blocker(node, attr, constants) == reason
 
 
-def _conv(batch: int, bits: int = 8) -> tuple[dict, dict, dict]:
+def _program(ops: list[dict], bits: dict[str, int]) -> IntegerModel:
+    tensors = {n: {"scale": 0.1, "zero_point": 0, "bits": b} for n, b in bits.items()}
+    return IntegerModel.model_validate({"ops": ops, "tensors": tensors, "outputs": ["y"]})
+
+
+CONV_ATTRS = {
+    "strides": [1, 1],
+    "pads": [1, 1, 1, 1],
+    "dilations": [1, 1],
+    "group": 1,
+    "min": -128,
+    "max": 127,
+}
+MAC_ARRAYS = {"weight": "w", "bias": "b", "m0": "m", "shift": "s", "weight_scale": "ws"}
+
+
+def _conv(batch: int, bits: int = 8):
     op = {
         "kind": "conv",
         "op_type": "Conv",
-        "inputs": ["x", "w"],
+        "inputs": ["x"],
         "outputs": ["y"],
-        "constants": {"w": "w"},
-        "attrs": {"transpose": False, "group": 1},
+        "attrs": {**CONV_ATTRS, "mbits": 31 if bits == 8 else 15, "transpose": False},
+        "arrays": MAC_ARRAYS,
     }
-    program = {"tensors": {"x": {"bits": bits}, "y": {"bits": 8}}}
+    program = _program([op], {"x": bits, "y": 8})
     shapes = {"x": [batch, 3, 8, 8], "y": [batch, 4, 8, 8], "w": [4, 3, 3, 3]}
-    return op, program, shapes
+    return program.ops[0], program, shapes
 
 
 def test_npu_constraints():
@@ -68,12 +85,19 @@ def test_npu_constraints():
     op, program, shapes = _conv(1)
     reason = npu_blocker(OpView(op, program, {}, shapes, SMALL, fits=lambda _: False))
     assert reason == "does not fit vnpu-s's 256 KiB SRAM even in the smallest tile"
-    resize = {"kind": "resize_nearest", "op_type": "Resize", "inputs": ["x"], "outputs": ["y"]}
-    program = {"tensors": {"x": {"bits": 8}, "y": {"bits": 8}}}
+    resize = {
+        "kind": "resize_nearest",
+        "op_type": "Resize",
+        "inputs": ["x"],
+        "outputs": ["y"],
+        "attrs": {"out_shape": [1, 3, 8, 8]},
+    }
+    floating = {"kind": "float", "op_type": "Softmax", "inputs": ["x"], "outputs": ["y"], "proto": "p"}
+    program = _program([resize, floating], {"x": 8, "y": 8})
+    resize, floating = program.ops
     shapes = {"x": [1, 3, 4, 4], "y": [1, 3, 8, 8]}
     assert npu_blocker(OpView(resize, program, {}, shapes, SMALL)) == "vnpu-s does not support Resize"
     assert npu_blocker(OpView(resize, program, {}, shapes, MEDIUM)) is None
-    floating = {"kind": "float", "op_type": "Softmax", "inputs": ["x"], "outputs": ["y"]}
     assert (
         npu_blocker(OpView(floating, program, {}, shapes, MEDIUM))
         == "Softmax has no integer form (it stays float)"

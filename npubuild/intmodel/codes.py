@@ -5,20 +5,22 @@ from __future__ import annotations
 
 import numpy as np
 
+from npubuild.intmodel.program import TensorQuant
+
 
 def qrange(bits: int) -> tuple[int, int]:
     return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
 
 
-def quantize_float(x: np.ndarray, t: dict) -> np.ndarray:
+def quantize_float(x: np.ndarray, t: TensorQuant) -> np.ndarray:
     """ONNX QuantizeLinear: x / scale in float32, round half to even, add zero point, saturate."""
-    qmin, qmax = qrange(t["bits"])
-    scaled = np.asarray(x, np.float32) / np.float32(t["scale"])
-    return np.clip(np.rint(scaled).astype(np.int64) + t["zero_point"], qmin, qmax).astype(np.int32)
+    qmin, qmax = qrange(t.bits)
+    scaled = np.asarray(x, np.float32) / np.float32(t.scale)
+    return np.clip(np.rint(scaled).astype(np.int64) + t.zero_point, qmin, qmax).astype(np.int32)
 
 
-def dequantize(q: np.ndarray, t: dict) -> np.ndarray:
-    return ((q.astype(np.int64) - t["zero_point"]) * np.float64(t["scale"])).astype(np.float32)
+def dequantize(q: np.ndarray, t: TensorQuant) -> np.ndarray:
+    return ((q.astype(np.int64) - t.zero_point) * np.float64(t.scale)).astype(np.float32)
 
 
 def saturate(v: np.ndarray, bits: int) -> np.ndarray:

@@ -23,23 +23,24 @@ from npubuild.intmodel.kernels import (
     pool_pads,
     windows,
 )
+from npubuild.intmodel.program import IntegerModel, Op, maxpool_attrs, parse
 
 
 class Interpreter:
-    def __init__(self, program: dict, arrays: dict[str, np.ndarray], functions=(), opsets=None):
+    def __init__(self, program: IntegerModel, arrays: dict[str, np.ndarray], functions=(), opsets=None):
         self.program = program
         self.arrays = arrays
-        self.tensors = program["tensors"]
+        self.tensors = program.tensors
         self.functions = list(functions)
         self.opsets = opsets or {"": 13}
 
     def run(self, feeds: dict[str, np.ndarray], keep: bool = False) -> tuple[dict[str, np.ndarray], dict]:
         """Outputs (float) and, with keep=True, every tensor's value (int32 codes or float32)."""
         env: dict[str, np.ndarray] = {k: np.asarray(v, np.float32) for k, v in feeds.items()}
-        for op in self.program["ops"]:
-            getattr(self, f"_{op['kind']}")(op, env)
+        for op in self.program.ops:
+            getattr(self, f"_{op.kind}")(op, env)
         outputs = {}
-        for o in self.program["outputs"]:
+        for o in self.program.outputs:
             value = env[o]
             outputs[o] = (
                 dequantize(value, self.tensors[o]) if self._is_q(o) else np.asarray(value, np.float32)
@@ -49,138 +50,136 @@ class Interpreter:
     def _is_q(self, name: str) -> bool:
         return name in self.tensors
 
-    def _value(self, op: dict, name: str) -> np.ndarray:
-        consts = op.get("constants", {})
+    def _value(self, op: Op, name: str) -> np.ndarray:
+        consts = op.constants
         return self.arrays[consts[name]] if name in consts else self._env[name]
 
     # ops --------------------------------------------------------------------------------------
     def _quantize(self, op, env):
-        name = op["inputs"][0]
+        name = op.inputs[0]
         env[name] = quantize_float(env[name], self.tensors[name])
 
     def _float(self, op, env):
         from onnx.reference import ReferenceEvaluator
 
         node = onnx.NodeProto()
-        node.ParseFromString(self.arrays[op["proto"]].tobytes())
+        node.ParseFromString(self.arrays[op.proto].tobytes())
         feeds = {}
-        for i in op["inputs"]:
+        for i in op.inputs:
             if not i:
                 continue
-            if i in op["constants"]:
-                feeds[i] = self.arrays[op["constants"][i]]
+            if i in op.constants:
+                feeds[i] = self.arrays[op.constants[i]]
             elif self._is_q(i) and env[i].dtype == np.int32:
                 feeds[i] = dequantize(env[i], self.tensors[i])
             else:
                 feeds[i] = env[i]
         evaluator = ReferenceEvaluator(node, opsets=self.opsets, functions=self.functions or None)
-        for name, value in zip(op["outputs"], evaluator.run(None, feeds)):
+        for name, value in zip(op.outputs, evaluator.run(None, feeds)):
             if name:
                 env[name] = np.asarray(value)
 
     def _mac_finish(self, op, acc: np.ndarray, channel_axis: int) -> np.ndarray:
-        a = op["arrays"]
+        a = op.arrays
         shape = [1] * acc.ndim
         shape[channel_axis] = -1
-        acc = np.rint(acc).astype(np.int64) + self.arrays[a["bias"]].reshape(shape)
-        y = requantize(acc, self.arrays[a["m0"]].reshape(shape), self.arrays[a["shift"]].reshape(shape))
-        out = op["outputs"][0]
-        y = y + self.tensors[out]["zero_point"]
-        return np.clip(y, op["attrs"]["min"], op["attrs"]["max"]).astype(np.int32)
+        acc = np.rint(acc).astype(np.int64) + self.arrays[a.bias].reshape(shape)
+        y = requantize(acc, self.arrays[a.m0].reshape(shape), self.arrays[a.shift].reshape(shape))
+        out = op.outputs[0]
+        y = y + self.tensors[out].zero_point
+        return np.clip(y, op.attrs.min, op.attrs.max).astype(np.int32)
 
     def _conv(self, op, env):
-        x = op["inputs"][0]
-        xc = env[x].astype(np.float64) - self.tensors[x]["zero_point"]
-        w = self.arrays[op["arrays"]["weight"]]
-        attrs = op["attrs"]
-        acc = conv_transpose_accumulate(xc, w, attrs) if attrs["transpose"] else conv_accumulate(xc, w, attrs)
-        env[op["outputs"][0]] = self._mac_finish(op, acc, 1)
+        x = op.inputs[0]
+        xc = env[x].astype(np.float64) - self.tensors[x].zero_point
+        w = self.arrays[op.arrays.weight]
+        attrs = op.attrs
+        acc = conv_transpose_accumulate(xc, w, attrs) if attrs.transpose else conv_accumulate(xc, w, attrs)
+        env[op.outputs[0]] = self._mac_finish(op, acc, 1)
 
     def _matmul(self, op, env):
-        x = op["inputs"][0]
-        xc = env[x].astype(np.float64) - self.tensors[x]["zero_point"]
-        acc = xc @ self.arrays[op["arrays"]["weight"]].astype(np.float64)
-        env[op["outputs"][0]] = self._mac_finish(op, acc, acc.ndim - 1)
+        x = op.inputs[0]
+        xc = env[x].astype(np.float64) - self.tensors[x].zero_point
+        acc = xc @ self.arrays[op.arrays.weight].astype(np.float64)
+        env[op.outputs[0]] = self._mac_finish(op, acc, acc.ndim - 1)
 
     def _operands(self, op, env):
         self._env = env
-        return [self._value(op, n).astype(np.int64) for n in op["inputs"]]
+        return [self._value(op, n).astype(np.int64) for n in op.inputs]
 
     def _add(self, op, env):
         a, b = self._operands(op, env)
-        at = op["attrs"]
-        acc = (a - at["za"]) * at["ma"] + (b - at["zb"]) * at["mb"]
-        out = op["outputs"][0]
+        at = op.attrs
+        acc = (a - at.za) * at.ma + (b - at.zb) * at.mb
+        out = op.outputs[0]
         t = self.tensors[out]
-        env[out] = _saturate32(rounding_shift(acc, ADD_FRACTION_BITS) + t["zero_point"], t["bits"])
+        env[out] = _saturate32(rounding_shift(acc, ADD_FRACTION_BITS) + t.zero_point, t.bits)
 
     def _mul(self, op, env):
         a, b = self._operands(op, env)
-        at = op["attrs"]
-        out = op["outputs"][0]
+        at = op.attrs
+        out = op.outputs[0]
         t = self.tensors[out]
-        y = requantize((a - at["za"]) * (b - at["zb"]), at["m0"], at["shift"]) + t["zero_point"]
-        env[out] = _saturate32(y, t["bits"])
+        y = requantize((a - at.za) * (b - at.zb), at.m0, at.shift) + t.zero_point
+        env[out] = _saturate32(y, t.bits)
 
     def _concat(self, op, env):
         parts = self._operands(op, env)
-        out = op["outputs"][0]
+        out = op.outputs[0]
         t = self.tensors[out]
         scaled = []
-        for part, r in zip(parts, op["attrs"]["rescale"]):
-            if r["same"]:
+        for part, r in zip(parts, op.attrs.rescale):
+            if r.same:
                 scaled.append(part)
             else:
-                scaled.append(
-                    _saturate32(requantize(part - r["zin"], r["m0"], r["shift"]) + t["zero_point"], t["bits"])
-                )
-        env[out] = np.concatenate(scaled, axis=op["attrs"]["axis"]).astype(np.int32)
+                scaled.append(_saturate32(requantize(part - r.zin, r.m0, r.shift) + t.zero_point, t.bits))
+        env[out] = np.concatenate(scaled, axis=op.attrs.axis).astype(np.int32)
 
     def _global_avgpool(self, op, env):
-        x = op["inputs"][0]
-        xc = env[x].astype(np.int64) - self.tensors[x]["zero_point"]
+        x = op.inputs[0]
+        xc = env[x].astype(np.int64) - self.tensors[x].zero_point
         total = xc.sum(axis=tuple(range(2, xc.ndim)), keepdims=True)
-        out = op["outputs"][0]
+        out = op.outputs[0]
         t = self.tensors[out]
-        at = op["attrs"]
-        env[out] = _saturate32(requantize(total, at["m0"], at["shift"]) + t["zero_point"], t["bits"])
+        at = op.attrs
+        env[out] = _saturate32(requantize(total, at.m0, at.shift) + t.zero_point, t.bits)
 
     def _avgpool(self, op, env):
-        x = op["inputs"][0]
-        at = op["attrs"]
-        xc = env[x].astype(np.float64) - self.tensors[x]["zero_point"]
-        nd = len(at["kernel_shape"])
+        x = op.inputs[0]
+        at = op.attrs
+        xc = env[x].astype(np.float64) - self.tensors[x].zero_point
+        nd = len(at.kernel_shape)
         pads = pool_pads(xc.shape[2:], at)
-        win = windows(xc, at["kernel_shape"], at["strides"], [1] * nd, pads, 0.0)
+        win = windows(xc, at.kernel_shape, at.strides or [1] * nd, [1] * nd, pads, 0.0)
         total = np.rint(win.sum(axis=tuple(range(-nd, 0)))).astype(np.int64)
-        out = op["outputs"][0]
+        out = op.outputs[0]
         t = self.tensors[out]
-        y = requantize(total, self.arrays[op["arrays"]["m0"]], self.arrays[op["arrays"]["shift"]])
-        env[out] = _saturate32(y + t["zero_point"], t["bits"])
+        y = requantize(total, self.arrays[op.arrays.m0], self.arrays[op.arrays.shift])
+        env[out] = _saturate32(y + t.zero_point, t.bits)
 
     def _resize_nearest(self, op, env):
-        x = env[op["inputs"][0]]
+        x = env[op.inputs[0]]
         result = x
-        for axis, (size_in, size_out) in enumerate(zip(x.shape, op["attrs"]["out_shape"])):
+        for axis, (size_in, size_out) in enumerate(zip(x.shape, op.attrs.out_shape)):
             if size_in != size_out:
-                result = np.take(result, nearest_indices(size_in, size_out, op["attrs"]), axis=axis)
-        env[op["outputs"][0]] = result
+                result = np.take(result, nearest_indices(size_in, size_out, op.attrs), axis=axis)
+        env[op.outputs[0]] = result
 
     def _lut(self, op, env):
-        x = env[op["inputs"][0]]
-        table = self.arrays[op["arrays"]["table"]]
-        env[op["outputs"][0]] = table[x.astype(np.int64) + op["attrs"]["offset"]]
+        x = env[op.inputs[0]]
+        table = self.arrays[op.arrays.table]
+        env[op.outputs[0]] = table[x.astype(np.int64) + op.attrs.offset]
 
     def _clamp(self, op, env):
-        env[op["outputs"][0]] = np.clip(env[op["inputs"][0]], op["attrs"]["min"], op["attrs"]["max"])
+        env[op.outputs[0]] = np.clip(env[op.inputs[0]], op.attrs.min, op.attrs.max)
 
     def _move(self, op, env):
         self._env = env
-        x = env[op["inputs"][0]]
-        at = op["attrs"]
-        consts = [self.arrays[op["constants"][i]] if i in op["constants"] else None for i in op["inputs"][1:]]
-        kind = op["op_type"]
-        outs = op["outputs"]
+        x = env[op.inputs[0]]
+        at = op.attrs
+        consts = [self.arrays[op.constants[i]] if i in op.constants else None for i in op.inputs[1:]]
+        kind = op.op_type
+        outs = op.outputs
         if kind == "Reshape":
             shape = [int(s) for s in consts[0]]
             if not at.get("allowzero", 0):
@@ -223,13 +222,12 @@ class Interpreter:
             raise KeyError(kind)
 
     def _maxpool(self, x, op):
-        at = op["attrs"]
-        kernel = at["kernel_shape"]
+        attrs = maxpool_attrs(op)
+        kernel = attrs.kernel_shape
         nd = len(kernel)
-        attrs = {**at, "strides": at.get("strides") or [1] * nd}
         pads = pool_pads(x.shape[2:], attrs)
-        qmin = qrange(self.tensors[op["inputs"][0]]["bits"])[0]
-        win = windows(x, kernel, attrs["strides"], at.get("dilations") or [1] * nd, pads, qmin)
+        qmin = qrange(self.tensors[op.inputs[0]].bits)[0]
+        win = windows(x, kernel, attrs.strides, attrs.dilations, pads, qmin)
         return win.max(axis=tuple(range(-nd, 0))).astype(np.int32)
 
 
@@ -238,11 +236,12 @@ def _saturate32(v: np.ndarray, bits: int) -> np.ndarray:
     return saturate(v, bits).astype(np.int32)
 
 
-def load_integer_model(path: Path) -> tuple[dict, dict, Interpreter]:
-    arrays, program = tensorfile.load(path)
+def load_integer_model(path: Path) -> tuple[IntegerModel, dict, Interpreter]:
+    arrays, meta = tensorfile.load(path)
+    program = parse(meta, str(path))
     functions = []
-    for key in program["functions"]:
+    for key in program.functions:
         f = onnx.FunctionProto()
         f.ParseFromString(arrays[key].tobytes())
         functions.append(f)
-    return program, arrays, Interpreter(program, arrays, functions, {"": program["opset"], "npubuild": 1})
+    return program, arrays, Interpreter(program, arrays, functions, {"": program.opset, "npubuild": 1})

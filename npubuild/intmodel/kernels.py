@@ -8,15 +8,17 @@ import math
 
 import numpy as np
 
+from npubuild.intmodel.program import ConvGeometry, PoolAttrs, ResizeAttrs
 
-def conv_pads(attrs: dict, in_spatial, kernel) -> list[int]:
-    auto = attrs.get("auto_pad", "NOTSET")
+
+def conv_pads(attrs: ConvGeometry, in_spatial, kernel) -> list[int]:
+    auto = attrs.auto_pad
     if auto in ("NOTSET", "") or auto is None:
-        return list(attrs["pads"])
+        return list(attrs.pads)
     if auto == "VALID":
         return [0] * (2 * len(kernel))
     begins, ends = [], []
-    for size, k, s, d in zip(in_spatial, kernel, attrs["strides"], attrs["dilations"]):
+    for size, k, s, d in zip(in_spatial, kernel, attrs.strides, attrs.dilations):
         out = math.ceil(size / s)
         total = max((out - 1) * s + (k - 1) * d + 1 - size, 0)
         small, large = total // 2, total - total // 2
@@ -40,12 +42,12 @@ def windows(xc: np.ndarray, kernel, strides, dilations, pads, pad_value: float) 
     return view[index]
 
 
-def conv_accumulate(xc: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
+def conv_accumulate(xc: np.ndarray, w: np.ndarray, attrs: ConvGeometry) -> np.ndarray:
     """Exact integer convolution of zero-point-free inputs (float64 sums of integer products)."""
     kernel = list(w.shape[2:])
     pads = conv_pads(attrs, xc.shape[2:], kernel)
-    group = attrs["group"]
-    win = windows(xc, kernel, attrs["strides"], attrs["dilations"], pads, 0.0)  # [N, C, *o, *k]
+    group = attrs.group
+    win = windows(xc, kernel, attrs.strides, attrs.dilations, pads, 0.0)  # [N, C, *o, *k]
     n, c = xc.shape[:2]
     cout = w.shape[0]
     nd = len(kernel)
@@ -68,15 +70,15 @@ def conv_accumulate(xc: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
     return np.concatenate(outs, axis=1)
 
 
-def conv_transpose_accumulate(xc: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
+def conv_transpose_accumulate(xc: np.ndarray, w: np.ndarray, attrs: ConvGeometry) -> np.ndarray:
     """Exact integer transposed convolution (group 1 or grouped), by scattering kernel taps."""
-    group = attrs["group"]
+    group = attrs.group
     n, c = xc.shape[:2]
     kernel = list(w.shape[2:])
     nd = len(kernel)
-    strides, dil = attrs["strides"], attrs["dilations"]
-    pads = attrs["pads"] if attrs.get("pads") else [0] * 2 * nd
-    out_pad = attrs.get("output_padding") or [0] * nd
+    strides, dil = attrs.strides, attrs.dilations
+    pads = attrs.pads if attrs.pads else [0] * 2 * nd
+    out_pad = attrs.output_padding or [0] * nd
     cg, og = c // group, w.shape[1]
     in_sp = xc.shape[2:]
     full = [
@@ -97,13 +99,14 @@ def conv_transpose_accumulate(xc: np.ndarray, w: np.ndarray, attrs: dict) -> np.
     return out[crop]
 
 
-def pool_pads(spatial, attrs) -> list[int]:
+def pool_pads(spatial, attrs: PoolAttrs) -> list[int]:
     """Explicit pads plus what ceil_mode adds at the end of each axis."""
-    kernel, strides = attrs["kernel_shape"], attrs["strides"]
-    dilations = attrs.get("dilations") or [1] * len(kernel)
+    kernel = attrs.kernel_shape
     nd = len(kernel)
-    pads = list(attrs.get("pads") or [0] * 2 * nd)
-    if attrs.get("ceil_mode"):
+    strides = attrs.strides or [1] * nd
+    dilations = attrs.dilations or [1] * nd
+    pads = list(attrs.pads or [0] * 2 * nd)
+    if attrs.ceil_mode:
         for i in range(nd):
             size = spatial[i] + pads[i] + pads[i + nd]
             span = (kernel[i] - 1) * dilations[i] + 1
@@ -114,32 +117,33 @@ def pool_pads(spatial, attrs) -> list[int]:
     return pads
 
 
-def pool_counts(spatial, attrs) -> np.ndarray:
+def pool_counts(spatial, attrs: PoolAttrs) -> np.ndarray:
     """How many elements each average-pool window divides by (ONNX semantics)."""
-    kernel, nd = attrs["kernel_shape"], len(attrs["kernel_shape"])
+    kernel, nd = attrs.kernel_shape, len(attrs.kernel_shape)
+    strides = attrs.strides or [1] * nd
     pads = pool_pads(spatial, attrs)
     ones = np.ones((1, 1, *spatial))
-    if attrs.get("count_include_pad"):
-        explicit = list(attrs.get("pads") or [0] * 2 * nd)
+    if attrs.count_include_pad:
+        explicit = list(attrs.pads or [0] * 2 * nd)
         ones = np.pad(
             ones, [(0, 0), (0, 0)] + [(explicit[i], explicit[i + nd]) for i in range(nd)], constant_values=1
         )
         extra = [0] * nd + [p - e for p, e in zip(pads[nd:], explicit[nd:])]
-        win = windows(ones, kernel, attrs["strides"], [1] * nd, extra, 0.0)
+        win = windows(ones, kernel, strides, [1] * nd, extra, 0.0)
     else:
-        win = windows(ones, kernel, attrs["strides"], [1] * nd, pads, 0.0)
+        win = windows(ones, kernel, strides, [1] * nd, pads, 0.0)
     return win.sum(axis=tuple(range(-nd, 0)))[0, 0].astype(np.int64)
 
 
-def nearest_indices(size_in: int, size_out: int, attrs: dict) -> np.ndarray:
+def nearest_indices(size_in: int, size_out: int, attrs: ResizeAttrs) -> np.ndarray:
     """The source index of each output position of a nearest-neighbour Resize along one axis."""
     scale = size_out / size_in
     o = np.arange(size_out, dtype=np.float64)
-    if attrs["coordinate_transformation_mode"] == "asymmetric":
+    if attrs.coordinate_transformation_mode == "asymmetric":
         src = o / scale
     else:
         src = (o + 0.5) / scale - 0.5
-    mode = attrs["nearest_mode"]
+    mode = attrs.nearest_mode
     if mode == "floor":
         idx = np.floor(src)
     elif mode == "ceil":

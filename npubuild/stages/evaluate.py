@@ -28,10 +28,10 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     feeds = samples_for(model, tensors, params["samples"])
     # Layers to compare: every quantized tensor the float model also has (not its inputs).
     produced = {o for n in model.graph.node for o in n.output}
-    layer_names = [t for t in program["tensors"] if t in produced]
+    layer_names = [t for t in program.tensors if t in produced]
     probe = with_outputs(model, layer_names)
     # The QDQ model with every quantized tensor's integer codes (the QuantizeLinear outputs) exposed.
-    code_names = [f"{t}__q" for t in program["tensors"]]
+    code_names = [f"{t}__q" for t in program.tensors]
     qdq_probe = with_outputs(qdq, code_names)
     qdq_fetch = [o.name for o in qdq.graph.output] + code_names
     float_session, qdq_session = session(probe), session(qdq_probe)
@@ -48,15 +48,15 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
             agreement.update(reference[name], result[name])
             top1[name].update(reference[name], result[name])
         for name, agreement in layers.items():
-            agreement.update(reference[name], dequantize(env[name], program["tensors"][name]))
+            agreement.update(reference[name], dequantize(env[name], program.tensors[name]))
         qdq_out = dict(zip(qdq_fetch, qdq_session.run(qdq_fetch, feed)))
         if op_by_op.samples < OP_BY_OP_SAMPLES:
-            op_by_op.update(interpreter, program, {t: qdq_out[f"{t}__q"] for t in program["tensors"]})
-        for name in program["outputs"]:
-            t = program["tensors"].get(name)
+            op_by_op.update(interpreter, program, {t: qdq_out[f"{t}__q"] for t in program.tensors})
+        for name in program.outputs:
+            t = program.tensors.get(name)
             if t is None:
                 continue
-            codes = np.rint(qdq_out[name].astype(np.float64) / t["scale"]) + t["zero_point"]
+            codes = np.rint(qdq_out[name].astype(np.float64) / t.scale) + t.zero_point
             diff = np.abs(codes - env[name])
             within += int((diff <= 1).sum())
             exact += int((diff == 0).sum())
@@ -70,7 +70,7 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
                 "tensor": name,
                 "node": node.name or name,
                 "op_type": node.op_type,
-                "bits": program["tensors"][name]["bits"],
+                "bits": program.tensors[name].bits,
                 **agreement.result(),
             }
         )
@@ -80,7 +80,7 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
         "outputs": {name: {**a.result(), **top1[name].result()} for name, a in outputs.items()},
         "layers": layer_rows,
         "worst_layers": [r["tensor"] for r in worst],
-        "float_nodes": program["float_nodes"],
+        "float_nodes": [f.model_dump() for f in program.float_nodes],
         "golden_vs_qdq": {
             "op_by_op": op_by_op.result(),
             "end_to_end_outputs": {

@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from npubuild.intmodel.interpreter import Interpreter
+from npubuild.intmodel.program import IntegerModel
 from npubuild.stages.reductions import dot
 
 
@@ -77,15 +78,15 @@ class OpAgreement:
         self.samples = 0
         self.by_kind: dict[str, list[int]] = {}  # kind -> [elements, within 1 LSB, exact]
 
-    def update(self, interpreter: Interpreter, program: dict, codes: dict[str, np.ndarray]) -> None:
+    def update(self, interpreter: Interpreter, program: IntegerModel, codes: dict[str, np.ndarray]) -> None:
         self.samples += 1
-        for op in program["ops"]:
-            if op["kind"] in ("float", "quantize"):
+        for op in program.ops:
+            if op.kind in ("float", "quantize"):
                 continue
-            env = {i: codes[i].astype(np.int32) for i in op["inputs"] if i in codes}
-            getattr(interpreter, f"_{op['kind']}")(op, env)
-            counts = self.by_kind.setdefault(op["kind"], [0, 0, 0])
-            for out in op["outputs"]:
+            env = {i: codes[i].astype(np.int32) for i in op.inputs if i in codes}
+            getattr(interpreter, f"_{op.kind}")(op, env)
+            counts = self.by_kind.setdefault(op.kind, [0, 0, 0])
+            for out in op.outputs:
                 if out in codes:
                     diff = np.abs(env[out].astype(np.int64) - codes[out].astype(np.int64))
                     counts[0] += diff.size

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import onnx
 
+from npubuild.intmodel.program import IntegerModel
 from npubuild.targets.backend.allocation import allocate, verify_allocation
 from npubuild.targets.backend.context import ConstantPool, OpContext
 from npubuild.targets.backend.fusion import Fusion, fuse
@@ -36,16 +37,16 @@ def model_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
     return shapes
 
 
-def plan_partition(program: dict, arrays: dict, model: onnx.ModelProto, target: TargetSpec) -> dict:
+def plan_partition(program: IntegerModel, arrays: dict, model: onnx.ModelProto, target: TargetSpec) -> dict:
     """partition(), with every op the NPU supports asked whether some tiling of it fits this SRAM:
     one that does not goes to the CPU with that reason."""
     shapes = model_shapes(model)
-    ctx = OpContext(program["tensors"], shapes, arrays, SramPlan(target.sram_kib * 1024))
+    ctx = OpContext(program.tensors, shapes, arrays, SramPlan(target.sram_kib * 1024))
     return partition(program, arrays, shapes, target, lambda op: fits(ctx, op))
 
 
 def compile_npub(
-    program: dict,
+    program: IntegerModel,
     arrays: dict,
     model: onnx.ModelProto,
     target: TargetSpec,
@@ -84,7 +85,7 @@ def compile_npub(
 
 
 def _compile(
-    program: dict,
+    program: IntegerModel,
     arrays: dict,
     model: onnx.ModelProto,
     target: TargetSpec,
@@ -95,7 +96,7 @@ def _compile(
     const_share: float = 0.0,
 ) -> tuple[bytes, str, dict]:
     shapes = model_shapes(model)
-    ops = program["ops"]
+    ops = program.ops
     # fused intermediates never exist, so the every-op check compiles without fusion
     fusion = fuse(program, plan) if fused else Fusion()
     allocation = allocate(
@@ -105,7 +106,7 @@ def _compile(
     const_slot = int(const_share * allocation.tile_sram) // ALIGN * ALIGN
     sram = SramPlan(allocation.tile_sram, const_slot)
     consts = ConstantPool(base=allocation.tensor_area)
-    ctx = OpContext(program["tensors"], shapes, arrays, sram, allocation.addr, consts)
+    ctx = OpContext(program.tensors, shapes, arrays, sram, allocation.addr, consts)
     assembly = Assembly(program, arrays, shapes, target, plan, allocation)
     for k, sg in enumerate(plan["subgraphs"]):
         if sg["device"] == "npu":
@@ -115,7 +116,7 @@ def _compile(
             cpu = CpuSubgraph(model, program, arrays, k)
             for i in sg["ops"]:
                 cpu.add_op(ops[i], assembly.states)
-                for o in ops[i]["outputs"]:
+                for o in ops[i].outputs:
                     if o and o in cpu.current:
                         assembly.states[o] = cpu.current[o][1]
             assembly.add_cpu(k, cpu)

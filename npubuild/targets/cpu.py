@@ -13,6 +13,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from npubuild.intmodel.program import IntegerModel, Op
+
 Q_TYPES = {8: TensorProto.INT8, 16: TensorProto.INT16}
 
 
@@ -35,9 +37,9 @@ def _nodes_between(model: onnx.ModelProto, inputs: list[str], outputs: list[str]
 
 
 class CpuSubgraph:
-    def __init__(self, model: onnx.ModelProto, program: dict, arrays: dict, index: int):
+    def __init__(self, model: onnx.ModelProto, program: IntegerModel, arrays: dict, index: int):
         self.model, self.program, self.arrays = model, program, arrays
-        self.tensors = program["tensors"]
+        self.tensors = program.tensors
         self.prefix = f"cpu{index}::"
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: dict[str, onnx.TensorProto] = {}
@@ -53,15 +55,15 @@ class CpuSubgraph:
     def _qparams(self, name: str) -> tuple[str, str, str]:
         t = self.tensors[name]
         s, z = self._fresh(f"{name}.scale"), self._fresh(f"{name}.zp")
-        dtype = np.int8 if t["bits"] == 8 else np.int16
-        self.initializers[s] = numpy_helper.from_array(np.array(t["scale"], np.float32), s)
-        self.initializers[z] = numpy_helper.from_array(np.array(t["zero_point"], dtype), z)
-        return s, z, "" if t["bits"] == 8 else "com.microsoft"
+        dtype = np.int8 if t.bits == 8 else np.int16
+        self.initializers[s] = numpy_helper.from_array(np.array(t.scale, np.float32), s)
+        self.initializers[z] = numpy_helper.from_array(np.array(t.zero_point, dtype), z)
+        return s, z, "" if t.bits == 8 else "com.microsoft"
 
     def value(self, name: str, states: dict[str, str]) -> tuple[str, str]:
         if name not in self.current:
             state = states.get(name, "f")
-            dtype = Q_TYPES[self.tensors[name]["bits"]] if state == "q" else TensorProto.FLOAT
+            dtype = Q_TYPES[self.tensors[name].bits] if state == "q" else TensorProto.FLOAT
             value = self._fresh(name)
             self.inputs.append({"name": name, "value": value, "state": state, "dtype": int(dtype)})
             self.current[name] = (value, state)
@@ -82,24 +84,24 @@ class CpuSubgraph:
         self.nodes.append(helper.make_node("QuantizeLinear", [float_value, s, z], [out], domain=domain))
         self.current[name] = (out, "q")
 
-    def add_op(self, op: dict, states: dict[str, str]) -> None:
-        kind = op["kind"]
+    def add_op(self, op: Op, states: dict[str, str]) -> None:
+        kind = op.kind
         if kind == "quantize":
-            name = op["inputs"][0]
+            name = op.inputs[0]
             self.quantize(name, self.float_value(name, states))
             return
         if kind == "float":
             node = onnx.NodeProto()
-            node.ParseFromString(self.arrays[op["proto"]].tobytes())
+            node.ParseFromString(self.arrays[op.proto].tobytes())
             originals = [node]
-            consts = {i: self.arrays[k] for i, k in op.get("constants", {}).items()}
+            consts = {i: self.arrays[k] for i, k in op.constants.items()}
             quantize_outputs = False
         else:
-            data = [i for i in op["inputs"] if i and i not in op.get("constants", {})]
-            originals = _nodes_between(self.model, data, op["outputs"])
+            data = [i for i in op.inputs if i and i not in op.constants]
+            originals = _nodes_between(self.model, data, op.outputs)
             consts = {}
             quantize_outputs = True
-        data_inputs = {i for i in op["inputs"] if i and i not in op.get("constants", {})}
+        data_inputs = {i for i in op.inputs if i and i not in op.constants}
         rename: dict[str, str] = {}
         for n in originals:
             for i in n.input:
@@ -129,7 +131,7 @@ class CpuSubgraph:
             del copy.output[:]
             copy.output.extend(rename.get(o, o) if o else "" for o in n.output)
             self.nodes.append(copy)
-        for o in op["outputs"]:
+        for o in op.outputs:
             if not o:
                 continue
             if quantize_outputs and o in self.tensors:
@@ -138,7 +140,7 @@ class CpuSubgraph:
                 self.current[o] = (rename[o], "f")
 
     def _dtype(self, value: dict) -> int:
-        return Q_TYPES[self.tensors[value["name"]]["bits"]] if value["state"] == "q" else TensorProto.FLOAT
+        return Q_TYPES[self.tensors[value["name"]].bits] if value["state"] == "q" else TensorProto.FLOAT
 
     def build(self, needed: list[str]) -> tuple[bytes, list[dict], list[dict]]:
         outputs = [{"name": n, "value": self.current[n][0], "state": self.current[n][1]} for n in needed]

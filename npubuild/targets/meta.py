@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
+from npubuild.intmodel.program import TensorQuant
 from npubuild.targets.spec import TargetSpec
 
 MAX_ELEMENTS = 1 << 30  # of one tensor: the simulator and the runtime allocate what a shape says
@@ -25,10 +26,8 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class Quant(_Strict):
-    bits: Literal[8, 16]
-    scale: float
-    zero_point: int
+# A tensor's grid: the integer model's own type (scale > 0 and finite, 8 or 16 bits).
+Quant = TensorQuant
 
 
 class InputSpec(_Strict):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from npubuild.intmodel.program import IntegerModel, Op, TensorQuant
 from npubuild.targets import npub
 from npubuild.targets.backend.allocation import Allocation
 from npubuild.targets.backend.memory import SramPlan
@@ -21,7 +22,7 @@ class Assembly:
 
     def __init__(
         self,
-        program: dict,
+        program: IntegerModel,
         arrays: dict,
         shapes: dict,
         target: TargetSpec,
@@ -31,15 +32,15 @@ class Assembly:
         self.program, self.shapes, self.target, self.plan = program, shapes, target, plan
         self.allocation = allocation
         self.target_fields = target.model_dump()
-        ops = program["ops"]
+        ops = program.ops
         # which subgraph first needs each tensor, and in which state it is at each boundary
         position = {i: k for k, sg in enumerate(plan["subgraphs"]) for i in sg["ops"]}
         self.readers: dict[str, set[int]] = {}
         for i, op in enumerate(ops):
-            for n in op["inputs"]:
-                if n and n not in op.get("constants", {}):
+            for n in op.inputs:
+                if n and n not in op.constants:
                     self.readers.setdefault(n, set()).add(position[i])
-        self.states = {n: "f" for n in program["inputs"]}
+        self.states = {n: "f" for n in program.inputs}
         self.code = bytearray()
         self.cpu_blob = bytearray()
         self.subgraphs: list[dict] = []
@@ -47,30 +48,28 @@ class Assembly:
         self.cycles = self.macs = 0
         self.layers: list[dict] = []
         self.weight_bytes = {
-            op.get("node", ""): int(arrays[op["arrays"]["weight"]].size)
-            for op in ops
-            if op["kind"] in ("conv", "matmul")
+            op.node: int(arrays[op.arrays.weight].size) for op in ops if op.kind in ("conv", "matmul")
         }
 
     def _needed(self, k: int) -> list[str]:
         """What subgraph k produces that the network outputs or a later subgraph reads."""
-        ops = self.program["ops"]
-        produced = [o for i in self.plan["subgraphs"][k]["ops"] for o in ops[i]["outputs"] if o]
-        outputs = set(self.program["outputs"])
+        ops = self.program.ops
+        produced = [o for i in self.plan["subgraphs"][k]["ops"] for o in ops[i].outputs if o]
+        outputs = set(self.program.outputs)
         return sorted({n for n in produced if n in outputs or any(p > k for p in self.readers.get(n, ()))})
 
     def _names(self, k: int) -> list[str]:
-        ops = self.program["ops"]
-        return [ops[i].get("node", ops[i]["outputs"][0]) for i in self.plan["subgraphs"][k]["ops"]]
+        ops = self.program.ops
+        return [ops[i].label for i in self.plan["subgraphs"][k]["ops"]]
 
-    def add_npu(self, k: int, code: list[Instruction], marks: list[tuple[int, dict]]) -> None:
-        ops = self.program["ops"]
+    def add_npu(self, k: int, code: list[Instruction], marks: list[tuple[int, Op]]) -> None:
+        ops = self.program.ops
         indices = self.plan["subgraphs"][k]["ops"]
-        produced = {o for i in indices for o in ops[i]["outputs"] if o}
+        produced = {o for i in indices for o in ops[i].outputs if o}
         consumed = []
         for i in indices:
-            for n in ops[i]["inputs"]:
-                if n and n not in ops[i].get("constants", {}) and n not in consumed:
+            for n in ops[i].inputs:
+                if n and n not in ops[i].constants and n not in consumed:
                     consumed.append(n)
         inputs = [n for n in consumed if n not in produced or _read_before_write(indices, ops, n)]
         blob = encode(code)
@@ -82,7 +81,7 @@ class Assembly:
             "ops": self._names(k),
         }
         self.code += blob
-        entry["marks"] = [[at, op.get("node", op["outputs"][0]), op["kind"]] for at, op in marks]
+        entry["marks"] = [[at, op.label, op.kind] for at, op in marks]
         for instruction in code:
             engine = ENGINES[instruction.op]
             self.counts[engine] = self.counts.get(engine, 0) + 1
@@ -112,27 +111,27 @@ class Assembly:
         self.cpu_blob += blob
 
     def _io(self, name: str) -> dict:
-        t = self.program["tensors"][name]
+        t = self.program.tensors[name]
         return {
             "name": name,
             "dram": self.allocation.addr[name],
             "shape": self.shapes[name],
-            "bits": t["bits"],
+            "bits": t.bits,
         }
 
     def finish(self, constants: bytes, sram: SramPlan) -> tuple[bytes, str, dict]:
         program, shapes, target, allocation = self.program, self.shapes, self.target, self.allocation
         tensors = {
-            n: {**program["tensors"][n], "shape": shapes[n], "dram": allocation.addr[n]}
+            n: {**program.tensors[n].model_dump(), "shape": shapes[n], "dram": allocation.addr[n]}
             for n in sorted(allocation.addr)
             if n not in allocation.resident
         }
         meta = {
             "target": self.target_fields,
-            "inputs": [{"name": n, "shape": shapes[n]} for n in program["inputs"]],
+            "inputs": [{"name": n, "shape": shapes[n]} for n in program.inputs],
             "outputs": [
-                {"name": n, "shape": shapes.get(n, []), "quant": program["tensors"].get(n)}
-                for n in program["outputs"]
+                {"name": n, "shape": shapes.get(n, []), "quant": _quant(program.tensors.get(n))}
+                for n in program.outputs
             ],
             "tensors": tensors,
             "dram_size": allocation.tensor_area + len(constants),
@@ -148,9 +147,9 @@ class Assembly:
         )
         # compulsory traffic: every weight once, the network's inputs and outputs once (NPU side)
         io_bytes = sum(
-            int(np.prod(shapes[n], dtype=np.int64)) * (1 if program["tensors"][n]["bits"] == 8 else 2)
-            for n in {*program["inputs"], *program["outputs"]}
-            if n in program["tensors"] and n in allocation.addr
+            int(np.prod(shapes[n], dtype=np.int64)) * (1 if program.tensors[n].bits == 8 else 2)
+            for n in {*program.inputs, *program.outputs}
+            if n in program.tensors and n in allocation.addr
         )
         compulsory = sum(self.weight_bytes.values()) + io_bytes
         cycles, mac_count = self.cycles, self.macs
@@ -177,10 +176,14 @@ class Assembly:
         return data, disassemble(npub.read(data)), stats
 
 
-def _read_before_write(indices: list[int], ops: list[dict], name: str) -> bool:
+def _read_before_write(indices: list[int], ops: list[Op], name: str) -> bool:
     for i in indices:
-        if name in ops[i]["inputs"]:
+        if name in ops[i].inputs:
             return True
-        if name in ops[i]["outputs"]:
+        if name in ops[i].outputs:
             return False
     return False
+
+
+def _quant(t: TensorQuant | None) -> dict | None:
+    return t.model_dump() if t is not None else None

@@ -9,11 +9,12 @@ transitions are as few as the dependencies allow.
 
 from __future__ import annotations
 
+from npubuild.intmodel.program import IntegerModel, Op
 from npubuild.targets.spec import TargetSpec
 from npubuild.targets.support import OpView, npu_blocker
 
 
-def order(ops: list[dict], devices: list[str]) -> list[dict]:
+def order(ops: list[Op], devices: list[str]) -> list[dict]:
     """Subgraphs [{"device", "ops": [index...]}]: a topological order that stays on one device
     while any op of it is ready."""
     deps: list[set[int]] = []
@@ -21,16 +22,16 @@ def order(ops: list[dict], devices: list[str]) -> list[dict]:
     readers: dict[str, set[int]] = {}
     for i, op in enumerate(ops):
         # read after write, and (for in-place quantize ops) write after read and write
-        d = {last_writer[n] for n in op["inputs"] if n in last_writer}
-        for n in op["outputs"]:
+        d = {last_writer[n] for n in op.inputs if n in last_writer}
+        for n in op.outputs:
             if n in last_writer:
                 d.add(last_writer[n])
             d |= readers.get(n, set())
         d.discard(i)
         deps.append(d)
-        for n in op["inputs"]:
+        for n in op.inputs:
             readers.setdefault(n, set()).add(i)
-        for n in op["outputs"]:
+        for n in op.outputs:
             last_writer[n] = i
             readers[n] = set()
     done: set[int] = set()
@@ -52,16 +53,16 @@ def order(ops: list[dict], devices: list[str]) -> list[dict]:
     return subgraphs
 
 
-def partition(program: dict, arrays: dict, shapes: dict, target: TargetSpec, fits=None) -> dict:
+def partition(program: IntegerModel, arrays: dict, shapes: dict, target: TargetSpec, fits=None) -> dict:
     """Every op's device and reason, then the subgraphs. `fits(op)`, when given, says whether the
     code generator can tile an op the NPU supports into this target's SRAM at all."""
-    ops = program["ops"]
+    ops = program.ops
     devices, fallbacks = [], []
     for op in ops:
         reason = npu_blocker(OpView(op, program, arrays, shapes, target, fits))
         devices.append("cpu" if reason else "npu")
         if reason:
-            fallbacks.append({"node": op.get("node", op["outputs"][0]), "kind": op["kind"], "reason": reason})
+            fallbacks.append({"node": op.label, "kind": op.kind, "reason": reason})
     subgraphs = order(ops, devices)
     return {
         "target": target.name,

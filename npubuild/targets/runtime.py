@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from npubuild.intmodel.codes import dequantize
 from npubuild.targets import npub
 from npubuild.targets.isa import decode
-from npubuild.targets.meta import Meta
+from npubuild.targets.meta import Meta, Quant
 from npubuild.targets.npub import NpubError
 from npubuild.targets.simulator import DTYPES, Simulator
 from npubuild.targets.spec import target_digest
@@ -161,6 +161,6 @@ class Runtime:
             value = env[spec["name"]]
             quant = spec.get("quant")
             if quant and np.issubdtype(np.asarray(value).dtype, np.integer):
-                value = dequantize(np.asarray(value), quant)
+                value = dequantize(np.asarray(value), Quant.model_validate(quant))
             outputs[spec["name"]] = np.asarray(value, np.float32)
         return outputs

@@ -18,6 +18,7 @@ import numpy as np
 from npubuild.intmodel.codes import saturate
 from npubuild.intmodel.fixedpoint import ADD_FRACTION_BITS, requantize, rounding_shift
 from npubuild.intmodel.kernels import conv_accumulate, conv_transpose_accumulate, windows
+from npubuild.intmodel.program import ConvGeometry
 from npubuild.targets.cycles import Timeline
 from npubuild.targets.isa import ENGINES, Instruction
 from npubuild.targets.npub import NpubError
@@ -53,17 +54,17 @@ def _im2col(xc: np.ndarray, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int
     return cols.reshape(c * kh * kw, oh * ow)
 
 
-def _conv_int8(x: np.ndarray, zp: int, w: np.ndarray, attrs: dict) -> np.ndarray:
+def _conv_int8(x: np.ndarray, zp: int, w: np.ndarray, attrs: ConvGeometry) -> np.ndarray:
     """The MAC array's convolution of an int8 tile (already padded), exact: float32 GEMMs over
     im2col columns in chunks of at most EXACT_FLOAT32_TERMS products, summed in float64."""
     xc = x[0].astype(np.float32) - np.float32(zp)  # [C, H, W]
     c = xc.shape[0]
     cout, _, kh, kw = w.shape
-    sh, sw = attrs["strides"]
-    dh, dw = attrs["dilations"]
+    sh, sw = attrs.strides
+    dh, dw = attrs.dilations
     oh = (xc.shape[1] - (kh - 1) * dh - 1) // sh + 1
     ow = (xc.shape[2] - (kw - 1) * dw - 1) // sw + 1
-    if attrs["group"] > 1:  # depthwise, channel multiplier cout // c: <= 49 taps, exact in float32
+    if attrs.group > 1:  # depthwise, channel multiplier cout // c: <= 49 taps, exact in float32
         span = ((kh - 1) * dh + 1, (kw - 1) * dw + 1)
         win = np.lib.stride_tricks.sliding_window_view(xc, span, axis=(1, 2))[:, ::sh, ::sw, ::dh, ::dw]
         taps = win[:, :oh, :ow].reshape(c, 1, oh * ow, kh * kw)
@@ -196,16 +197,11 @@ class Simulator:
             wshape = (a["out_c"], a["in_c"] // group, *kernel)
         w = self.sram.view(a["weights"], 8, wshape)
         params = self.sram.view(a["params"], 64, (a["out_c"], 3))
-        attrs = {
-            "strides": [a["sh"], a["sw"]],
-            "dilations": [a["dh"], a["dw"]],
-            "pads": [0, 0, 0, 0],
-            "group": group,
-            "auto_pad": "NOTSET",
-            "output_padding": [0, 0],
-        }
         if min(a["sh"], a["sw"], a["dh"], a["dw"], a["kh"], a["kw"]) <= 0:
             raise NpubError("conv with a non-positive kernel, stride or dilation")
+        attrs = ConvGeometry(
+            strides=[a["sh"], a["sw"]], dilations=[a["dh"], a["dw"]], pads=[0, 0, 0, 0], group=group
+        )
         if a["transpose"]:
             full = conv_transpose_accumulate(x.astype(np.float64) - a["in_zp"], w, attrs)
             acc = np.zeros((1, a["out_c"], a["out_h"], a["out_w"]))

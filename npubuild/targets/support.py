@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from npubuild.intmodel.ops import ALIASES, ELEMENTWISE, INTEGER_OPS, MAC_OPS
+from npubuild.intmodel.program import IntegerModel, MoveOp, Op
 from npubuild.targets.spec import TargetSpec
 
 # integer-form constraints -----------------------------------------------------------------------
@@ -173,16 +174,16 @@ MOVES = ALIASES + _COPIES + ("MaxPool",)
 class OpView:
     """An integer op in its program, as the NPU constraints read it."""
 
-    op: dict
-    program: dict
+    op: Op
+    program: IntegerModel
     arrays: dict
     shapes: dict
     target: TargetSpec
-    fits: Callable[[dict], bool] | None = None  # the code generator's: does a tiling exist
+    fits: Callable[[Op], bool] | None = None  # the code generator's: does a tiling exist
 
     @property
     def kind(self) -> str:
-        return self.op["kind"]
+        return self.op.kind
 
     def rank(self, name: str) -> int:
         return len(self.shapes.get(name, []))
@@ -200,7 +201,7 @@ def _npu(fn: NpuConstraint) -> NpuConstraint:
 @_npu
 def integer_op(v: OpView) -> str | None:
     """The NPU computes integers only: an op without an integer form stays float on the CPU."""
-    return f"{v.op['op_type']} has no integer form (it stays float)" if v.kind == "float" else None
+    return f"{v.op.op_type} has no integer form (it stays float)" if v.kind == "float" else None
 
 
 @_npu
@@ -215,8 +216,8 @@ def not_a_float_conversion(v: OpView) -> str | None:
 @_npu
 def supported_widths(v: OpView) -> str | None:
     """Every activation width the op touches must be one the target computes with."""
-    tensors = v.program["tensors"]
-    widths = {f"int{tensors[n]['bits']}" for n in [*v.op["inputs"], *v.op["outputs"]] if n in tensors}
+    tensors = v.program.tensors
+    widths = {f"int{tensors[n].bits}" for n in [*v.op.inputs, *v.op.outputs] if n in tensors}
     missing = sorted(widths - set(v.target.activation_dtypes))
     return f"{v.target.name} has no {', '.join(missing)} activations" if missing else None
 
@@ -225,7 +226,7 @@ def supported_widths(v: OpView) -> str | None:
 def supported_op_type(v: OpView) -> str | None:
     """The target must list the op's ONNX type (Div, Sub, Relu and Clip ride on Mul, Add and the
     requantization's clamp, which every target has)."""
-    op_type = v.op.get("op_type")
+    op_type = v.op.op_type
     if v.kind in ("conv", "matmul", "add", "mul", "lut") or (v.kind == "move" and op_type):
         if op_type not in v.target.supported_ops and op_type not in ("Div", "Sub", "Relu", "Clip"):
             return f"{v.target.name} does not support {op_type}"
@@ -238,8 +239,8 @@ def supported_op_type(v: OpView) -> str | None:
 @_npu
 def rank_at_most_4(v: OpView) -> str | None:
     """DMA descriptors address at most four dimensions."""
-    data = [n for n in v.op["inputs"] if n and n not in v.op.get("constants", {})]
-    if any(v.rank(n) > 4 for n in data + v.op["outputs"] if n):
+    data = [n for n in v.op.inputs if n and n not in v.op.constants]
+    if any(v.rank(n) > 4 for n in data + v.op.outputs if n):
         return "tensors of rank above 4"
     return None
 
@@ -249,12 +250,12 @@ def two_d_single_batch_convolution(v: OpView) -> str | None:
     """The MAC array runs 2-D convolutions of one image; a transposed one must not be grouped."""
     if v.kind != "conv":
         return None
-    rank = v.rank(v.op["inputs"][0])
+    rank = v.rank(v.op.inputs[0])
     if rank != 4:
         return f"only 2-D convolutions run on the NPU (this one is {rank - 2}-D)"
-    if v.op["attrs"]["transpose"] and v.op["attrs"]["group"] != 1:
+    if v.op.attrs.transpose and v.op.attrs.group != 1:
         return "grouped ConvTranspose"
-    if v.shapes[v.op["inputs"][0]][0] != 1:
+    if v.shapes[v.op.inputs[0]][0] != 1:
         return "convolutions with batch > 1"
     return None
 
@@ -262,7 +263,7 @@ def two_d_single_batch_convolution(v: OpView) -> str | None:
 @_npu
 def matmul_of_a_tensor(v: OpView) -> str | None:
     """A MatMul's activation operand must have at least one dimension."""
-    return "MatMul of a scalar" if v.kind == "matmul" and v.rank(v.op["inputs"][0]) < 1 else None
+    return "MatMul of a scalar" if v.kind == "matmul" and v.rank(v.op.inputs[0]) < 1 else None
 
 
 @_npu
@@ -270,14 +271,14 @@ def spatial_resize(v: OpView) -> str | None:
     """Resize scales height and width of an N x C x H x W tensor."""
     if v.kind != "resize_nearest":
         return None
-    src, dst = v.shapes[v.op["inputs"][0]], v.shapes[v.op["outputs"][0]]
+    src, dst = v.shapes[v.op.inputs[0]], v.shapes[v.op.outputs[0]]
     return "Resize that changes batch or channels" if len(src) != 4 or src[:2] != dst[:2] else None
 
 
 @_npu
 def four_d_pooling(v: OpView) -> str | None:
     """Pooling runs on N x C x H x W tensors."""
-    if v.kind in ("global_avgpool", "avgpool") and v.rank(v.op["inputs"][0]) != 4:
+    if v.kind in ("global_avgpool", "avgpool") and v.rank(v.op.inputs[0]) != 4:
         return f"{v.kind} on a tensor that is not N x C x H x W"
     return None
 
@@ -288,10 +289,10 @@ def dma_movement(v: OpView) -> str | None:
     positive steps, Split, and MaxPool of N x C x H x W tensors."""
     if v.kind != "move":
         return None
-    op_type = v.op.get("op_type")
+    op_type = v.op.op_type
     if op_type not in MOVES:
         return f"{op_type} is not a data movement the DMA engines do"
-    if op_type == "MaxPool" and v.rank(v.op["inputs"][0]) != 4:
+    if op_type == "MaxPool" and v.rank(v.op.inputs[0]) != 4:
         return "MaxPool on a tensor that is not N x C x H x W"
     if op_type == "Slice" and any(int(s) <= 0 for s in slice_steps(v.op, v.arrays)):
         return "Slice with a non-positive step"
@@ -315,8 +316,8 @@ def npu_blocker(view: OpView) -> str | None:
     return None
 
 
-def slice_steps(op: dict, arrays: dict) -> list:
-    inputs, consts = op["inputs"], op.get("constants", {})
+def slice_steps(op: MoveOp, arrays: dict) -> list:
+    inputs, consts = op.inputs, op.constants
     if len(inputs) > 4 and inputs[4] in consts:
         return [int(v) for v in arrays[consts[inputs[4]]]]
     return [1]

@@ -268,6 +268,7 @@ class PrecisionProbe:
     def confirm(self, table: dict[str, str]) -> dict:
         """The same configuration as the integer model itself, run by the golden interpreter."""
         from npubuild.intmodel.interpreter import Interpreter
+        from npubuild.intmodel.program import parse
 
         overrides = precision_overrides(self.layers.expand(table))
         settings = {**self.settings, "overrides": list(self.settings.get("overrides", [])) + overrides}
@@ -275,7 +276,8 @@ class PrecisionProbe:
             self.model, self.stats_meta, self.stats_arrays, settings, range_cache=self.range_cache
         )
         opset = next((o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx")), 13)
-        interpreter = Interpreter(meta, arrays, list(self.model.functions), {"": opset, "npubuild": 1})
+        program = parse(meta, "the integer model of a precision table")
+        interpreter = Interpreter(program, arrays, list(self.model.functions), {"": opset, "npubuild": 1})
         agreement = Agreement()
         for feed, reference in zip(self.feeds, self.references):
             outputs, _ = interpreter.run(feed)

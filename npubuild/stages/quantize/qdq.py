@@ -11,9 +11,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from npubuild.intmodel.program import IntegerModel, Op
+
 
 class _Export:
-    def __init__(self, model: onnx.ModelProto, program: dict, arrays: dict[str, np.ndarray]):
+    def __init__(self, model: onnx.ModelProto, program: IntegerModel, arrays: dict[str, np.ndarray]):
         self.model = onnx.ModelProto()
         self.model.CopyFrom(model)
         self.graph = self.model.graph
@@ -27,11 +29,11 @@ class _Export:
         return name
 
     def _qdq_nodes(self, tensor: str, source: str, target: str, t: dict) -> list[onnx.NodeProto]:
-        dtype = np.int8 if t["bits"] == 8 else np.int16
-        domain = "" if t["bits"] == 8 else "com.microsoft"
-        self.uses_ms |= t["bits"] == 16
-        scale = self._init(f"{tensor}__scale", np.array(t["scale"], np.float32))
-        zp = self._init(f"{tensor}__zero_point", np.array(t["zero_point"], dtype))
+        dtype = np.int8 if t.bits == 8 else np.int16
+        domain = "" if t.bits == 8 else "com.microsoft"
+        self.uses_ms |= t.bits == 16
+        scale = self._init(f"{tensor}__scale", np.array(t.scale, np.float32))
+        zp = self._init(f"{tensor}__zero_point", np.array(t.zero_point, dtype))
         q = f"{tensor}__q"
         return [
             helper.make_node("QuantizeLinear", [source, scale, zp], [q], name=f"{tensor}__Q", domain=domain),
@@ -57,19 +59,19 @@ class _Export:
         return out
 
     def run(self) -> onnx.ModelProto:
-        tensors = self.program["tensors"]
+        tensors = self.program.tensors
         nodes = list(self.graph.node)
         by_output = {o: n for n in nodes for o in n.output}
         by_label = {(n.name or n.output[0]): n for n in nodes}
         self.extra_nodes: list[onnx.NodeProto] = []
         replaced: dict[int, list[onnx.NodeProto]] = {}
-        for op in self.program["ops"]:
-            node = by_label.get(op.get("node"))
+        for op in self.program.ops:
+            node = by_label.get(op.node)
             if node is None:
                 continue
-            if op["kind"] in ("conv", "matmul"):
+            if op.kind in ("conv", "matmul"):
                 replaced[id(node)] = self._mac(node, op)
-            elif op["kind"] in ("add", "mul", "concat") and op.get("constants"):
+            elif op.kind in ("add", "mul", "concat") and op.constants:
                 replaced[id(node)] = self._constant_operands(node, op)
         # Q/DQ pairs on every quantized activation.
         outputs = {o.name for o in self.graph.output}
@@ -111,11 +113,11 @@ class _Export:
             self.model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
         return self.model
 
-    def _mac(self, node: onnx.NodeProto, op: dict) -> list[onnx.NodeProto]:
-        a = op["arrays"]
-        x = op["inputs"][0]
-        wq, wscale, bias = self.arrays[a["weight"]], self.arrays[a["weight_scale"]], self.arrays[a["bias"]]
-        xscale = self.program["tensors"][x]["scale"]
+    def _mac(self, node: onnx.NodeProto, op: Op) -> list[onnx.NodeProto]:
+        a = op.arrays
+        x = op.inputs[0]
+        wq, wscale, bias = self.arrays[a.weight], self.arrays[a.weight_scale], self.arrays[a.bias]
+        xscale = self.program.tensors[x].scale
         label = node.name or node.output[0]
         if node.op_type == "ConvTranspose":
             waxis = 1
@@ -126,13 +128,13 @@ class _Export:
         weight = wq
         if node.op_type == "Gemm" and any(at.name == "transB" and at.i for at in node.attribute):
             weight, waxis = wq.T, 0
-        if node.op_type == "ConvTranspose" and op["attrs"]["group"] != 1:
+        if node.op_type == "ConvTranspose" and op.attrs.group != 1:
             raise NotImplementedError("grouped ConvTranspose export")
         w_dq = self._dq_const(
             f"{label}.weight", weight, wscale.astype(np.float32), np.zeros(len(wscale)), waxis, 8
         )
         bias_scale = (xscale * wscale).astype(np.float32)
-        if self.program["tensors"][x]["bits"] == 8:
+        if self.program.tensors[x].bits == 8:
             b_dq = self._dq_const(
                 f"{label}.bias", bias.astype(np.int32), bias_scale, np.zeros(len(bias)), 0, 32
             )
@@ -154,31 +156,33 @@ class _Export:
         node.output[0] = f"{out}__matmul"
         return [node, helper.make_node("Add", [node.output[0], b_dq], [out], name=f"{label}__bias")]
 
-    def _constant_operands(self, node: onnx.NodeProto, op: dict) -> list[onnx.NodeProto]:
-        params = op["operand_params"]
+    def _constant_operands(self, node: onnx.NodeProto, op: Op) -> list[onnx.NodeProto]:
+        params = op.operand_params
         inputs = list(node.input)
-        if op["kind"] == "mul" and node.op_type == "Div":
+        if op.kind == "mul" and node.op_type == "Div":
             node.op_type = "Mul"
             inputs[1] = f"{inputs[1]}__reciprocal"
-        for k, name in enumerate(op["inputs"]):
-            key = op["constants"].get(name)
+        for k, name in enumerate(op.inputs):
+            key = op.constants.get(name)
             if key is None:
                 continue
             p = params[k]
             inputs[k] = self._dq_const(
                 f"{node.name or node.output[0]}.{k}",
                 self.arrays[key],
-                p["scale"],
-                p["zero_point"],
+                p.scale,
+                p.zero_point,
                 None,
-                p["bits"],
+                p.bits,
             )
         del node.input[:]
         node.input.extend(inputs)
         return [node]
 
 
-def export_qdq(model: onnx.ModelProto, program: dict, arrays: dict[str, np.ndarray]) -> onnx.ModelProto:
+def export_qdq(
+    model: onnx.ModelProto, program: IntegerModel, arrays: dict[str, np.ndarray]
+) -> onnx.ModelProto:
     exported = _Export(model, program, arrays).run()
     onnx.checker.check_model(exported)
     return exported

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from npubuild.errors import UserError
 from npubuild.intmodel import tensorfile
+from npubuild.intmodel.program import parse
 from npubuild.stages.onnx_utils import load_model, save_model, write_json
 from npubuild.stages.quantize.integer_model import build_integer_model
 from npubuild.stages.quantize.precision import Layers, load_table, precision_overrides
@@ -29,12 +30,13 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
         }
     program, meta, arrays = build_integer_model(model, stats["tensors"], stats_arrays, params)
     tensorfile.save(outdir / "quantized.npq", arrays, meta)
+    integer = parse(meta, "the integer model quantize made")  # what every later stage reads
     try:
-        qdq = export_qdq(model, meta, arrays)
+        qdq = export_qdq(model, integer, arrays)
     except NotImplementedError as exc:
         raise UserError(f"cannot export a QDQ model: {exc}") from None
-    kinds = Counter(op["kind"] for op in program.ops)
-    bits = Counter(t["bits"] for t in program.tensors.values())
+    kinds = Counter(op.kind for op in integer.ops)
+    bits = Counter(t.bits for t in integer.tensors.values())
     summary = {
         "integer_ops": sum(n for k, n in kinds.items() if k not in ("float", "quantize")),
         "float_ops": len(program.float_nodes),

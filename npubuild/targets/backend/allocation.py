@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from npubuild.intmodel.ops import ALIASES
+from npubuild.intmodel.program import IntegerModel, Op
 from npubuild.targets.backend.fusion import Fusion
 from npubuild.targets.backend.memory import SRAM_FLAG, align, esize
 from npubuild.targets.support import slice_steps
@@ -51,28 +52,26 @@ class Allocation:
 
 
 def view_parts(
-    op: dict, tensors: dict, shapes: dict, arrays: dict, fused_away=frozenset()
+    op: Op, tensors: dict, shapes: dict, arrays: dict, fused_away=frozenset()
 ) -> dict[str, int] | None:
     """A Split, or a step-1 Slice along one axis, whose outputs are contiguous pieces of its
     input (every axis before the cut has size 1) and keep its quantization: the outputs are
     views at these byte offsets, and the op moves nothing. None when it must copy."""
-    x = op["inputs"][0]
+    x = op.inputs[0]
     if x not in tensors or x in fused_away:
         return None
     shape = [int(d) for d in shapes[x]]
     rank = len(shape)
-    same = all(o in tensors and tensors[o] == tensors[x] for o in op["outputs"] if o)
-    if not same or not all(op["outputs"]):
+    same = all(o in tensors and tensors[o] == tensors[x] for o in op.outputs if o)
+    if not same or not all(op.outputs):
         return None
-    size = esize(tensors[x]["bits"])
-    if op["op_type"] == "Split":
-        axis = op["attrs"].get("axis", 0) % rank
-        cuts = [(o, int(shapes[o][axis])) for o in op["outputs"]]
+    size = esize(tensors[x].bits)
+    if op.op_type == "Split":
+        axis = op.attrs.get("axis", 0) % rank
+        cuts = [(o, int(shapes[o][axis])) for o in op.outputs]
         begin = 0
-    elif op["op_type"] == "Slice":
-        consts = [
-            arrays[op["constants"][i]] if i in op.get("constants", {}) else None for i in op["inputs"][1:]
-        ]
+    elif op.op_type == "Slice":
+        consts = [arrays[op.constants[i]] if i in op.constants else None for i in op.inputs[1:]]
         if len(consts) < 2 or consts[0] is None or consts[1] is None or len(consts[0]) != 1:
             return None
         axes = consts[2] if len(consts) > 2 and consts[2] is not None else [0]
@@ -80,7 +79,7 @@ def view_parts(
             return None
         axis = int(axes[0]) % rank
         begin, end, _ = slice(int(consts[0][0]), int(consts[1][0]), 1).indices(shape[axis])
-        cuts = [(op["outputs"][0], end - begin)]
+        cuts = [(op.outputs[0], end - begin)]
     else:
         return None
     if any(d != 1 for d in shape[:axis]):
@@ -94,7 +93,7 @@ def view_parts(
 
 
 def allocate(
-    program: dict,
+    program: IntegerModel,
     arrays: dict,
     shapes: dict,
     plan: dict,
@@ -105,7 +104,7 @@ def allocate(
 ) -> Allocation:
     """DRAM buffers (and resident SRAM areas within `resident_bytes`) for every tensor an NPU op
     touches; without `reuse` every tensor keeps its own buffer (for checking every op's result)."""
-    ops, tensors = program["ops"], program["tensors"]
+    ops, tensors = program.ops, program.tensors
     sequence = [i for sg in plan["subgraphs"] for i in sg["ops"]]
     npu = {i for sg in plan["subgraphs"] if sg["device"] == "npu" for i in sg["ops"]}
     root: dict[str, str] = {}
@@ -126,26 +125,26 @@ def allocate(
     touched: set[str] = set()
     for i in npu:
         op = ops[i]
-        for n in [*op["inputs"], *op["outputs"]]:
-            if n and n not in op.get("constants", {}) and n in tensors and n not in fusion.fused_away:
+        for n in [*op.inputs, *op.outputs]:
+            if n and n not in op.constants and n in tensors and n not in fusion.fused_away:
                 touched.add(n)
-        if op["kind"] == "move" and op["op_type"] in ALIASES:
-            root[op["outputs"][0]] = op["inputs"][0]
-        elif op["kind"] == "move":
+        if op.kind == "move" and op.op_type in ALIASES:
+            root[op.outputs[0]] = op.inputs[0]
+        elif op.kind == "move":
             parts = view_parts(op, tensors, shapes, arrays, fusion.fused_away)
             if parts is None:
                 continue
             views.add(i)
             for out, start in parts.items():
-                root[out], offset[out] = op["inputs"][0], start
+                root[out], offset[out] = op.inputs[0], start
     first: dict[str, int] = {}
     last: dict[str, int] = {}
-    outputs = set(program["outputs"])
+    outputs = set(program.outputs)
     for pos, i in enumerate(sequence):
-        written = ops[i]["outputs"]
+        written = ops[i].outputs
         if i in fusion.activation:  # the convolution writes its activation's result
-            written = ops[fusion.activation[i]]["outputs"]
-        for n in [*ops[i]["inputs"], *written]:
+            written = ops[fusion.activation[i]].outputs
+        for n in [*ops[i].inputs, *written]:
             if n in touched:
                 r = find(n)
                 first.setdefault(r, pos)
@@ -154,9 +153,9 @@ def allocate(
     extent: dict[str, tuple[str, int, int]] = {}
     for n in touched:
         r = find(n)
-        nbytes = int(np.prod(shapes[n], dtype=np.int64)) * esize(tensors[n]["bits"])
+        nbytes = int(np.prod(shapes[n], dtype=np.int64)) * esize(tensors[n].bits)
         extent[n] = (r, at(n), nbytes)
-        if n in outputs or n in program["inputs"]:
+        if n in outputs or n in program.inputs:
             last[r] = len(sequence)
         sizes[r] = max(sizes.get(r, 0), at(n) + nbytes)
     members: dict[str, list[str]] = {}
@@ -199,10 +198,10 @@ def allocate(
     )
 
 
-def _resident_candidates(program: dict, plan: dict, members: dict[str, list[str]]) -> list[str]:
+def _resident_candidates(program: IntegerModel, plan: dict, members: dict[str, list[str]]) -> list[str]:
     """Roots whose tensors are all written and read inside one NPU subgraph, and are neither the
     network's inputs nor its outputs: those may stay in SRAM."""
-    ops = program["ops"]
+    ops = program.ops
     device, group = {}, {}
     for k, sg in enumerate(plan["subgraphs"]):
         for i in sg["ops"]:
@@ -210,11 +209,11 @@ def _resident_candidates(program: dict, plan: dict, members: dict[str, list[str]
     writers: dict[str, list[int]] = {}
     readers: dict[str, list[int]] = {}
     for i, op in enumerate(ops):
-        for n in op["inputs"]:
+        for n in op.inputs:
             readers.setdefault(n, []).append(i)
-        for n in op["outputs"]:
+        for n in op.outputs:
             writers.setdefault(n, []).append(i)
-    boundary = set(program["outputs"]) | set(program["inputs"])
+    boundary = set(program.outputs) | set(program.inputs)
     eligible = []
     for r, names in members.items():
         home = {group[i] for n in names for i in writers.get(n, []) if device.get(i) == "npu"}

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from npubuild.intmodel.program import Op
 from npubuild.targets.backend.memory import SramPlan, align, four
 
 
@@ -46,29 +47,29 @@ class OpContext:
     consts: ConstantPool = field(default_factory=ConstantPool)
 
     def bits(self, name: str) -> int:
-        return self.tensors[name]["bits"]
+        return self.tensors[name].bits
 
     def zero_point(self, name: str) -> int:
-        return self.tensors[name]["zero_point"]
+        return self.tensors[name].zero_point
 
-    def operand(self, op: dict, name: str, bits: int) -> tuple[int, list[int], int]:
+    def operand(self, op: Op, name: str, bits: int) -> tuple[int, list[int], int]:
         """(DRAM address, 4-D shape, bits) of a data tensor or a constant operand."""
-        consts = op.get("constants", {})
+        consts = op.constants
         if name in consts:
             value = self.arrays[consts[name]]
             dtype = np.int8 if bits == 8 else np.int16
             return self.consts.add(f"{consts[name]}@{bits}", value.astype(dtype)), four(value.shape), bits
-        return self.addr[name], four(self.shapes[name]), self.tensors[name]["bits"]
+        return self.addr[name], four(self.shapes[name]), self.tensors[name].bits
 
-    def operand_shape(self, op: dict, name: str) -> list[int]:
+    def operand_shape(self, op: Op, name: str) -> list[int]:
         """The 4-D shape of a data tensor or a constant operand (no constant is stored)."""
-        consts = op.get("constants", {})
+        consts = op.constants
         if name in consts:
             return four(self.arrays[consts[name]].shape)
         return four(self.shapes[name])
 
-    def mac_params(self, op: dict) -> np.ndarray:
+    def mac_params(self, op: Op) -> np.ndarray:
         """Per output channel: bias, M0, shift (int64 each, CHANNEL_PARAM_BYTES together)."""
-        a = op["arrays"]
-        bias, m0, shift = (self.arrays[a[k]].astype(np.int64).reshape(-1) for k in ("bias", "m0", "shift"))
+        a = op.arrays
+        bias, m0, shift = (self.arrays[k].astype(np.int64).reshape(-1) for k in (a.bias, a.m0, a.shift))
         return np.stack([bias, m0, shift], axis=1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from npubuild.intmodel.program import Op
 from npubuild.targets.backend.commands import Command, InTile, Step, Tile, load, store
 from npubuild.targets.backend.context import OpContext
 from npubuild.targets.backend.memory import align, esize, four, row_major
@@ -13,27 +14,27 @@ from npubuild.targets.backend.schedule import OpSchedule, boxes, resize_indices
 from npubuild.targets.support import slice_steps
 
 
-def concat(ctx: OpContext, op: dict, sched: OpSchedule) -> list[Command]:
-    y = op["outputs"][0]
+def concat(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
+    y = op.outputs[0]
     out4 = four(ctx.shapes[y])
     rank = len(ctx.shapes[y])
-    axis = op["attrs"]["axis"] % rank + (4 - rank)
+    axis = op.attrs.axis % rank + (4 - rank)
     offset = 0
     commands: list[Command] = []
-    for name, rescale, part in zip(op["inputs"], op["attrs"]["rescale"], sched.parts):
+    for name, rescale, part in zip(op.inputs, op.attrs.rescale, sched.parts):
         addr, shape, bits = ctx.operand(op, name, ctx.bits(y))
         bufs = part.buffers(ctx.sram)
         for start, size in boxes(shape, list(part.extents)):
             n = int(np.prod(size))
             source = load(InTile(), addr, bits, size, row_major(shape), start)
             dst, compute = InTile(), None
-            if not rescale["same"]:
+            if not rescale.same:
                 dst = InTile(align(n * esize(bits)))
                 compute = Step(
                     "requant",
                     dict(
-                        src=InTile(), n=n, in_bits=bits, in_zp=rescale["zin"], m0=rescale["m0"],
-                        shift=rescale["shift"], dst=dst, out_bits=ctx.bits(y), out_zp=ctx.zero_point(y),
+                        src=InTile(), n=n, in_bits=bits, in_zp=rescale.zin, m0=rescale.m0,
+                        shift=rescale.shift, dst=dst, out_bits=ctx.bits(y), out_zp=ctx.zero_point(y),
                     ),
                 )  # fmt: skip
             out_start = list(start)
@@ -44,8 +45,8 @@ def concat(ctx: OpContext, op: dict, sched: OpSchedule) -> list[Command]:
     return commands
 
 
-def resize_nearest(ctx: OpContext, op: dict, sched: OpSchedule) -> list[Command]:
-    x, y = op["inputs"][0], op["outputs"][0]
+def resize_nearest(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
+    x, y = op.inputs[0], op.outputs[0]
     bits = ctx.bits(x)
     _, c, h, w = ctx.shapes[x]
     _, _, oh, ow = ctx.shapes[y]
@@ -60,7 +61,7 @@ def resize_nearest(ctx: OpContext, op: dict, sched: OpSchedule) -> list[Command]
         lo, hi = int(row_idx[r0:r1].min()), int(row_idx[r0:r1].max())
         # per band: its rows' indices relative to the first input row it reads, then the columns'
         index = np.concatenate([row_idx[r0:r1] - lo, col_idx]).astype(np.int32)
-        iaddr = ctx.consts.add(f"{op['node']}#resize{r0}", index)
+        iaddr = ctx.consts.add(f"{op.node}#resize{r0}", index)
         for c0 in range(0, c, cb):
             c1 = min(c0 + cb, c)
             dst = InTile(align((c1 - c0) * (hi - lo + 1) * w * e))
@@ -81,18 +82,18 @@ def resize_nearest(ctx: OpContext, op: dict, sched: OpSchedule) -> list[Command]
     return commands
 
 
-def copy(ctx: OpContext, op: dict, sched: OpSchedule) -> list[Command]:
+def copy(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
     """Transpose, Slice and Split: strided DMA reads of the input, contiguous writes."""
-    x = op["inputs"][0]
+    x = op.inputs[0]
     in_shape = [int(d) for d in ctx.shapes[x]]
     rank = len(in_shape)
     in_strides = row_major(four(in_shape))[4 - rank :]
-    kind = op["op_type"]
+    kind = op.op_type
     if kind == "Transpose":
-        perm = op["attrs"].get("perm") or list(range(rank))[::-1]
-        pieces = [(op["outputs"][0], [in_strides[p] for p in perm], 0)]
+        perm = op.attrs.get("perm") or list(range(rank))[::-1]
+        pieces = [(op.outputs[0], [in_strides[p] for p in perm], 0)]
     elif kind == "Slice":
-        consts = [ctx.arrays[op["constants"][i]] if i in op["constants"] else None for i in op["inputs"][1:]]
+        consts = [ctx.arrays[op.constants[i]] if i in op.constants else None for i in op.inputs[1:]]
         starts, ends = consts[0], consts[1]
         axes = consts[2] if len(consts) > 2 and consts[2] is not None else range(len(starts))
         steps = slice_steps(op, ctx.arrays)
@@ -104,11 +105,11 @@ def copy(ctx: OpContext, op: dict, sched: OpSchedule) -> list[Command]:
             begin, _, step = slice(int(st), int(en), int(sp)).indices(in_shape[ax])
             strides[ax] = in_strides[ax] * step
             origin += begin * in_strides[ax]
-        pieces = [(op["outputs"][0], strides, origin)]
+        pieces = [(op.outputs[0], strides, origin)]
     else:  # Split
-        axis = op["attrs"].get("axis", 0) % rank
+        axis = op.attrs.get("axis", 0) % rank
         pieces, origin = [], 0
-        for out in op["outputs"]:
+        for out in op.outputs:
             pieces.append((out, list(in_strides), origin))
             origin += int(ctx.shapes[out][axis]) * in_strides[axis]
     commands: list[Command] = []

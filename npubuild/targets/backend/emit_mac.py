@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from npubuild.intmodel.kernels import conv_pads
+from npubuild.intmodel.program import Op
 from npubuild.targets.backend.commands import (
     Command,
     ConstLoads,
@@ -33,29 +34,29 @@ def params_offset(weights_at: int, weight_bytes: int, channels: int, fixed: int)
     return at
 
 
-def conv(ctx: OpContext, op: dict, sched: OpSchedule, activation: dict | None = None) -> list[Command]:
-    if op["attrs"]["transpose"]:
+def conv(ctx: OpContext, op: Op, sched: OpSchedule, activation: Op | None = None) -> list[Command]:
+    if op.attrs.transpose:
         return conv_transpose(ctx, op, sched)
-    x, raw = op["inputs"][0], op["outputs"][0]
-    y = activation["outputs"][0] if activation else raw  # what is stored: the activation's result
+    x, raw = op.inputs[0], op.outputs[0]
+    y = activation.outputs[0] if activation else raw  # what is stored: the activation's result
     table_bytes = 0
     if activation:
-        table = ctx.arrays[activation["arrays"]["table"]].astype(np.int8 if ctx.bits(y) == 8 else np.int16)
-        taddr = ctx.consts.add(activation["arrays"]["table"] + f"#{ctx.bits(y)}", table)
+        table = ctx.arrays[activation.arrays.table].astype(np.int8 if ctx.bits(y) == 8 else np.int16)
+        taddr = ctx.consts.add(activation.arrays.table + f"#{ctx.bits(y)}", table)
         table_bytes = align(table.nbytes)
     _, c, h, w = ctx.shapes[x]
     _, oc, oh, ow = ctx.shapes[raw]
-    weight = ctx.arrays[op["arrays"]["weight"]]
+    weight = ctx.arrays[op.arrays.weight]
     kh, kw = weight.shape[2:]
-    at = op["attrs"]
+    at = op.attrs
     pt, pl, _, _ = conv_pads(at, [h, w], [kh, kw])
-    sh, sw = at["strides"]
-    dh, dw = at["dilations"]
-    group = at["group"]
+    sh, sw = at.strides
+    dh, dw = at.dilations
+    group = at.group
     og, cg = oc // group, c // group
     xb = esize(ctx.bits(x))
-    waddr = ctx.consts.add(op["arrays"]["weight"], weight.astype(np.int8))
-    paddr = ctx.consts.add(op["arrays"]["bias"] + "#params", ctx.mac_params(op))
+    waddr = ctx.consts.add(op.arrays.weight, weight.astype(np.int8))
+    paddr = ctx.consts.add(op.arrays.bias + "#params", ctx.mac_params(op))
     ocb, rows, cols = sched.extents
     bufs = sched.buffers(ctx.sram)
     xs, ys = row_major([1, c, h, w]), row_major([1, oc, oh, ow])
@@ -93,10 +94,10 @@ def conv(ctx: OpContext, op: dict, sched: OpSchedule, activation: dict | None = 
                         out_c=n_out, out_h=r1 - r0, out_w=c1 - c0,
                         out_bits=ctx.bits(raw), out_zp=ctx.zero_point(raw),
                         kh=kh, kw=kw, sh=sh, sw=sw, dh=dh, dw=dw,
-                        group=1 if group == 1 else n_out // og, min=at["min"], max=at["max"],
+                        group=1 if group == 1 else n_out // og, min=at.min, max=at.max,
                         transpose=0, crop_top=0, crop_left=0,
                         lut=InConst(0) if activation else -1,
-                        lut_offset=activation["attrs"]["offset"] if activation else 0,
+                        lut_offset=activation.attrs.offset if activation else 0,
                         lut_bits=ctx.bits(y),
                     ),
                 )  # fmt: skip
@@ -107,19 +108,19 @@ def conv(ctx: OpContext, op: dict, sched: OpSchedule, activation: dict | None = 
     return commands
 
 
-def conv_transpose(ctx: OpContext, op: dict, sched: OpSchedule) -> list[Command]:
-    x, y = op["inputs"][0], op["outputs"][0]
+def conv_transpose(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
+    x, y = op.inputs[0], op.outputs[0]
     _, c, h, w = ctx.shapes[x]
     _, oc, oh, ow = ctx.shapes[y]
-    weight = ctx.arrays[op["arrays"]["weight"]]  # [C, OC, kh, kw] (group 1)
+    weight = ctx.arrays[op.arrays.weight]  # [C, OC, kh, kw] (group 1)
     kh, kw = weight.shape[2:]
-    at = op["attrs"]
-    pt, pl = (at["pads"] if at.get("pads") else [0, 0, 0, 0])[:2]
-    sh, sw = at["strides"]
-    dh, dw = at["dilations"]
+    at = op.attrs
+    pt, pl = (at.pads if at.pads else [0, 0, 0, 0])[:2]
+    sh, sw = at.strides
+    dh, dw = at.dilations
     xb = esize(ctx.bits(x))
-    waddr = ctx.consts.add(op["arrays"]["weight"], weight.astype(np.int8))
-    paddr = ctx.consts.add(op["arrays"]["bias"] + "#params", ctx.mac_params(op))
+    waddr = ctx.consts.add(op.arrays.weight, weight.astype(np.int8))
+    paddr = ctx.consts.add(op.arrays.bias + "#params", ctx.mac_params(op))
     input_rows = TransposeRows(op, h, kh)
     ocb, rows = sched.extents
     bufs = sched.buffers(ctx.sram)
@@ -144,7 +145,7 @@ def conv_transpose(ctx: OpContext, op: dict, sched: OpSchedule) -> list[Command]
                     src=InTile(), in_c=c, in_h=n_in, in_w=w, in_bits=ctx.bits(x), in_zp=ctx.zero_point(x),
                     weights=InConst(0), params=InConst(params_at), dst=dst,
                     out_c=n_out, out_h=r1 - r0, out_w=ow, out_bits=ctx.bits(y), out_zp=ctx.zero_point(y),
-                    kh=kh, kw=kw, sh=sh, sw=sw, dh=dh, dw=dw, group=1, min=at["min"], max=at["max"],
+                    kh=kh, kw=kw, sh=sh, sw=sw, dh=dh, dw=dw, group=1, min=at.min, max=at.max,
                     transpose=1, crop_top=r0 + pt - i0 * sh, crop_left=pl,
                     lut=-1, lut_offset=0, lut_bits=ctx.bits(y),
                 ),
@@ -154,14 +155,14 @@ def conv_transpose(ctx: OpContext, op: dict, sched: OpSchedule) -> list[Command]
     return commands
 
 
-def matmul(ctx: OpContext, op: dict, sched: OpSchedule) -> list[Command]:
-    x, y = op["inputs"][0], op["outputs"][0]
-    weight = ctx.arrays[op["arrays"]["weight"]]
+def matmul(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
+    x, y = op.inputs[0], op.outputs[0]
+    weight = ctx.arrays[op.arrays.weight]
     k, n = weight.shape
     m = int(np.prod(ctx.shapes[x], dtype=np.int64)) // k
     xb = esize(ctx.bits(x))
-    waddr = ctx.consts.add(op["arrays"]["weight"], weight.astype(np.int8))
-    paddr = ctx.consts.add(op["arrays"]["bias"] + "#params", ctx.mac_params(op))
+    waddr = ctx.consts.add(op.arrays.weight, weight.astype(np.int8))
+    paddr = ctx.consts.add(op.arrays.bias + "#params", ctx.mac_params(op))
     mb, nb = sched.extents
     bufs = sched.buffers(ctx.sram)
     commands: list[Command] = []
@@ -181,7 +182,7 @@ def matmul(ctx: OpContext, op: dict, sched: OpSchedule) -> list[Command]:
                     src=InTile(), m=m1 - m0, k=k, in_bits=ctx.bits(x), in_zp=ctx.zero_point(x),
                     weights=InConst(0), params=InConst(params_at), dst=dst, n=cols,
                     out_bits=ctx.bits(y), out_zp=ctx.zero_point(y),
-                    min=op["attrs"]["min"], max=op["attrs"]["max"],
+                    min=op.attrs.min, max=op.attrs.max,
                 ),
             )  # fmt: skip
             result = store(dst, ctx.addr[y], ctx.bits(y), [1, 1, m1 - m0, cols], [0, 0, n, 1], [0, 0, m0, n0])

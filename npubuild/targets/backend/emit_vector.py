@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from npubuild.intmodel.codes import qrange
+from npubuild.intmodel.program import Op
 from npubuild.targets.backend.commands import (
     Command,
     ConstLoads,
@@ -22,12 +23,12 @@ from npubuild.targets.backend.memory import align, esize, four, row_major
 from npubuild.targets.backend.schedule import OpSchedule, boxes, broadcast_box, pool_geometry, window
 
 
-def binary(ctx: OpContext, op: dict, sched: OpSchedule) -> list[Command]:
-    y = op["outputs"][0]
+def binary(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
+    y = op.outputs[0]
     out4 = four(ctx.shapes[y])
-    operands = [ctx.operand(op, name, ctx.bits(y)) for name in op["inputs"]]
+    operands = [ctx.operand(op, name, ctx.bits(y)) for name in op.inputs]
     bufs = sched.buffers(ctx.sram)
-    at = op["attrs"]
+    at = op.attrs
     commands: list[Command] = []
     for start, size in boxes(out4, list(sched.extents)):
         offset, loads, places = 0, [], []
@@ -42,21 +43,21 @@ def binary(ctx: OpContext, op: dict, sched: OpSchedule) -> list[Command]:
             a=pa, a0=ba[0], a1=ba[1], a2=ba[2], a3=ba[3], a_bits=bita,
             b=pb, b0=bb[0], b1=bb[1], b2=bb[2], b3=bb[3], b_bits=bitb,
             dst=InTile(offset), o0=size[0], o1=size[1], o2=size[2], o3=size[3], out_bits=ctx.bits(y),
-            za=at["za"], zb=at["zb"], out_zp=ctx.zero_point(y),
+            za=at.za, zb=at.zb, out_zp=ctx.zero_point(y),
         )  # fmt: skip
-        if op["kind"] == "add":
-            args.update(ma=at["ma"], mb=at["mb"])
+        if op.kind == "add":
+            args.update(ma=at.ma, mb=at.mb)
         else:
-            args.update(m0=at["m0"], shift=at["shift"])
+            args.update(m0=at.m0, shift=at.shift)
         result = store(InTile(offset), ctx.addr[y], ctx.bits(y), size, row_major(out4), start)
-        commands.append(Tile(bufs, loads, Step(op["kind"], args), result))
+        commands.append(Tile(bufs, loads, Step(op.kind, args), result))
     return commands
 
 
-def unary(ctx: OpContext, op: dict, sched: OpSchedule, instruction: str, **operands) -> list[Command]:
+def unary(ctx: OpContext, op: Op, sched: OpSchedule, instruction: str, **operands) -> list[Command]:
     """Tiles of an element-wise op of one input: `instruction` with `operands` besides the source,
     count and destination."""
-    x, y = op["inputs"][0], op["outputs"][0]
+    x, y = op.inputs[0], op.outputs[0]
     shape = four(ctx.shapes[y])
     bufs = sched.buffers(ctx.sram)
     strides = row_major(shape)
@@ -72,26 +73,26 @@ def unary(ctx: OpContext, op: dict, sched: OpSchedule, instruction: str, **opera
     return commands
 
 
-def lut(ctx: OpContext, op: dict, sched: OpSchedule) -> list[Command]:
-    x, y = op["inputs"][0], op["outputs"][0]
-    table = ctx.arrays[op["arrays"]["table"]].astype(np.int8 if ctx.bits(y) == 8 else np.int16)
-    taddr = ctx.consts.add(op["arrays"]["table"] + f"#{ctx.bits(y)}", table)
-    operands = dict(in_bits=ctx.bits(x), table=InConst(0), offset=op["attrs"]["offset"], out_bits=ctx.bits(y))
+def lut(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
+    x, y = op.inputs[0], op.outputs[0]
+    table = ctx.arrays[op.arrays.table].astype(np.int8 if ctx.bits(y) == 8 else np.int16)
+    taddr = ctx.consts.add(op.arrays.table + f"#{ctx.bits(y)}", table)
+    operands = dict(in_bits=ctx.bits(x), table=InConst(0), offset=op.attrs.offset, out_bits=ctx.bits(y))
     return [ConstLoads([const_load(0, taddr, table.nbytes)]), *unary(ctx, op, sched, "lut", **operands)]
 
 
-def clamp(ctx: OpContext, op: dict, sched: OpSchedule) -> list[Command]:
-    at = op["attrs"]
-    return unary(ctx, op, sched, "clamp", bits=ctx.bits(op["inputs"][0]), min=at["min"], max=at["max"])
+def clamp(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
+    at = op.attrs
+    return unary(ctx, op, sched, "clamp", bits=ctx.bits(op.inputs[0]), min=at.min, max=at.max)
 
 
-def global_avgpool(ctx: OpContext, op: dict, sched: OpSchedule) -> list[Command]:
-    x, y = op["inputs"][0], op["outputs"][0]
+def global_avgpool(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
+    x, y = op.inputs[0], op.outputs[0]
     _, c, h, w = ctx.shapes[x]
     cb, rows = sched.extents
     bufs = sched.buffers(ctx.sram)
     acc = ctx.sram.scratch_base()  # int64 accumulators, then the results
-    at = op["attrs"]
+    at = op.attrs
     xs = row_major([1, c, h, w])
     commands: list[Command] = []
     for c0 in range(0, c, cb):
@@ -104,7 +105,7 @@ def global_avgpool(ctx: OpContext, op: dict, sched: OpSchedule) -> list[Command]
                 "gap",
                 dict(
                     src=InTile(), c=c1 - c0, hw=(r1 - r0) * w, in_bits=ctx.bits(x), in_zp=ctx.zero_point(x),
-                    acc=acc, first=int(r0 == 0), last=int(last), m0=at["m0"], shift=at["shift"],
+                    acc=acc, first=int(r0 == 0), last=int(last), m0=at.m0, shift=at.shift,
                     dst=acc + cb * 8, out_bits=ctx.bits(y), out_zp=ctx.zero_point(y),
                 ),
             )  # fmt: skip
@@ -118,8 +119,8 @@ def global_avgpool(ctx: OpContext, op: dict, sched: OpSchedule) -> list[Command]
     return commands
 
 
-def pool(ctx: OpContext, op: dict, sched: OpSchedule, maxpool: bool = False) -> list[Command]:
-    x, y = op["inputs"][0], op["outputs"][0]
+def pool(ctx: OpContext, op: Op, sched: OpSchedule, maxpool: bool = False) -> list[Command]:
+    x, y = op.inputs[0], op.outputs[0]
     _, c, h, w = ctx.shapes[x]
     _, _, oh, ow = ctx.shapes[y]
     (kh, kw), strides, dil, pads = pool_geometry(op, [h, w], maxpool)
@@ -127,9 +128,9 @@ def pool(ctx: OpContext, op: dict, sched: OpSchedule, maxpool: bool = False) -> 
     xb, yb = esize(ctx.bits(x)), esize(ctx.bits(y))
     paddr = None
     if not maxpool:  # per output position: M0 and shift of 1 / (window positions inside)
-        m0 = ctx.arrays[op["arrays"]["m0"]].astype(np.int64)
-        shift = ctx.arrays[op["arrays"]["shift"]].astype(np.int64)
-        paddr = ctx.consts.add(op["arrays"]["m0"] + "#pool", np.stack([m0, shift], axis=-1))
+        m0 = ctx.arrays[op.arrays.m0].astype(np.int64)
+        shift = ctx.arrays[op.arrays.shift].astype(np.int64)
+        paddr = ctx.consts.add(op.arrays.m0 + "#pool", np.stack([m0, shift], axis=-1))
     cb, rows, cols = sched.extents
     bufs = sched.buffers(ctx.sram)
     pad_value = qrange(ctx.bits(x))[0] if maxpool else ctx.zero_point(x)
@@ -168,5 +169,5 @@ def pool(ctx: OpContext, op: dict, sched: OpSchedule, maxpool: bool = False) -> 
     return commands
 
 
-def avgpool(ctx: OpContext, op: dict, sched: OpSchedule) -> list[Command]:
+def avgpool(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
     return pool(ctx, op, sched, maxpool=False)

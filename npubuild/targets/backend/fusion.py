@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from npubuild.intmodel.program import IntegerModel
+
 
 @dataclass(frozen=True)
 class Fusion:
@@ -19,28 +21,28 @@ class Fusion:
         return frozenset(self.activation.values())
 
 
-def fuse(program: dict, plan: dict) -> Fusion:
+def fuse(program: IntegerModel, plan: dict) -> Fusion:
     """A LUT activation whose only input is a 2-D int8 convolution's result, read by nothing
     else, runs in that convolution's output path: one op, no intermediate tensor."""
-    ops, tensors = program["ops"], program["tensors"]
+    ops, tensors = program.ops, program.tensors
     device = {i: sg["device"] for sg in plan["subgraphs"] for i in sg["ops"]}
     group = {i: k for k, sg in enumerate(plan["subgraphs"]) for i in sg["ops"]}
     readers: dict[str, list[int]] = {}
     for i, op in enumerate(ops):
-        for n in op["inputs"]:
+        for n in op.inputs:
             readers.setdefault(n, []).append(i)
-    outputs = set(program["outputs"])
+    outputs = set(program.outputs)
     activation: dict[int, int] = {}
     fused_away: set[str] = set()
     for i, op in enumerate(ops):
-        if op["kind"] != "conv" or op["attrs"]["transpose"] or device.get(i) != "npu":
+        if op.kind != "conv" or op.attrs.transpose or device.get(i) != "npu":
             continue
-        y = op["outputs"][0]
+        y = op.outputs[0]
         users = readers.get(y, [])
-        if len(users) != 1 or y in outputs or tensors[y]["bits"] != 8:
+        if len(users) != 1 or y in outputs or tensors[y].bits != 8:
             continue
         (j,) = users
-        if ops[j]["kind"] == "lut" and device.get(j) == "npu" and group.get(j) == group.get(i):
+        if ops[j].kind == "lut" and device.get(j) == "npu" and group.get(j) == group.get(i):
             activation[i] = j
             fused_away.add(y)
     return Fusion(activation, frozenset(fused_away))

@@ -9,6 +9,7 @@ overlaps the computation of tile t.
 
 from __future__ import annotations
 
+from npubuild.intmodel.program import Op
 from npubuild.targets.backend.commands import Command, ConstLoads, InConst, InTile, Step, Tile
 from npubuild.targets.backend.memory import SramPlan
 from npubuild.targets.isa import NO_SIGNAL, Instruction
@@ -23,7 +24,7 @@ class Lowering:
     def __init__(self, sram: SramPlan, slot: int = 1, const_token: int = T_CONST):
         self.sram = sram
         self.code: list[Instruction] = []
-        self.marks: list[tuple[int, dict]] = []  # (first instruction, op)
+        self.marks: list[tuple[int, Op]] = []  # (first instruction, op)
         self.slot = slot  # the constant slot the last group used
         self.const_token = const_token
         self.groups: list[list[int]] = []  # instruction indices of each constant group (with slots)
@@ -34,7 +35,7 @@ class Lowering:
         """An empty stream in this one's constant state: to cost an op's alternatives."""
         return Lowering(self.sram, self.slot, self.const_token)
 
-    def add_op(self, op: dict, commands: list[Command]) -> None:
+    def add_op(self, op: Op, commands: list[Command]) -> None:
         self.marks.append((len(self.code), op))
         tile = 0
         for command in commands:
@@ -93,7 +94,7 @@ class Lowering:
         self.in_group = False
         self.code.append(Instruction(step.op, args, wait, signal))
 
-    def finish(self) -> tuple[list[Instruction], list[tuple[int, dict]]]:
+    def finish(self) -> tuple[list[Instruction], list[tuple[int, Op]]]:
         """The instructions, ending with `end`, and each op's first instruction."""
         marks = self.marks
         if self.sram.const_slot:

@@ -3,6 +3,7 @@ the cycle model finds fastest), emit its tile commands, lower them into the subg
 
 from __future__ import annotations
 
+from npubuild.intmodel.program import Op
 from npubuild.targets.backend import emit_data, emit_mac, emit_vector
 from npubuild.targets.backend.allocation import Allocation
 from npubuild.targets.backend.commands import Command
@@ -34,7 +35,7 @@ EMITTERS = {
 }
 
 
-def fits(ctx: OpContext, op: dict) -> bool:
+def fits(ctx: OpContext, op: Op) -> bool:
     """Whether some tiling of the op fits the SRAM (the code generator's part of NPU support)."""
     try:
         schedule(ctx, op)
@@ -43,21 +44,21 @@ def fits(ctx: OpContext, op: dict) -> bool:
     return True
 
 
-def emit(ctx: OpContext, op: dict, sched: OpSchedule | None, activation: dict | None = None) -> list[Command]:
+def emit(ctx: OpContext, op: Op, sched: OpSchedule | None, activation: Op | None = None) -> list[Command]:
     if sched is None:
         return []
-    if op["kind"] == "move":
-        if op["op_type"] == "MaxPool":
+    if op.kind == "move":
+        if op.op_type == "MaxPool":
             return emit_vector.pool(ctx, op, sched, maxpool=True)
         return emit_data.copy(ctx, op, sched)
-    if op["kind"] == "conv":
+    if op.kind == "conv":
         return emit_mac.conv(ctx, op, sched, activation)
-    return EMITTERS[op["kind"]](ctx, op, sched)
+    return EMITTERS[op.kind](ctx, op, sched)
 
 
 def lower_subgraph(
-    ctx: OpContext, ops: list[dict], indices: list[int], fusion: Fusion, allocation: Allocation, target: dict
-) -> tuple[list[Instruction], list[tuple[int, dict]]]:
+    ctx: OpContext, ops: list[Op], indices: list[int], fusion: Fusion, allocation: Allocation, target: dict
+) -> tuple[list[Instruction], list[tuple[int, Op]]]:
     """The subgraph's instructions and where each of its ops starts."""
     lowering = Lowering(ctx.sram)
     for i in indices:
@@ -71,7 +72,7 @@ def lower_subgraph(
     return lowering.finish()
 
 
-def choose_split(ctx: OpContext, op: dict, activation: dict | None, lowering: Lowering, target: dict) -> int:
+def choose_split(ctx: OpContext, op: Op, activation: Op | None, lowering: Lowering, target: dict) -> int:
     """The split of the op's largest fitting tile that the cycle model finds fastest. One tile
     leaves the DMA nothing to overlap; more tiles pipeline load, compute and store, but each costs
     a DMA latency and an instruction to simulate."""

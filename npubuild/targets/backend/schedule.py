@@ -17,6 +17,7 @@ import numpy as np
 
 from npubuild.intmodel.kernels import nearest_indices, pool_pads
 from npubuild.intmodel.ops import ALIASES
+from npubuild.intmodel.program import Op, maxpool_attrs
 from npubuild.targets.backend.context import OpContext
 from npubuild.targets.backend.memory import (
     CHANNEL_PARAM_BYTES,
@@ -47,13 +48,13 @@ class OpSchedule:
         return sram.buffers(self.fixed, self.per_tile, self.scratch)
 
 
-def schedule(ctx: OpContext, op: dict, split: int = 1, activation: dict | None = None) -> OpSchedule | None:
+def schedule(ctx: OpContext, op: Op, split: int = 1, activation: Op | None = None) -> OpSchedule | None:
     """The op's tiling (None for an op that moves nothing); DoesNotFit when none fits."""
-    kind = op["kind"]
+    kind = op.kind
     if kind == "move":
-        if op["op_type"] in ALIASES:
+        if op.op_type in ALIASES:
             return None
-        if op["op_type"] == "MaxPool":
+        if op.op_type == "MaxPool":
             return pool(ctx, op, split, maxpool=True)
         return copy(ctx, op, split)
     planner = SCHEDULERS.get(kind)
@@ -102,21 +103,19 @@ def window(o0: int, o1: int, stride: int, k: int, d: int, pad: int, size: int) -
     return total, lead, inside, first
 
 
-def conv(ctx: OpContext, op: dict, split: int, activation: dict | None = None) -> OpSchedule:
-    if op["attrs"]["transpose"]:
+def conv(ctx: OpContext, op: Op, split: int, activation: Op | None = None) -> OpSchedule:
+    if op.attrs.transpose:
         return conv_transpose(ctx, op, split)
-    x, raw = op["inputs"][0], op["outputs"][0]
-    y = activation["outputs"][0] if activation else raw
-    table_bytes = (
-        align(ctx.arrays[activation["arrays"]["table"]].size * esize(ctx.bits(y))) if activation else 0
-    )
+    x, raw = op.inputs[0], op.outputs[0]
+    y = activation.outputs[0] if activation else raw
+    table_bytes = align(ctx.arrays[activation.arrays.table].size * esize(ctx.bits(y))) if activation else 0
     _, c, h, w = ctx.shapes[x]
     _, oc, oh, ow = ctx.shapes[raw]
-    kh, kw = ctx.arrays[op["arrays"]["weight"]].shape[2:]
-    at = op["attrs"]
-    sh, sw = at["strides"]
-    dh, dw = at["dilations"]
-    group = at["group"]
+    kh, kw = ctx.arrays[op.arrays.weight].shape[2:]
+    at = op.attrs
+    sh, sw = at.strides
+    dh, dw = at.dilations
+    group = at.group
     og, cg = oc // group, c // group
     xb, yb = esize(ctx.bits(x)), esize(ctx.bits(y))
 
@@ -132,11 +131,11 @@ def conv(ctx: OpContext, op: dict, split: int, activation: dict | None = None) -
     return OpSchedule((ocb, rows, cols), *sizes(ocb, rows, cols))
 
 
-def conv_transpose(ctx: OpContext, op: dict, split: int) -> OpSchedule:
-    x, y = op["inputs"][0], op["outputs"][0]
+def conv_transpose(ctx: OpContext, op: Op, split: int) -> OpSchedule:
+    x, y = op.inputs[0], op.outputs[0]
     _, c, h, w = ctx.shapes[x]
     _, oc, oh, ow = ctx.shapes[y]
-    kh, kw = ctx.arrays[op["arrays"]["weight"]].shape[2:]  # [C, OC, kh, kw] (group 1)
+    kh, kw = ctx.arrays[op.arrays.weight].shape[2:]  # [C, OC, kh, kw] (group 1)
     xb, yb = esize(ctx.bits(x)), esize(ctx.bits(y))
     rows_of = TransposeRows(op, h, kh)
 
@@ -153,14 +152,14 @@ def conv_transpose(ctx: OpContext, op: dict, split: int) -> OpSchedule:
 class TransposeRows:
     """The input rows a transposed convolution reads for a band of output rows."""
 
-    op: dict
+    op: Op
     h: int
     kh: int
 
     def __call__(self, r0: int, r1: int) -> tuple[int, int]:
-        at = self.op["attrs"]
-        pt = (at["pads"] if at.get("pads") else [0, 0, 0, 0])[0]
-        sh, dh = at["strides"][0], at["dilations"][0]
+        at = self.op.attrs
+        pt = (at.pads if at.pads else [0, 0, 0, 0])[0]
+        sh, dh = at.strides[0], at.dilations[0]
         i0 = min(max(math.ceil((r0 + pt - (self.kh - 1) * dh) / sh), 0), self.h - 1)
         i1 = min(max((r1 - 1 + pt) // sh, 0), self.h - 1)
         return i0, max(i1, i0)
@@ -170,9 +169,9 @@ class TransposeRows:
         return i1 - i0 + 1
 
 
-def matmul(ctx: OpContext, op: dict, split: int) -> OpSchedule:
-    x, y = op["inputs"][0], op["outputs"][0]
-    k, n = ctx.arrays[op["arrays"]["weight"]].shape
+def matmul(ctx: OpContext, op: Op, split: int) -> OpSchedule:
+    x, y = op.inputs[0], op.outputs[0]
+    k, n = ctx.arrays[op.arrays.weight].shape
     m = int(np.prod(ctx.shapes[x], dtype=np.int64)) // k
     xb, yb = esize(ctx.bits(x)), esize(ctx.bits(y))
 
@@ -210,12 +209,12 @@ def broadcast_box(shape: list[int], blk) -> list[int]:
     return [bk if d != 1 else 1 for d, bk in zip(shape, blk)]
 
 
-def binary(ctx: OpContext, op: dict, split: int) -> OpSchedule:
-    y = op["outputs"][0]
+def binary(ctx: OpContext, op: Op, split: int) -> OpSchedule:
+    y = op.outputs[0]
     out4 = four(ctx.shapes[y])
     operands = []
-    for name in op["inputs"]:
-        bits = ctx.bits(y) if name in op.get("constants", {}) else ctx.bits(name)
+    for name in op.inputs:
+        bits = ctx.bits(y) if name in op.constants else ctx.bits(name)
         operands.append((ctx.operand_shape(op, name), bits))
     for shape, _ in operands:
         if any(d not in (1, o) for d, o in zip(shape, out4)):
@@ -228,8 +227,8 @@ def binary(ctx: OpContext, op: dict, split: int) -> OpSchedule:
     return blocked(ctx.sram, out4, need, split)
 
 
-def unary(ctx: OpContext, op: dict, split: int, fixed: int = 0) -> OpSchedule:
-    x, y = op["inputs"][0], op["outputs"][0]
+def unary(ctx: OpContext, op: Op, split: int, fixed: int = 0) -> OpSchedule:
+    x, y = op.inputs[0], op.outputs[0]
 
     def need(blk):
         n = int(np.prod(blk))
@@ -238,20 +237,20 @@ def unary(ctx: OpContext, op: dict, split: int, fixed: int = 0) -> OpSchedule:
     return blocked(ctx.sram, four(ctx.shapes[y]), need, split)
 
 
-def lut(ctx: OpContext, op: dict, split: int) -> OpSchedule:
-    table = ctx.arrays[op["arrays"]["table"]]
-    return unary(ctx, op, split, fixed=table.size * esize(ctx.bits(op["outputs"][0])))
+def lut(ctx: OpContext, op: Op, split: int) -> OpSchedule:
+    table = ctx.arrays[op.arrays.table]
+    return unary(ctx, op, split, fixed=table.size * esize(ctx.bits(op.outputs[0])))
 
 
-def clamp(ctx: OpContext, op: dict, split: int) -> OpSchedule:
+def clamp(ctx: OpContext, op: Op, split: int) -> OpSchedule:
     return unary(ctx, op, split)
 
 
-def concat(ctx: OpContext, op: dict, split: int) -> OpSchedule:
-    y = op["outputs"][0]
+def concat(ctx: OpContext, op: Op, split: int) -> OpSchedule:
+    y = op.outputs[0]
     parts = []
-    for name in op["inputs"]:
-        bits = ctx.bits(y) if name in op.get("constants", {}) else ctx.bits(name)
+    for name in op.inputs:
+        bits = ctx.bits(y) if name in op.constants else ctx.bits(name)
 
         def need(blk, bits=bits):
             n = int(np.prod(blk))
@@ -261,8 +260,8 @@ def concat(ctx: OpContext, op: dict, split: int) -> OpSchedule:
     return OpSchedule(parts=tuple(parts))
 
 
-def global_avgpool(ctx: OpContext, op: dict, split: int) -> OpSchedule:
-    x = op["inputs"][0]
+def global_avgpool(ctx: OpContext, op: Op, split: int) -> OpSchedule:
+    x = op.inputs[0]
     _, c, h, w = ctx.shapes[x]
     xb = esize(ctx.bits(x))
 
@@ -274,17 +273,17 @@ def global_avgpool(ctx: OpContext, op: dict, split: int) -> OpSchedule:
     return OpSchedule((cb, rows), *sizes(cb, rows))
 
 
-def pool_geometry(op: dict, hw: list[int], maxpool: bool):
+def pool_geometry(op, hw: list[int], maxpool: bool):
     """(kernel, strides, dilations, pads) of a max or average pool."""
-    at = op["attrs"]
-    strides = at.get("strides") or [1, 1]
-    dil = (at.get("dilations") or [1, 1]) if maxpool else [1, 1]
-    pads = pool_pads(hw, {**at, "strides": strides, "dilations": dil})
-    return at["kernel_shape"], strides, dil, pads
+    at = maxpool_attrs(op) if maxpool else op.attrs
+    strides = at.strides or [1, 1]
+    dil = (at.dilations or [1, 1]) if maxpool else [1, 1]
+    pads = pool_pads(hw, at.model_copy(update={"strides": strides, "dilations": dil}))
+    return at.kernel_shape, strides, dil, pads
 
 
-def pool(ctx: OpContext, op: dict, split: int, maxpool: bool = False) -> OpSchedule:
-    x, y = op["inputs"][0], op["outputs"][0]
+def pool(ctx: OpContext, op: Op, split: int, maxpool: bool = False) -> OpSchedule:
+    x, y = op.inputs[0], op.outputs[0]
     _, c, h, w = ctx.shapes[x]
     _, _, oh, ow = ctx.shapes[y]
     (kh, kw), strides, dil, _ = pool_geometry(op, [h, w], maxpool)
@@ -300,20 +299,20 @@ def pool(ctx: OpContext, op: dict, split: int, maxpool: bool = False) -> OpSched
     return OpSchedule((cb, rows, cols), *sizes(cb, rows, cols))
 
 
-def avgpool(ctx: OpContext, op: dict, split: int) -> OpSchedule:
+def avgpool(ctx: OpContext, op: Op, split: int) -> OpSchedule:
     return pool(ctx, op, split, maxpool=False)
 
 
-def resize_indices(op: dict, hw: list[int], out_hw: list[int]) -> tuple[np.ndarray, np.ndarray]:
+def resize_indices(op: Op, hw: list[int], out_hw: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """The source row and column of every output row and column of a nearest resize."""
     (h, w), (oh, ow) = hw, out_hw
-    rows = nearest_indices(h, oh, op["attrs"]) if h != oh else np.arange(h)
-    cols = nearest_indices(w, ow, op["attrs"]) if w != ow else np.arange(w)
+    rows = nearest_indices(h, oh, op.attrs) if h != oh else np.arange(h)
+    cols = nearest_indices(w, ow, op.attrs) if w != ow else np.arange(w)
     return rows, cols
 
 
-def resize_nearest(ctx: OpContext, op: dict, split: int) -> OpSchedule:
-    x, y = op["inputs"][0], op["outputs"][0]
+def resize_nearest(ctx: OpContext, op: Op, split: int) -> OpSchedule:
+    x, y = op.inputs[0], op.outputs[0]
     _, c, h, w = ctx.shapes[x]
     _, _, oh, ow = ctx.shapes[y]
     row_idx, _ = resize_indices(op, [h, w], [oh, ow])
@@ -331,12 +330,12 @@ def resize_nearest(ctx: OpContext, op: dict, split: int) -> OpSchedule:
     return OpSchedule((cb, rows), *sizes(cb, rows))
 
 
-def copy(ctx: OpContext, op: dict, split: int) -> OpSchedule:
+def copy(ctx: OpContext, op: Op, split: int) -> OpSchedule:
     """Transpose, Slice and Split: a block of each output that is copied at a time."""
-    if op["op_type"] not in ("Transpose", "Slice", "Split"):
+    if op.op_type not in ("Transpose", "Slice", "Split"):
         raise DoesNotFit
-    e = esize(ctx.bits(op["inputs"][0]))
-    outputs = op["outputs"] if op["op_type"] == "Split" else op["outputs"][:1]
+    e = esize(ctx.bits(op.inputs[0]))
+    outputs = op.outputs if op.op_type == "Split" else op.outputs[:1]
     parts = [
         blocked(ctx.sram, four(ctx.shapes[out]), lambda b: (0, int(np.prod(b)) * e), split) for out in outputs
     ]

@@ -1,0 +1,278 @@
+"""The integer model as typed data: the program quantize writes (`quantized.npq`'s header) and
+everything after it reads (the golden interpreter, partition, the back end, the QDQ export).
+
+One model per op kind, told apart by `kind`; each carries the attributes its integer semantics
+need (docs/quantization.md) and names its integer arrays (weights, biases, multipliers, tables)
+in the archive. `parse` validates an untrusted header into an `IntegerModel`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from npubuild.errors import UserError
+
+
+class _Typed(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TensorQuant(_Typed):
+    """A tensor's integer grid: real = (code - zero_point) * scale, codes of `bits` bits."""
+
+    scale: float = Field(gt=0, allow_inf_nan=False)
+    zero_point: int = Field(ge=-(2**15), le=2**16)
+    bits: Literal[8, 16]
+
+
+class _Op(_Typed):
+    kind: str
+    node: str = ""  # the ONNX node it came from
+    op_type: str = ""
+    inputs: list[str]
+    outputs: list[str]
+    constants: dict[str, str] = {}  # constant input -> its array in the archive
+
+    @property
+    def label(self) -> str:
+        return self.node or self.outputs[0]
+
+
+class QuantizeOp(_Op):
+    """A float tensor (a network input, a float op's output) to codes on its grid."""
+
+    kind: Literal["quantize"]
+
+
+class FloatOp(_Op):
+    """An ONNX node run in float (its serialized NodeProto is the array `proto`)."""
+
+    kind: Literal["float"]
+    proto: str
+
+
+class MacArrays(_Typed):
+    weight: str
+    bias: str
+    m0: str
+    shift: str
+    weight_scale: str
+
+
+class MacAttrs(_Typed):
+    min: int  # the clamp of the output codes (a fused Relu/Clip narrows it)
+    max: int
+    mbits: Literal[15, 31]  # multiplier width: 31 for int8 inputs, 15 for int16
+
+
+class ConvGeometry(_Typed):
+    """Where a convolution's windows fall (ONNX Conv / ConvTranspose attributes)."""
+
+    strides: list[int]
+    pads: list[int]
+    dilations: list[int]
+    group: int = Field(ge=1)
+    transpose: bool = False
+    output_padding: list[int] = []
+    auto_pad: str = "NOTSET"
+
+
+class ConvAttrs(ConvGeometry):
+    min: int
+    max: int
+    mbits: Literal[15, 31]
+
+
+class ConvOp(_Op):
+    kind: Literal["conv"]
+    attrs: ConvAttrs
+    arrays: MacArrays
+    activation: str | None = None
+
+
+class MatMulOp(_Op):
+    kind: Literal["matmul"]
+    attrs: MacAttrs
+    arrays: MacArrays
+    activation: str | None = None
+
+
+class AddAttrs(_Typed):
+    ma: int
+    mb: int
+    za: int
+    zb: int
+
+
+class AddOp(_Op):
+    kind: Literal["add"]
+    attrs: AddAttrs
+    operand_params: list[TensorQuant] = []
+
+
+class MulAttrs(_Typed):
+    m0: int
+    shift: int
+    za: int
+    zb: int
+    mbits: Literal[15, 31]
+
+
+class MulOp(_Op):
+    kind: Literal["mul"]
+    attrs: MulAttrs
+    operand_params: list[TensorQuant] = []
+
+
+class Rescale(_Typed):
+    """How one Concat input reaches the output's grid (`same`: it is already on it)."""
+
+    m0: int
+    shift: int
+    zin: int
+    same: bool
+
+
+class ConcatAttrs(_Typed):
+    axis: int
+    rescale: list[Rescale]
+
+
+class ConcatOp(_Op):
+    kind: Literal["concat"]
+    attrs: ConcatAttrs
+    operand_params: list[TensorQuant] = []
+
+
+class LutAttrs(_Typed):
+    offset: int  # table index of code 0
+
+
+class LutArrays(_Typed):
+    table: str
+
+
+class LutOp(_Op):
+    kind: Literal["lut"]
+    attrs: LutAttrs
+    arrays: LutArrays
+
+
+class ClampAttrs(_Typed):
+    min: int
+    max: int
+
+
+class ClampOp(_Op):
+    kind: Literal["clamp"]
+    attrs: ClampAttrs
+
+
+class PoolAttrs(_Typed):
+    kernel_shape: list[int]
+    strides: list[int] | None = None
+    pads: list[int] | None = None
+    dilations: list[int] | None = None
+    ceil_mode: int = 0
+    count_include_pad: int = 0
+
+
+class PoolArrays(_Typed):
+    m0: str
+    shift: str
+
+
+class AvgPoolOp(_Op):
+    kind: Literal["avgpool"]
+    attrs: PoolAttrs
+    arrays: PoolArrays
+
+
+class GlobalAvgPoolAttrs(_Typed):
+    m0: int
+    shift: int
+    mbits: Literal[15, 31]
+
+
+class GlobalAvgPoolOp(_Op):
+    kind: Literal["global_avgpool"]
+    attrs: GlobalAvgPoolAttrs
+
+
+class ResizeAttrs(_Typed):
+    out_shape: list[int]
+    coordinate_transformation_mode: str = "half_pixel"
+    nearest_mode: str = "round_prefer_floor"
+
+
+class ResizeOp(_Op):
+    kind: Literal["resize_nearest"]
+    attrs: ResizeAttrs
+
+
+class MoveOp(_Op):
+    """An op that moves codes without changing them (Reshape, Transpose, Slice, Split, MaxPool,
+    ...): its ONNX attributes as they were."""
+
+    kind: Literal["move"]
+    attrs: dict[str, Any] = {}
+
+
+Op = Annotated[
+    QuantizeOp
+    | FloatOp
+    | ConvOp
+    | MatMulOp
+    | AddOp
+    | MulOp
+    | ConcatOp
+    | LutOp
+    | ClampOp
+    | AvgPoolOp
+    | GlobalAvgPoolOp
+    | ResizeOp
+    | MoveOp,
+    Field(discriminator="kind"),
+]
+
+
+def maxpool_attrs(op: MoveOp) -> PoolAttrs:
+    """A MaxPool's window from its ONNX attributes (strides and dilations default to 1)."""
+    at = op.attrs
+    kernel = list(at["kernel_shape"])
+    return PoolAttrs(
+        kernel_shape=kernel,
+        strides=at.get("strides") or [1] * len(kernel),
+        pads=at.get("pads"),
+        dilations=at.get("dilations") or [1] * len(kernel),
+        ceil_mode=at.get("ceil_mode", 0),
+    )
+
+
+class FloatNode(_Typed):
+    node: str
+    op_type: str
+    reason: str
+
+
+class IntegerModel(_Typed):
+    version: Literal[1] = 1
+    inputs: list[str] = []
+    outputs: list[str]
+    ops: list[Op]
+    tensors: dict[str, TensorQuant]
+    float_nodes: list[FloatNode] = []
+    opset: int = 13
+    functions: list[str] = []  # arrays holding the model's serialized FunctionProtos
+
+
+def parse(meta: Any, where: str) -> IntegerModel:
+    """The integer model in a header; a UserError naming the first problem when it is not one."""
+    try:
+        return IntegerModel.model_validate(meta)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        at = ".".join(str(p) for p in first["loc"])
+        raise UserError(f"{where}: not an integer model ({at}: {first['msg']})") from None
