@@ -70,3 +70,13 @@ def test_no_import_cycles():
     for module in sorted(graph):
         if module not in state:
             visit(module, [module])
+
+
+def test_no_module_is_over_600_lines():
+    """A module that grows past this holds more than one job (docs/tree.md): split it."""
+    long = {
+        str(path.relative_to(REPO)): n
+        for path in sorted((REPO / "npubuild").rglob("*.py"))
+        if (n := len(path.read_text().splitlines())) > 600
+    }
+    assert not long, long

@@ -333,6 +333,7 @@ class Encoder:
         """Window sums of zero-point-free codes, divided by each window's element count (which is
         smaller at the borders unless count_include_pad) through a per-position multiplier."""
         from npubuild.intmodel.kernels import pool_counts
+        from npubuild.intmodel.program import PoolAttrs
 
         x, out = node.input[0], node.output[0]
         xp, yp = self.params[x], self.params[out]
@@ -343,7 +344,7 @@ class Encoder:
             "ceil_mode": int(attr(node, "ceil_mode", 0)),
             "count_include_pad": int(attr(node, "count_include_pad", 0)),
         }
-        counts = pool_counts(self.shapes[x][2:], attrs)
+        counts = pool_counts(self.shapes[x][2:], PoolAttrs(**attrs))
         pairs = [quantize_multiplier(xp.scale / (yp.scale * c)) for c in counts.reshape(-1)]
         m0 = np.array([p[0] for p in pairs], np.int64).reshape(counts.shape)
         shift = np.array([p[1] for p in pairs], np.int64).reshape(counts.shape)
