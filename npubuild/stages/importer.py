@@ -201,18 +201,21 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"the model fails the ONNX checker: {first}") from None
-    _constant_inputs_to_initializers(model)
-    _pin_inputs(model, params["input_shapes"])
     warnings: list[str] = []
+    # Convert the model as it was written: before IR version 4 initializers had to be listed as
+    # graph inputs too, and the converter checks the model by its own IR version's rules.
     if opset_before < params["opset"]:
         try:
             model = onnx.version_converter.convert_version(model, params["opset"])
         except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise UserError(
-                f"cannot upgrade the model from opset {opset_before} to {params['opset']}: {exc}"
+                f"cannot upgrade the model from opset {opset_before} to {params['opset']}: {first}"
             ) from None
     if model.ir_version < 7:
         model.ir_version = 7
+    _constant_inputs_to_initializers(model)
+    _pin_inputs(model, params["input_shapes"])
     try:
         model = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
     except Exception as exc:
