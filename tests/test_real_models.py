@@ -170,17 +170,17 @@ def test_simulator_is_bit_exact_with_the_integer_model_on_every_npu_op(example, 
         if sg["device"] != "npu":
             continue
         runtime.run_npu(k, {s["name"]: env[s["name"]] for s in sg["inputs"]})
-        for op in program["ops"]:
-            if op.get("node", op["outputs"][0]) not in sg["ops"]:
+        for op in program.ops:
+            if op.label not in sg["ops"]:
                 continue
-            for o in op["outputs"]:
+            for o in op.outputs:
                 spec = runtime.tensors.get(o)
                 if not o or spec is None:
                     continue
                 got = runtime.sim.dram.view(spec["dram"], spec["bits"], spec["shape"])
                 np.testing.assert_array_equal(got, np.asarray(env[o]).reshape(spec["shape"]), err_msg=o)
                 checked += 1
-    assert checked >= 0.9 * sum(1 for op in program["ops"] if op["kind"] not in ("float", "quantize"))
+    assert checked >= 0.9 * sum(1 for op in program.ops if op.kind not in ("float", "quantize"))
     assert stats["npu_subgraphs"] >= 1
     # the deployed binary (layer groups kept in SRAM, activations fused into convolutions): every
     # subgraph output is still the golden interpreter's, bit for bit
