@@ -269,3 +269,37 @@ def test_optimize_is_deterministic():
     first = optimize(m, [], 8)[0].SerializeToString(deterministic=True)
     second = optimize(m, [], 8)[0].SerializeToString(deterministic=True)
     assert first == second
+
+
+def test_sum_becomes_a_chain_of_adds_and_dropout_with_an_unread_mask_goes():
+    c = RNG.standard_normal((1, 3, 4, 4)).astype(np.float32)
+    m = model(
+        [
+            helper.make_node("Relu", ["x"], ["r"]),
+            helper.make_node("Dropout", ["r"], ["d", "mask"], name="drop"),
+            helper.make_node("Sum", ["x", "d", "c"], ["s"], name="sum3"),
+            helper.make_node("Sum", ["s"], ["y"], name="sum1"),
+        ],
+        [x_info([1, 3, 4, 4])],
+        [x_info([1, 3, 4, 4], "y")],
+        [("c", c)],
+    )
+    optimized, log = optimize(m, [], 4)
+    assert ops(optimized) == ["Relu", "Add", "Add"]
+    assert log[0]["changes"]["sum_to_add"] == 2 and log[0]["changes"]["remove_noops"] == 1
+    check_same(m, optimized, [1, 3, 4, 4])
+
+
+def test_dropout_whose_mask_is_read_stays():
+    m = model(
+        [
+            helper.make_node("Dropout", ["x"], ["d", "mask"]),
+            helper.make_node("Cast", ["mask"], ["m"], to=TensorProto.FLOAT),
+            helper.make_node("Add", ["d", "m"], ["y"]),
+        ],
+        [x_info([1, 4])],
+        [x_info([1, 4], "y")],
+    )
+    optimized, _ = optimize(m, [], 4)
+    assert "Dropout" in ops(optimized)
+    check_same(m, optimized, [1, 4])

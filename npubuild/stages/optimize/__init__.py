@@ -9,6 +9,7 @@ PASS_NAMES = (
     "fold_shapes",
     "fold_constants",
     "remove_noops",
+    "sum_to_add",
     "fold_batchnorm",
     "fold_scale_into_conv",
     "cancel_transpose_reshape",

@@ -107,12 +107,20 @@ def _all_equal(value: np.ndarray | None, scalar: float) -> bool:
     return value is not None and value.size > 0 and bool(np.all(value == scalar))
 
 
-def _noop_input(g: Graph, node: onnx.NodeProto) -> str | None:
+def _noop_input(g: Graph, node: onnx.NodeProto, uses: dict) -> str | None:
     """The input a node passes through unchanged, or None."""
     op = node.op_type
     out_shape = g.shape(node.output[0])
-    if op in ("Identity", "Dropout"):
-        return node.input[0] if len(node.output) == 1 or not node.output[1] else None
+    if op == "Identity":
+        return node.input[0]
+    if op == "Dropout":  # at inference: the identity, unless its mask is read or training is on
+        if any(o and (o in uses or o in g.output_names()) for o in node.output[1:]):
+            return None
+        if len(node.input) > 2 and node.input[2]:
+            training = g.constant(node.input[2])
+            if training is None or bool(np.any(training)):
+                return None
+        return node.input[0]
     if op == "Cast":
         return node.input[0] if g.elem_type(node.input[0]) == _attr(node, "to") else None
     if op in ("Reshape", "Expand", "Resize", "Flatten", "Squeeze", "Unsqueeze"):
@@ -140,10 +148,33 @@ def _noop_input(g: Graph, node: onnx.NodeProto) -> str | None:
 
 def remove_noops(g: Graph) -> int:
     changed = 0
+    uses = g.consumers()
     for node in list(g.nodes):
-        keep = _noop_input(g, node)
+        keep = _noop_input(g, node, uses)
         if keep is not None and g.bypass(node, keep):
             changed += 1
+    return changed
+
+
+def sum_to_add(g: Graph) -> int:
+    """Sum of n inputs -> a chain of n - 1 Adds (same broadcasting), which have an integer form;
+    a Sum of one input is its input."""
+    changed = 0
+    for node in list(g.nodes):
+        if node.op_type != "Sum" or not node.input:
+            continue
+        if len(node.input) == 1:
+            changed += int(g.bypass(node, node.input[0]))
+            continue
+        chain, acc = [], node.input[0]
+        for k, x in enumerate(node.input[1:], start=1):
+            out = node.output[0] if k == len(node.input) - 1 else g.fresh_name(f"{node.output[0]}_sum{k}")
+            name = f"{node.name or node.output[0]}_add{k}"
+            chain.append(onnx.helper.make_node("Add", [acc, x], [out], name=name))
+            acc = out
+        index = g.nodes.index(node)
+        g.nodes[index : index + 1] = chain
+        changed += 1
     return changed
 
 
@@ -468,6 +499,7 @@ PASSES: dict[str, Callable[[Graph], int]] = {
         fold_shapes,
         fold_constants,
         remove_noops,
+        sum_to_add,
         fold_batchnorm,
         fold_scale_into_conv,
         cancel_transpose_reshape,
