@@ -303,3 +303,33 @@ def test_dropout_whose_mask_is_read_stays():
     optimized, _ = optimize(m, [], 4)
     assert "Dropout" in ops(optimized)
     check_same(m, optimized, [1, 4])
+
+
+def test_a_large_constant_subgraph_that_makes_a_weight_is_folded():
+    """Weights built by ConstantOfShape (as in the onnx package's light models) become constants
+    of the Conv, however large; the same size of constant feeding data is left alone."""
+    shape = np.array([256, 64, 9, 9], np.int64)  # 1.3 Mi elements, over the data limit
+    value = helper.make_tensor("v", TensorProto.FLOAT, [1], [0.01])
+    m = model(
+        [
+            helper.make_node("ConstantOfShape", ["s"], ["w"], value=value),
+            helper.make_node("Conv", ["x", "w"], ["y"], pads=[4, 4, 4, 4]),
+        ],
+        [x_info([1, 64, 4, 4])],
+        [x_info([1, 256, 4, 4], "y")],
+        [("s", shape)],
+    )
+    optimized, _ = optimize(m, [], 4)
+    assert ops(optimized) == ["Conv"]
+    check_same(m, optimized, [1, 64, 4, 4], atol=1e-4)
+    data = model(
+        [
+            helper.make_node("ConstantOfShape", ["s"], ["big"], value=value),
+            helper.make_node("Add", ["x", "big"], ["y"]),
+        ],
+        [x_info([256, 64, 9, 9])],
+        [x_info([256, 64, 9, 9], "y")],
+        [("s", shape)],
+    )
+    optimized, _ = optimize(data, [], 4)
+    assert "ConstantOfShape" in ops(optimized)

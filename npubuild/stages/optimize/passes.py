@@ -77,8 +77,29 @@ def _evaluate(node: onnx.NodeProto, g: Graph) -> list[np.ndarray]:
     return evaluator.run(None, feeds)
 
 
+# Inputs that are a layer's parameters: a large constant subgraph that computes one (weights made
+# by ConstantOfShape, a reshaped or transposed weight) is folded whatever its size, up to this.
+WEIGHT_INPUTS = {"Conv": (1, 2), "ConvTranspose": (1, 2), "Gemm": (1, 2), "MatMul": (1,)}
+MAX_FOLDED_WEIGHT_ELEMENTS = 1 << 26
+
+
+def _feeds_weights(name: str, uses: dict, memo: dict) -> bool:
+    """Whether every use of `name` is a layer's parameter input, directly or through nodes whose
+    outputs all are."""
+    if name not in memo:
+        memo[name] = False  # a cycle is not a weight
+        users = uses.get(name, [])
+        memo[name] = bool(users) and all(
+            any(u.input[k] == name for k in WEIGHT_INPUTS.get(u.op_type, ()) if k < len(u.input))
+            or all(_feeds_weights(o, uses, memo) for o in u.output if o)
+            for u in users
+        )
+    return memo[name]
+
+
 def fold_constants(g: Graph) -> int:
     changed = 0
+    uses, memo = g.consumers(), {}
     for node in list(g.nodes):
         if (
             node.domain not in ("", "ai.onnx")
@@ -88,12 +109,19 @@ def fold_constants(g: Graph) -> int:
             or any(o in g.output_names() for o in node.output)
         ):
             continue
+        if node.op_type == "ConstantOfShape" and np.prod(g.constants[node.input[0]], dtype=np.float64) > (
+            MAX_FOLDED_WEIGHT_ELEMENTS
+        ):
+            continue  # never materialise what no limit would keep
         try:
             values = _evaluate(node, g)
         except Exception:  # an op the reference runtime lacks: leave it to onnxruntime
             continue
         largest_input = max((g.constants[i].size for i in node.input if i), default=0)
-        if any(np.asarray(v).size > max(MAX_FOLDED_ELEMENTS, largest_input) for v in values):
+        limit = max(MAX_FOLDED_ELEMENTS, largest_input)
+        if all(_feeds_weights(o, uses, memo) for o in node.output if o):
+            limit = max(limit, MAX_FOLDED_WEIGHT_ELEMENTS)
+        if any(np.asarray(v).size > limit for v in values):
             continue
         for name, value in zip(node.output, values):
             if name:
