@@ -333,3 +333,27 @@ def test_a_large_constant_subgraph_that_makes_a_weight_is_folded():
     )
     optimized, _ = optimize(data, [], 4)
     assert "ConstantOfShape" in ops(optimized)
+
+
+def test_a_standalone_batchnorm_becomes_a_per_channel_affine():
+    c = 4
+    bn = [
+        RNG.uniform(0.5, 2, c).astype(np.float32),
+        RNG.standard_normal(c).astype(np.float32),
+        RNG.standard_normal(c).astype(np.float32),
+        RNG.uniform(0.5, 2, c).astype(np.float32),
+    ]
+    m = model(
+        [
+            helper.make_node("Relu", ["x"], ["r"]),
+            helper.make_node("BatchNormalization", ["r", "g", "b", "m", "v"], ["n"], epsilon=1e-3),
+            helper.make_node("Relu", ["n"], ["y"]),
+        ],
+        [x_info([1, c, 5, 5])],
+        [x_info([1, c, 5, 5], "y")],
+        list(zip("gbmv", bn)),
+    )
+    optimized, log = optimize(m, [], 4)
+    assert ops(optimized) == ["Relu", "Mul", "Add", "Relu"]
+    assert log[0]["changes"]["batchnorm_to_affine"] == 1
+    check_same(m, optimized, [1, c, 5, 5])

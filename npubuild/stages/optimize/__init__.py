@@ -11,6 +11,7 @@ PASS_NAMES = (
     "remove_noops",
     "sum_to_add",
     "fold_batchnorm",
+    "batchnorm_to_affine",
     "fold_scale_into_conv",
     "cancel_transpose_reshape",
     "fuse_silu",

@@ -268,15 +268,45 @@ def fold_batchnorm(g: Graph) -> int:
         conv = producers.get(bn.input[0])
         if conv is None or conv.op_type not in ("Conv", "ConvTranspose") or not _single_use(g, bn.input[0]):
             continue
-        gamma, beta, mean, var = (g.constant(n) for n in bn.input[1:5])
-        if any(v is None for v in (gamma, beta, mean, var)):
-            continue
-        eps = _attr(bn, "epsilon", 1e-5)
-        scale = gamma.astype(np.float64) / np.sqrt(var.astype(np.float64) + eps)
-        shift = beta.astype(np.float64) - mean.astype(np.float64) * scale
-        if _rescale_conv(g, conv, scale, shift) and g.bypass(bn, bn.input[0]):
+        affine = _bn_affine(g, bn)
+        if affine is not None and _rescale_conv(g, conv, *affine) and g.bypass(bn, bn.input[0]):
             changed += 1
             producers = g.producers()
+    return changed
+
+
+def _bn_affine(g: Graph, bn: onnx.NodeProto) -> tuple[np.ndarray, np.ndarray] | None:
+    """An inference BatchNormalization as y = x * scale + shift per channel (float64)."""
+    if any(o for o in bn.output[1:]) or len(bn.input) < 5:
+        return None
+    gamma, beta, mean, var = (g.constant(n) for n in bn.input[1:5])
+    if any(v is None for v in (gamma, beta, mean, var)):
+        return None
+    scale = gamma.astype(np.float64) / np.sqrt(var.astype(np.float64) + _attr(bn, "epsilon", 1e-5))
+    return scale, beta.astype(np.float64) - mean.astype(np.float64) * scale
+
+
+def batchnorm_to_affine(g: Graph) -> int:
+    """A BatchNormalization no convolution absorbed (after a Concat, before a ReLU) -> Mul and Add
+    by per-channel constants, which have integer forms (and fold into a convolution after it
+    when one follows)."""
+    changed = 0
+    for bn in list(g.nodes):
+        if bn.op_type != "BatchNormalization" or g.elem_type(bn.input[0]) != onnx.TensorProto.FLOAT:
+            continue
+        shape, affine = g.shape(bn.input[0]), _bn_affine(g, bn)
+        if affine is None or shape is None or len(shape) < 2:
+            continue
+        per_channel = (-1,) + (1,) * (len(shape) - 2)
+        base = bn.name or bn.output[0]
+        scale = g.add_constant(f"{base}.scale", affine[0].astype(np.float32).reshape(per_channel))
+        shift = g.add_constant(f"{base}.shift", affine[1].astype(np.float32).reshape(per_channel))
+        scaled = g.fresh_name(f"{bn.output[0]}_scaled")
+        mul = onnx.helper.make_node("Mul", [bn.input[0], scale], [scaled], name=f"{base}_scale")
+        add = onnx.helper.make_node("Add", [scaled, shift], [bn.output[0]], name=f"{base}_shift")
+        index = g.nodes.index(bn)
+        g.nodes[index : index + 1] = [mul, add]
+        changed += 1
     return changed
 
 
@@ -529,6 +559,7 @@ PASSES: dict[str, Callable[[Graph], int]] = {
         remove_noops,
         sum_to_add,
         fold_batchnorm,
+        batchnorm_to_affine,
         fold_scale_into_conv,
         cancel_transpose_reshape,
         fuse_silu,
