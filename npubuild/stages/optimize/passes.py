@@ -83,23 +83,20 @@ WEIGHT_INPUTS = {"Conv": (1, 2), "ConvTranspose": (1, 2), "Gemm": (1, 2), "MatMu
 MAX_FOLDED_WEIGHT_ELEMENTS = 1 << 26
 
 
-def _feeds_weights(name: str, uses: dict, memo: dict) -> bool:
-    """Whether every use of `name` is a layer's parameter input, directly or through nodes whose
-    outputs all are."""
-    if name not in memo:
-        memo[name] = False  # a cycle is not a weight
-        users = uses.get(name, [])
-        memo[name] = bool(users) and all(
-            any(u.input[k] == name for k in WEIGHT_INPUTS.get(u.op_type, ()) if k < len(u.input))
-            or all(_feeds_weights(o, uses, memo) for o in u.output if o)
-            for u in users
-        )
-    return memo[name]
+def _feeds_weights(name: str, uses: dict, depth: int = 8) -> bool:
+    """Whether every use of `name` is a layer's parameter input, directly or through at most
+    `depth` nodes whose outputs all are (a Cast, Reshape or Transpose of a weight)."""
+    users = uses.get(name, [])
+    return bool(users) and all(
+        any(u.input[k] == name for k in WEIGHT_INPUTS.get(u.op_type, ()) if k < len(u.input))
+        or (depth > 0 and all(_feeds_weights(o, uses, depth - 1) for o in u.output if o))
+        for u in users
+    )
 
 
 def fold_constants(g: Graph) -> int:
     changed = 0
-    uses, memo = g.consumers(), {}
+    uses = g.consumers()
     for node in list(g.nodes):
         if (
             node.domain not in ("", "ai.onnx")
@@ -119,7 +116,7 @@ def fold_constants(g: Graph) -> int:
             continue
         largest_input = max((g.constants[i].size for i in node.input if i), default=0)
         limit = max(MAX_FOLDED_ELEMENTS, largest_input)
-        if all(_feeds_weights(o, uses, memo) for o in node.output if o):
+        if all(_feeds_weights(o, uses) for o in node.output if o):
             limit = max(limit, MAX_FOLDED_WEIGHT_ELEMENTS)
         if any(np.asarray(v).size > limit for v in values):
             continue
