@@ -94,6 +94,13 @@ def test_npu_constraints():
     }
     floating = {"kind": "float", "op_type": "Softmax", "inputs": ["x"], "outputs": ["y"], "proto": "p"}
     program = _program([resize, floating], {"x": 8, "y": 8})
+    conv = {**floating, "op_type": "Conv", "node": "c"}
+    why = {"node": "c", "op_type": "Conv", "reason": "Conv with a non-constant weight"}
+    with_reason = IntegerModel.model_validate({**program.model_dump(), "ops": [conv], "float_nodes": [why]})
+    assert (
+        npu_blocker(OpView(with_reason.ops[0], with_reason, {}, shapes, MEDIUM))
+        == "Conv stays float: Conv with a non-constant weight"
+    )
     resize, floating = program.ops
     shapes = {"x": [1, 3, 4, 4], "y": [1, 3, 8, 8]}
     assert npu_blocker(OpView(resize, program, {}, shapes, SMALL)) == "vnpu-s does not support Resize"
@@ -102,3 +109,11 @@ def test_npu_constraints():
         npu_blocker(OpView(floating, program, {}, shapes, MEDIUM))
         == "Softmax has no integer form (it stays float)"
     )
+
+
+def test_reshape_like_ops_need_nothing_of_the_target():
+    squeeze = {"kind": "move", "op_type": "Squeeze", "inputs": ["x"], "outputs": ["y"], "constants": {}}
+    program = _program([squeeze], {"x": 8, "y": 8})
+    shapes = {"x": [1, 3, 1, 4], "y": [1, 3, 4]}
+    assert "Squeeze" not in MEDIUM.supported_ops
+    assert npu_blocker(OpView(program.ops[0], program, {}, shapes, MEDIUM)) is None

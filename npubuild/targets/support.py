@@ -200,8 +200,16 @@ def _npu(fn: NpuConstraint) -> NpuConstraint:
 
 @_npu
 def integer_op(v: OpView) -> str | None:
-    """The NPU computes integers only: an op without an integer form stays float on the CPU."""
-    return f"{v.op.op_type} has no integer form (it stays float)" if v.kind == "float" else None
+    """The NPU computes integers only: an op the quantizer left float runs on the CPU, for the
+    reason the quantizer gave (no integer rule for its type, a non-constant weight, an override)."""
+    if v.kind != "float":
+        return None
+    why = next((f.reason for f in v.program.float_nodes if f.node == v.op.node), "")
+    return (
+        f"{v.op.op_type} stays float: {why}"
+        if why
+        else f"{v.op.op_type} has no integer form (it stays float)"
+    )
 
 
 @_npu
@@ -225,8 +233,11 @@ def supported_widths(v: OpView) -> str | None:
 @_npu
 def supported_op_type(v: OpView) -> str | None:
     """The target must list the op's ONNX type (Div, Sub, Relu and Clip ride on Mul, Add and the
-    requantization's clamp, which every target has)."""
+    requantization's clamp, which every target has; Reshape-like ops are another name for their
+    input's buffer and need nothing of the target)."""
     op_type = v.op.op_type
+    if v.kind == "move" and op_type in ALIASES:
+        return None
     if v.kind in ("conv", "matmul", "add", "mul", "lut") or (v.kind == "move" and op_type):
         if op_type not in v.target.supported_ops and op_type not in ("Div", "Sub", "Relu", "Clip"):
             return f"{v.target.name} does not support {op_type}"
