@@ -209,3 +209,46 @@ def test_buffers_are_aligned_after_constants():
     with pytest.raises(DoesNotFit):
         plan.buffers(0, 1 << 14)
     assert np.all(np.array(plan.buffers(0, 64)) % 64 == 0)
+
+
+def test_a_grouped_convolution_whose_group_exceeds_sram_is_cut_inside_the_group(tmp_path):
+    """Group 2, 32 output channels per group of 3x3x32 weights (10 KiB with their parameters) on an
+    8 KiB SRAM: chunks of one group's channels, and the simulator still matches the golden
+    interpreter bit for bit."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from test_quantize import pipeline
+
+    from npubuild.intmodel.interpreter import load_integer_model
+    from npubuild.targets import npub
+    from npubuild.targets.compile import compile_npub, plan_partition
+    from npubuild.targets.runtime import Runtime
+    from npubuild.targets.spec import BUILTIN_TARGETS
+
+    rng = np.random.default_rng(3)
+    w = (rng.standard_normal((64, 32, 3, 3)) * 0.1).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], group=2)],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    model = onnx.shape_inference.infer_shapes(model)
+    samples = rng.standard_normal((4, 64, 6, 6)).astype(np.float32)
+    _, q, _, _ = pipeline(tmp_path, model, samples=samples)
+    program, arrays, interpreter = load_integer_model(q["integer"])
+    tiny = BUILTIN_TARGETS["vnpu-s"].model_copy(update={"sram_kib": 8})
+    plan = plan_partition(program, arrays, model, tiny)
+    assert plan["cpu_ops"] == 1 and plan["npu_ops"] == 1  # the network input's quantize, the conv
+    data, listing, _ = compile_npub(program, arrays, model, tiny, plan)
+    convs = [line for line in listing.splitlines() if " conv " in f" {line} " and "in_c=" in line]
+    assert convs and all("group=1 " in line and "in_c=32 " in line for line in convs)
+    widths = [int(line.split("out_c=")[1].split()[0]) for line in convs]
+    assert max(widths) < 32 and sum(widths) % 64 == 0  # pieces of a group; every channel computed
+    feed = {"x": samples[:1]}
+    golden, _ = interpreter.run(feed)
+    got = Runtime(npub.read(data)).run(feed)
+    np.testing.assert_array_equal(got["y"], golden["y"])

@@ -22,7 +22,7 @@ from npubuild.targets.backend.commands import (
 )
 from npubuild.targets.backend.context import OpContext
 from npubuild.targets.backend.memory import CHANNEL_PARAM_BYTES, align, esize, row_major
-from npubuild.targets.backend.schedule import OpSchedule, TransposeRows, window
+from npubuild.targets.backend.schedule import OpSchedule, TransposeRows, conv_chunks, window
 
 
 def params_offset(weights_at: int, weight_bytes: int, channels: int, fixed: int) -> int:
@@ -61,8 +61,8 @@ def conv(ctx: OpContext, op: Op, sched: OpSchedule, activation: Op | None = None
     bufs = sched.buffers(ctx.sram)
     xs, ys = row_major([1, c, h, w]), row_major([1, oc, oh, ow])
     commands: list[Command] = []
-    for o0 in range(0, oc, ocb):
-        n_out = min(o0 + ocb, oc) - o0
+    inside = group > 1 and ocb < og  # chunks of one group's output channels
+    for o0, n_out in conv_chunks(oc, group, ocb):
         wbase = table_bytes
         consts = []
         if activation and (o0 == 0 or ctx.sram.const_slot):  # each slot needs its own copy
@@ -72,7 +72,7 @@ def conv(ctx: OpContext, op: Op, sched: OpSchedule, activation: Op | None = None
         consts.append(const_load(params_at, paddr + o0 * CHANNEL_PARAM_BYTES, n_out * CHANNEL_PARAM_BYTES))
         commands.append(ConstLoads(consts))
         ci0 = 0 if group == 1 else (o0 // og) * cg
-        cin = c if group == 1 else (n_out // og) * cg
+        cin = c if group == 1 else cg if inside else (n_out // og) * cg
         for r0 in range(0, oh, rows):
             r1 = min(r0 + rows, oh)
             for c0 in range(0, ow, cols):
@@ -94,7 +94,7 @@ def conv(ctx: OpContext, op: Op, sched: OpSchedule, activation: Op | None = None
                         out_c=n_out, out_h=r1 - r0, out_w=c1 - c0,
                         out_bits=ctx.bits(raw), out_zp=ctx.zero_point(raw),
                         kh=kh, kw=kw, sh=sh, sw=sw, dh=dh, dw=dw,
-                        group=1 if group == 1 else n_out // og, min=at.min, max=at.max,
+                        group=1 if group == 1 or inside else n_out // og, min=at.min, max=at.max,
                         transpose=0, crop_top=0, crop_left=0,
                         lut=InConst(0) if activation else -1,
                         lut_offset=activation.attrs.offset if activation else 0,

@@ -125,10 +125,31 @@ def conv(ctx: OpContext, op: Op, split: int, activation: Op | None = None) -> Op
         tile = channels * span(rows, sh, kh, dh) * span(cols, sw, kw, dw) * xb + ocb * rows * cols * yb
         return fixed, tile
 
+    def inside_group(ocb, rows, cols):  # a chunk of one group's output channels reads its inputs
+        fixed = table_bytes + ocb * cg * kh * kw + ocb * CHANNEL_PARAM_BYTES
+        return fixed, cg * span(rows, sh, kh, dh) * span(cols, sw, kw, dw) * xb + ocb * rows * cols * yb
+
     step = og if group > 1 else 1  # whole groups per chunk
-    ocb, rows, cols = shrink(ctx.sram, sizes, (oc, oh, ow), order=(1, 0, 2), chunked=0, step=step)
+    try:
+        ocb, rows, cols = shrink(ctx.sram, sizes, (oc, oh, ow), order=(1, 0, 2), chunked=0, step=step)
+    except DoesNotFit:
+        if group == 1 or og == 1:
+            raise
+        # a single group is too large: chunks of its output channels (conv_chunks), never two
+        # groups' in one chunk
+        sizes = inside_group
+        ocb, rows, cols = shrink(ctx.sram, sizes, (og, oh, ow), order=(1, 0, 2), chunked=0)
     rows = -(-rows // split)
     return OpSchedule((ocb, rows, cols), *sizes(ocb, rows, cols))
+
+
+def conv_chunks(oc: int, group: int, ocb: int) -> list[tuple[int, int]]:
+    """(first output channel, channels) of each weight chunk of a convolution: whole groups, or
+    pieces of one group when a single group does not fit (`ocb` below the group's width)."""
+    og = oc // group
+    if group == 1 or ocb >= og:
+        return [(o0, min(o0 + ocb, oc) - o0) for o0 in range(0, oc, ocb)]
+    return [(g * og + k, min(ocb, og - k)) for g in range(group) for k in range(0, og, ocb)]
 
 
 def conv_transpose(ctx: OpContext, op: Op, split: int) -> OpSchedule:
