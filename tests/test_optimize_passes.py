@@ -357,3 +357,23 @@ def test_a_standalone_batchnorm_becomes_a_per_channel_affine():
     assert ops(optimized) == ["Relu", "Mul", "Add", "Relu"]
     assert log[0]["changes"]["batchnorm_to_affine"] == 1
     check_same(m, optimized, [1, c, 5, 5])
+
+
+def test_a_channel_shuffle_becomes_a_4d_transpose():
+    m = model(
+        [
+            helper.make_node("Reshape", ["x", "s5"], ["r"]),
+            helper.make_node("Transpose", ["r"], ["t"], perm=[0, 2, 1, 3, 4]),
+            helper.make_node("Reshape", ["t", "s4"], ["y"]),
+        ],
+        [x_info([1, 12, 5, 7])],
+        [x_info([1, 12, 5, 7], "y")],
+        [("s5", np.array([1, 3, 4, 5, 7], np.int64)), ("s4", np.array([1, 12, 5, 7], np.int64))],
+    )
+    optimized, log = optimize(m, [], 4)
+    assert log[0]["changes"]["merge_untouched_axes"] == 1
+    (t,) = [n for n in optimized.graph.node if n.op_type == "Transpose"]
+    assert list(t.attribute[0].ints) == [0, 2, 1, 3]
+    shapes = {v.name: len(v.type.tensor_type.shape.dim) for v in optimized.graph.value_info}
+    assert max(shapes.values()) == 4
+    check_same(m, optimized, [1, 12, 5, 7])

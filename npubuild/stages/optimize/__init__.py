@@ -12,6 +12,7 @@ PASS_NAMES = (
     "sum_to_add",
     "fold_batchnorm",
     "batchnorm_to_affine",
+    "merge_untouched_axes",
     "fold_scale_into_conv",
     "cancel_transpose_reshape",
     "fuse_silu",

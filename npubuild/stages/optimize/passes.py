@@ -307,6 +307,40 @@ def batchnorm_to_affine(g: Graph) -> int:
     return changed
 
 
+def merge_untouched_axes(g: Graph) -> int:
+    """Reshape to 5-D -> Transpose that keeps the last two axes in place -> Reshape (ShuffleNet's
+    channel shuffle): the two trailing axes become one, so the transpose is 4-D, which the NPU
+    moves (its DMA boxes are 4-D)."""
+    changed = 0
+    producers, uses = g.producers(), g.consumers()
+    for t in list(g.nodes):
+        perm = _attr(t, "perm")
+        shape = g.shape(t.input[0])
+        if t.op_type != "Transpose" or perm is None or shape is None or len(shape) != 5:
+            continue
+        if list(perm[3:]) != [3, 4] or t.output[0] in g.output_names() or t.input[0] in g.output_names():
+            continue
+        reshape = producers.get(t.input[0])
+        after = uses.get(t.output[0], [])
+        if reshape is None or reshape.op_type != "Reshape" or len(uses.get(t.input[0], [])) != 1:
+            continue
+        if not after or any(u.op_type != "Reshape" or u.input[0] != t.output[0] for u in after):
+            continue
+        merged = (*shape[:3], shape[3] * shape[4])
+        reshape.input[1] = g.add_constant(
+            f"{reshape.name or reshape.output[0]}.shape", np.array(merged, np.int64)
+        )
+        for a in list(t.attribute):
+            if a.name == "perm":
+                t.attribute.remove(a)
+        t.attribute.append(onnx.helper.make_attribute("perm", list(perm[:3]) + [3]))
+        elem = g.elem_type(t.input[0])
+        g.types[t.input[0]] = (elem, merged)
+        g.types[t.output[0]] = (elem, tuple(merged[p] for p in list(perm[:3]) + [3]))
+        changed += 1
+    return changed
+
+
 def fold_scale_into_conv(g: Graph) -> int:
     changed = 0
     producers = g.producers()
@@ -557,6 +591,7 @@ PASSES: dict[str, Callable[[Graph], int]] = {
         sum_to_add,
         fold_batchnorm,
         batchnorm_to_affine,
+        merge_untouched_axes,
         fold_scale_into_conv,
         cancel_transpose_reshape,
         fuse_silu,
