@@ -145,3 +145,11 @@ class Graph:
             functions=[f for name, f in sorted(self.functions.items()) if name in used_functions],
         )
         return model
+
+
+def node_attr(node: onnx.NodeProto, name: str, default=None):
+    """A node's attribute value, or `default` when it has none."""
+    for a in node.attribute:
+        if a.name == name:
+            return onnx.helper.get_attribute_value(a)
+    return default

@@ -9,19 +9,18 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from npubuild.stages.optimize.graph import NPUBUILD_DOMAIN, Graph
+from npubuild.stages.optimize.canonical import (
+    batchnorm_to_affine,
+    bn_affine,
+    merge_untouched_axes,
+    sum_to_add,
+)
+from npubuild.stages.optimize.graph import NPUBUILD_DOMAIN, Graph, node_attr
 
 # Folding would grow the model past this many elements per tensor (Expand, ConstantOfShape...).
 MAX_FOLDED_ELEMENTS = 1 << 20
 _NONDETERMINISTIC = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial"}
 _CONTROL_FLOW = {"If", "Loop", "Scan"}
-
-
-def _attr(node: onnx.NodeProto, name: str, default=None):
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default
 
 
 def constants_to_initializers(g: Graph) -> int:
@@ -61,7 +60,7 @@ def fold_shapes(g: Graph) -> int:
         if node.op_type == "Size":
             value = np.array(int(np.prod(shape, dtype=np.int64)), dtype=np.int64)
         else:
-            start, end = _attr(node, "start", 0), _attr(node, "end", None)
+            start, end = node_attr(node, "start", 0), node_attr(node, "end", None)
             value = np.array(shape[start:end], dtype=np.int64)
         g.constants[node.output[0]] = value
         g.nodes.remove(node)
@@ -147,18 +146,18 @@ def _noop_input(g: Graph, node: onnx.NodeProto, uses: dict) -> str | None:
                 return None
         return node.input[0]
     if op == "Cast":
-        return node.input[0] if g.elem_type(node.input[0]) == _attr(node, "to") else None
+        return node.input[0] if g.elem_type(node.input[0]) == node_attr(node, "to") else None
     if op in ("Reshape", "Expand", "Resize", "Flatten", "Squeeze", "Unsqueeze"):
         x = node.input[0]
         same = out_shape is not None and g.shape(x) == out_shape
         return x if same and x not in g.constants else None
     if op == "Transpose":
-        perm = _attr(node, "perm")
+        perm = node_attr(node, "perm")
         return node.input[0] if perm is not None and list(perm) == sorted(perm) else None
     if op == "Concat" and len(node.input) == 1:
         return node.input[0]
     if op == "Pad":
-        pads = g.constant(node.input[1]) if len(node.input) > 1 else np.array(_attr(node, "pads", []))
+        pads = g.constant(node.input[1]) if len(node.input) > 1 else np.array(node_attr(node, "pads", []))
         return node.input[0] if pads is not None and _all_equal(pads, 0) else None
     if op in ("Add", "Sub", "Mul", "Div") and len(node.input) == 2:
         neutral = 0.0 if op in ("Add", "Sub") else 1.0
@@ -181,28 +180,6 @@ def remove_noops(g: Graph) -> int:
     return changed
 
 
-def sum_to_add(g: Graph) -> int:
-    """Sum of n inputs -> a chain of n - 1 Adds (same broadcasting), which have an integer form;
-    a Sum of one input is its input."""
-    changed = 0
-    for node in list(g.nodes):
-        if node.op_type != "Sum" or not node.input:
-            continue
-        if len(node.input) == 1:
-            changed += int(g.bypass(node, node.input[0]))
-            continue
-        chain, acc = [], node.input[0]
-        for k, x in enumerate(node.input[1:], start=1):
-            out = node.output[0] if k == len(node.input) - 1 else g.fresh_name(f"{node.output[0]}_sum{k}")
-            name = f"{node.name or node.output[0]}_add{k}"
-            chain.append(onnx.helper.make_node("Add", [acc, x], [out], name=name))
-            acc = out
-        index = g.nodes.index(node)
-        g.nodes[index : index + 1] = chain
-        changed += 1
-    return changed
-
-
 def _single_use(g: Graph, name: str) -> bool:
     return len(g.consumers().get(name, [])) == 1 and name not in g.output_names()
 
@@ -211,7 +188,7 @@ def _conv_channel_axis(conv: onnx.NodeProto) -> int | None:
     """Axis of the weight tensor that indexes output channels (None: cannot fold)."""
     if conv.op_type == "Conv":
         return 0
-    if conv.op_type == "ConvTranspose" and _attr(conv, "group", 1) == 1:
+    if conv.op_type == "ConvTranspose" and node_attr(conv, "group", 1) == 1:
         return 1
     return None
 
@@ -265,79 +242,10 @@ def fold_batchnorm(g: Graph) -> int:
         conv = producers.get(bn.input[0])
         if conv is None or conv.op_type not in ("Conv", "ConvTranspose") or not _single_use(g, bn.input[0]):
             continue
-        affine = _bn_affine(g, bn)
+        affine = bn_affine(g, bn)
         if affine is not None and _rescale_conv(g, conv, *affine) and g.bypass(bn, bn.input[0]):
             changed += 1
             producers = g.producers()
-    return changed
-
-
-def _bn_affine(g: Graph, bn: onnx.NodeProto) -> tuple[np.ndarray, np.ndarray] | None:
-    """An inference BatchNormalization as y = x * scale + shift per channel (float64)."""
-    if any(o for o in bn.output[1:]) or len(bn.input) < 5:
-        return None
-    gamma, beta, mean, var = (g.constant(n) for n in bn.input[1:5])
-    if any(v is None for v in (gamma, beta, mean, var)):
-        return None
-    scale = gamma.astype(np.float64) / np.sqrt(var.astype(np.float64) + _attr(bn, "epsilon", 1e-5))
-    return scale, beta.astype(np.float64) - mean.astype(np.float64) * scale
-
-
-def batchnorm_to_affine(g: Graph) -> int:
-    """A BatchNormalization no convolution absorbed (after a Concat, before a ReLU) -> Mul and Add
-    by per-channel constants, which have integer forms (and fold into a convolution after it
-    when one follows)."""
-    changed = 0
-    for bn in list(g.nodes):
-        if bn.op_type != "BatchNormalization" or g.elem_type(bn.input[0]) != onnx.TensorProto.FLOAT:
-            continue
-        shape, affine = g.shape(bn.input[0]), _bn_affine(g, bn)
-        if affine is None or shape is None or len(shape) < 2:
-            continue
-        per_channel = (-1,) + (1,) * (len(shape) - 2)
-        base = bn.name or bn.output[0]
-        scale = g.add_constant(f"{base}.scale", affine[0].astype(np.float32).reshape(per_channel))
-        shift = g.add_constant(f"{base}.shift", affine[1].astype(np.float32).reshape(per_channel))
-        scaled = g.fresh_name(f"{bn.output[0]}_scaled")
-        mul = onnx.helper.make_node("Mul", [bn.input[0], scale], [scaled], name=f"{base}_scale")
-        add = onnx.helper.make_node("Add", [scaled, shift], [bn.output[0]], name=f"{base}_shift")
-        index = g.nodes.index(bn)
-        g.nodes[index : index + 1] = [mul, add]
-        changed += 1
-    return changed
-
-
-def merge_untouched_axes(g: Graph) -> int:
-    """Reshape to 5-D -> Transpose that keeps the last two axes in place -> Reshape (ShuffleNet's
-    channel shuffle): the two trailing axes become one, so the transpose is 4-D, which the NPU
-    moves (its DMA boxes are 4-D)."""
-    changed = 0
-    producers, uses = g.producers(), g.consumers()
-    for t in list(g.nodes):
-        perm = _attr(t, "perm")
-        shape = g.shape(t.input[0])
-        if t.op_type != "Transpose" or perm is None or shape is None or len(shape) != 5:
-            continue
-        if list(perm[3:]) != [3, 4] or t.output[0] in g.output_names() or t.input[0] in g.output_names():
-            continue
-        reshape = producers.get(t.input[0])
-        after = uses.get(t.output[0], [])
-        if reshape is None or reshape.op_type != "Reshape" or len(uses.get(t.input[0], [])) != 1:
-            continue
-        if not after or any(u.op_type != "Reshape" or u.input[0] != t.output[0] for u in after):
-            continue
-        merged = (*shape[:3], shape[3] * shape[4])
-        reshape.input[1] = g.add_constant(
-            f"{reshape.name or reshape.output[0]}.shape", np.array(merged, np.int64)
-        )
-        for a in list(t.attribute):
-            if a.name == "perm":
-                t.attribute.remove(a)
-        t.attribute.append(onnx.helper.make_attribute("perm", list(perm[:3]) + [3]))
-        elem = g.elem_type(t.input[0])
-        g.types[t.input[0]] = (elem, merged)
-        g.types[t.output[0]] = (elem, tuple(merged[p] for p in list(perm[:3]) + [3]))
-        changed += 1
     return changed
 
 
@@ -387,7 +295,7 @@ def cancel_transpose_reshape(g: Graph) -> int:
         if inner is None or inner.op_type != node.op_type or not _single_use(g, inner.output[0]):
             continue
         if node.op_type == "Transpose":
-            p1, p2 = _attr(inner, "perm"), _attr(node, "perm")
+            p1, p2 = node_attr(inner, "perm"), node_attr(node, "perm")
             if p1 is None or p2 is None:
                 continue
             combined = [p1[i] for i in p2]
@@ -469,8 +377,8 @@ def _relu6_of_x_plus_3(g: Graph, name: str, producers: dict) -> tuple[str, list]
     clip = producers.get(name)
     if clip is None or clip.op_type != "Clip":
         return None
-    lo = _scalar(g, clip.input[1]) if len(clip.input) > 1 and clip.input[1] else _attr(clip, "min")
-    hi = _scalar(g, clip.input[2]) if len(clip.input) > 2 and clip.input[2] else _attr(clip, "max")
+    lo = _scalar(g, clip.input[1]) if len(clip.input) > 1 and clip.input[1] else node_attr(clip, "min")
+    hi = _scalar(g, clip.input[2]) if len(clip.input) > 2 and clip.input[2] else node_attr(clip, "max")
     add = producers.get(clip.input[0])
     if lo != 0 or hi != 6 or add is None or add.op_type != "Add" or not _single_use(g, add.output[0]):
         return None
@@ -504,8 +412,8 @@ def _match_hardswish(g: Graph, node: onnx.NodeProto, producers: dict) -> tuple[s
                 hs is not None
                 and hs.op_type == "HardSigmoid"
                 and hs.input[0] == node.input[a]
-                and abs(_attr(hs, "alpha", 0.2) - 1 / 6) < 1e-6
-                and _attr(hs, "beta", 0.5) == 0.5
+                and abs(node_attr(hs, "alpha", 0.2) - 1 / 6) < 1e-6
+                and node_attr(hs, "beta", 0.5) == 0.5
                 and _single_use(g, hs.output[0])
             ):
                 return node.input[a], [hs, node]

@@ -1,0 +1,102 @@
+"""Canonicalisation passes: rewrite ops with no integer form into ones that have one, the way the
+exporters of other frameworks would have written them (a Sum as Adds, a standalone
+BatchNormalization as Mul and Add, a 5-D channel shuffle as a 4-D transpose). Each returns its
+number of rewrites, like every pass in passes.py, and the stage checks the result numerically."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from npubuild.stages.optimize.graph import Graph, node_attr
+
+
+def sum_to_add(g: Graph) -> int:
+    """Sum of n inputs -> a chain of n - 1 Adds (same broadcasting), which have an integer form;
+    a Sum of one input is its input."""
+    changed = 0
+    for node in list(g.nodes):
+        if node.op_type != "Sum" or not node.input:
+            continue
+        if len(node.input) == 1:
+            changed += int(g.bypass(node, node.input[0]))
+            continue
+        chain, acc = [], node.input[0]
+        for k, x in enumerate(node.input[1:], start=1):
+            out = node.output[0] if k == len(node.input) - 1 else g.fresh_name(f"{node.output[0]}_sum{k}")
+            name = f"{node.name or node.output[0]}_add{k}"
+            chain.append(onnx.helper.make_node("Add", [acc, x], [out], name=name))
+            acc = out
+        index = g.nodes.index(node)
+        g.nodes[index : index + 1] = chain
+        changed += 1
+    return changed
+
+
+def bn_affine(g: Graph, bn: onnx.NodeProto) -> tuple[np.ndarray, np.ndarray] | None:
+    """An inference BatchNormalization as y = x * scale + shift per channel (float64)."""
+    if any(o for o in bn.output[1:]) or len(bn.input) < 5:
+        return None
+    gamma, beta, mean, var = (g.constant(n) for n in bn.input[1:5])
+    if any(v is None for v in (gamma, beta, mean, var)):
+        return None
+    scale = gamma.astype(np.float64) / np.sqrt(var.astype(np.float64) + node_attr(bn, "epsilon", 1e-5))
+    return scale, beta.astype(np.float64) - mean.astype(np.float64) * scale
+
+
+def batchnorm_to_affine(g: Graph) -> int:
+    """A BatchNormalization no convolution absorbed (after a Concat, before a ReLU) -> Mul and Add
+    by per-channel constants, which have integer forms (and fold into a convolution after it
+    when one follows)."""
+    changed = 0
+    for bn in list(g.nodes):
+        if bn.op_type != "BatchNormalization" or g.elem_type(bn.input[0]) != onnx.TensorProto.FLOAT:
+            continue
+        shape, affine = g.shape(bn.input[0]), bn_affine(g, bn)
+        if affine is None or shape is None or len(shape) < 2:
+            continue
+        per_channel = (-1,) + (1,) * (len(shape) - 2)
+        base = bn.name or bn.output[0]
+        scale = g.add_constant(f"{base}.scale", affine[0].astype(np.float32).reshape(per_channel))
+        shift = g.add_constant(f"{base}.shift", affine[1].astype(np.float32).reshape(per_channel))
+        scaled = g.fresh_name(f"{bn.output[0]}_scaled")
+        mul = onnx.helper.make_node("Mul", [bn.input[0], scale], [scaled], name=f"{base}_scale")
+        add = onnx.helper.make_node("Add", [scaled, shift], [bn.output[0]], name=f"{base}_shift")
+        index = g.nodes.index(bn)
+        g.nodes[index : index + 1] = [mul, add]
+        changed += 1
+    return changed
+
+
+def merge_untouched_axes(g: Graph) -> int:
+    """Reshape to 5-D -> Transpose that keeps the last two axes in place -> Reshape (ShuffleNet's
+    channel shuffle): the two trailing axes become one, so the transpose is 4-D, which the NPU
+    moves (its DMA boxes are 4-D)."""
+    changed = 0
+    producers, uses = g.producers(), g.consumers()
+    for t in list(g.nodes):
+        perm = node_attr(t, "perm")
+        shape = g.shape(t.input[0])
+        if t.op_type != "Transpose" or perm is None or shape is None or len(shape) != 5:
+            continue
+        if list(perm[3:]) != [3, 4] or t.output[0] in g.output_names() or t.input[0] in g.output_names():
+            continue
+        reshape = producers.get(t.input[0])
+        after = uses.get(t.output[0], [])
+        if reshape is None or reshape.op_type != "Reshape" or len(uses.get(t.input[0], [])) != 1:
+            continue
+        if not after or any(u.op_type != "Reshape" or u.input[0] != t.output[0] for u in after):
+            continue
+        merged = (*shape[:3], shape[3] * shape[4])
+        reshape.input[1] = g.add_constant(
+            f"{reshape.name or reshape.output[0]}.shape", np.array(merged, np.int64)
+        )
+        for a in list(t.attribute):
+            if a.name == "perm":
+                t.attribute.remove(a)
+        t.attribute.append(onnx.helper.make_attribute("perm", list(perm[:3]) + [3]))
+        elem = g.elem_type(t.input[0])
+        g.types[t.input[0]] = (elem, merged)
+        g.types[t.output[0]] = (elem, tuple(merged[p] for p in list(perm[:3]) + [3]))
+        changed += 1
+    return changed
