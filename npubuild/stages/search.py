@@ -31,7 +31,9 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     levels = strategies.levels_of(params["candidates"])
     minimize = params.get("minimize", "cycles")
     ranking = strategies.search_order(sensitivity["layers"], work, params["target"], levels, minimize)
-    units = [u for u in ranking if u in set(probe.layers.units)]
+    searchable = set(probe.layers.units)
+    units = [u for u in ranking if u in searchable]
+    in_units = set(units)
     by_noise = sorted(sensitivity["layers"], key=lambda r: (r["quantized_alone"]["sqnr_db"], r["node"]))
     costs = Costs(probe, units, levels, work, params["target"], minimize)
     search = strategies.Search(
@@ -39,7 +41,7 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
         costs,
         SearchLog(costs, params["goal"]),
         params["goal"],
-        noise_units=[r["node"] for r in by_noise if r["node"] in set(units)],
+        noise_units=[r["node"] for r in by_noise if r["node"] in in_units],
     )
     outcome = strategies.run(search)
     table, final_metrics = outcome.table, outcome.metrics

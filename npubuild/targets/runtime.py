@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from npubuild.intmodel.codes import dequantize
 from npubuild.targets import npub
 from npubuild.targets.isa import decode
-from npubuild.targets.meta import Meta, Quant
+from npubuild.targets.meta import Meta
 from npubuild.targets.npub import NpubError
 from npubuild.targets.simulator import DTYPES, Simulator
 from npubuild.targets.spec import target_digest
@@ -68,7 +68,7 @@ class Runtime:
         self.subgraphs = [sg.model_dump() for sg in meta.subgraphs]
         self.tensors = {k: t.model_dump() for k, t in meta.tensors.items()}
         self.inputs = [i.model_dump() for i in meta.inputs]
-        self.outputs = [o.model_dump() for o in meta.outputs]
+        self.outputs = list(meta.outputs)  # validated: each grid is a TensorQuant already
         constants = binary.constants
         if meta.constants_base + len(constants) > meta.dram_size:
             raise NpubError("metadata: DRAM layout does not hold the constants")
@@ -156,11 +156,10 @@ class Runtime:
                 raise NpubError(f"{where} cannot run: {type(exc).__name__}: {_first_line(exc)}") from None
         outputs = {}
         for spec in self.outputs:
-            if spec["name"] not in env:
-                raise NpubError(f"output '{spec['name']}' is produced by no subgraph")
-            value = env[spec["name"]]
-            quant = spec.get("quant")
-            if quant and np.issubdtype(np.asarray(value).dtype, np.integer):
-                value = dequantize(np.asarray(value), Quant.model_validate(quant))
-            outputs[spec["name"]] = np.asarray(value, np.float32)
+            if spec.name not in env:
+                raise NpubError(f"output '{spec.name}' is produced by no subgraph")
+            value = env[spec.name]
+            if spec.quant and np.issubdtype(np.asarray(value).dtype, np.integer):
+                value = dequantize(np.asarray(value), spec.quant)
+            outputs[spec.name] = np.asarray(value, np.float32)
         return outputs

@@ -16,7 +16,7 @@ import numpy as np
 from npubuild.intmodel.ops import ALIASES
 from npubuild.intmodel.program import IntegerModel, Op
 from npubuild.targets.backend.fusion import Fusion
-from npubuild.targets.backend.memory import SRAM_FLAG, align, esize
+from npubuild.targets.backend.memory import ALIGN, SRAM_FLAG, align, esize
 from npubuild.targets.support import slice_steps
 
 
@@ -261,7 +261,7 @@ def verify_allocation(allocation: Allocation) -> None:
     for memory in (False, True):
         mine = sorted((b for b in allocation.buffers if b.resident is memory), key=lambda b: b.start)
         for k, a in enumerate(mine):
-            if a.start % 64 or a.size % 64 or a.size <= 0:
+            if a.start % ALIGN or a.size % ALIGN or a.size <= 0:
                 raise AllocationError(f"buffer of {a.root} at {a.start} (+{a.size}) is not aligned")
             end = resident_room if memory else allocation.tensor_area
             if a.start < 0 or a.start + a.size > end:
