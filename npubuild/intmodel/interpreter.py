@@ -24,6 +24,7 @@ from npubuild.intmodel.kernels import (
     windows,
 )
 from npubuild.intmodel.program import IntegerModel, Op, maxpool_attrs, parse
+from npubuild.intmodel.rowwise import layernorm_rows, softmax_rows
 
 
 class Interpreter:
@@ -169,6 +170,22 @@ class Interpreter:
         x = env[op.inputs[0]]
         table = self.arrays[op.arrays.table]
         env[op.outputs[0]] = table[x.astype(np.int64) + op.attrs.offset]
+
+    def _softmax(self, op, env):
+        x = env[op.inputs[0]].astype(np.int64)
+        rows = x.reshape(-1, x.shape[-1] if x.ndim else 1)
+        table = self.arrays[op.arrays.table].astype(np.int64)
+        y = softmax_rows(rows, table, op.attrs.rshift, self.tensors[op.outputs[0]].bits)
+        env[op.outputs[0]] = y.reshape(x.shape).astype(np.int32)
+
+    def _layernorm(self, op, env):
+        x = env[op.inputs[0]].astype(np.int64)
+        rows = x.reshape(-1, x.shape[-1])
+        t = self.tensors[op.outputs[0]]
+        params = self.arrays[op.arrays.params].astype(np.int64)
+        zp = self.tensors[op.inputs[0]].zero_point
+        y = layernorm_rows(rows, zp, op.attrs.eps_codes, params, t.zero_point, t.bits)
+        env[op.outputs[0]] = y.reshape(x.shape).astype(np.int32)
 
     def _clamp(self, op, env):
         env[op.outputs[0]] = np.clip(env[op.inputs[0]], op.attrs.min, op.attrs.max)

@@ -160,6 +160,34 @@ class LutOp(_Op):
     arrays: LutArrays
 
 
+class SoftmaxAttrs(_Typed):
+    rshift: int = Field(ge=0, le=16)  # the exponent table is indexed by d >> rshift
+
+
+class SoftmaxOp(_Op):
+    """Softmax along the last axis (rowwise.py); the output grid is fixed by its width."""
+
+    kind: Literal["softmax"]
+    attrs: SoftmaxAttrs
+    arrays: LutArrays
+
+
+class LayerNormAttrs(_Typed):
+    eps_codes: int = Field(ge=1, le=2**46)  # n^2 epsilon in squared input codes
+
+
+class LayerNormArrays(_Typed):
+    params: str  # int64 [n, 3]: m0 (signed), shift, bias in output codes
+
+
+class LayerNormOp(_Op):
+    """LayerNormalization along the last axis with constant scale and bias (rowwise.py)."""
+
+    kind: Literal["layernorm"]
+    attrs: LayerNormAttrs
+    arrays: LayerNormArrays
+
+
 class ClampAttrs(_Typed):
     min: int
     max: int
@@ -229,6 +257,8 @@ Op = Annotated[
     | MulOp
     | ConcatOp
     | LutOp
+    | SoftmaxOp
+    | LayerNormOp
     | ClampOp
     | AvgPoolOp
     | GlobalAvgPoolOp

@@ -50,6 +50,8 @@ def cost(i: Instruction, target: dict) -> int:
         elements = a["c"] * a["hw"]
     elif i.op == "resize":
         elements = a["c"] * a["out_h"] * a["out_w"]
+    elif i.op in ("softmax", "layernorm"):  # two passes over each row: its sums, then its outputs
+        elements = 2 * a["rows"] * a["n"]
     else:  # requant, lut, clamp
         elements = a["n"]
     return math.ceil(elements * width / lanes)

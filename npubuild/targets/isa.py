@@ -135,6 +135,10 @@ OPERANDS: dict[str, tuple[str, ...]] = {
     ),
     "resize": ("src", "c", "in_h", "in_w", "bits", "index", "dst", "out_h", "out_w"),
     "end": (),
+    # row reductions over the last axis (npubuild/intmodel/rowwise.py); codes after `end` keep
+    # the older opcodes' numbers
+    "softmax": ("src", "rows", "n", "in_bits", "table", "table_len", "rshift", "dst", "out_bits"),
+    "layernorm": ("src", "rows", "n", "in_bits", "in_zp", "eps", "params", "dst", "out_bits", "out_zp"),
 }
 OPCODES = {name: i + 1 for i, name in enumerate(OPERANDS)}
 NAMES = {v: k for k, v in OPCODES.items()}
@@ -151,6 +155,8 @@ ENGINES = {
     "gap": "vector",
     "pool": "vector",
     "resize": "vector",
+    "softmax": "vector",
+    "layernorm": "vector",
     "end": "control",
 }
 

@@ -19,6 +19,7 @@ from npubuild.intmodel.codes import saturate
 from npubuild.intmodel.fixedpoint import ADD_FRACTION_BITS, requantize, rounding_shift
 from npubuild.intmodel.kernels import conv_accumulate, conv_transpose_accumulate, windows
 from npubuild.intmodel.program import ConvGeometry
+from npubuild.intmodel.rowwise import layernorm_rows, softmax_rows
 from npubuild.targets.cycles import Timeline
 from npubuild.targets.isa import ENGINES, Instruction
 from npubuild.targets.npub import NpubError
@@ -272,6 +273,21 @@ class Simulator:
         if index.size and (index.min() < 0 or index.max() >= table.size):
             raise NpubError("LUT index outside its table")
         self.sram.write(a["dst"], a["out_bits"], saturate(table[index], a["out_bits"]))
+
+    def _softmax(self, a: dict) -> None:
+        x = self.sram.view(a["src"], a["in_bits"], (a["rows"], a["n"])).astype(np.int64)
+        if not 1 <= a["table_len"] <= 1 << 16 or not 0 <= a["rshift"] <= 16:
+            raise NpubError("softmax table length or shift out of range")
+        table = self.sram.view(a["table"], 32, (a["table_len"],)).astype(np.int64)
+        if a["out_bits"] not in (8, 16):
+            raise NpubError("softmax output width must be 8 or 16")
+        self.sram.write(a["dst"], a["out_bits"], softmax_rows(x, table, a["rshift"], a["out_bits"]))
+
+    def _layernorm(self, a: dict) -> None:
+        x = self.sram.view(a["src"], a["in_bits"], (a["rows"], a["n"])).astype(np.int64)
+        params = self.sram.view(a["params"], 64, (a["n"], 3)).astype(np.int64)
+        y = layernorm_rows(x, a["in_zp"], a["eps"], params, a["out_zp"], a["out_bits"])
+        self.sram.write(a["dst"], a["out_bits"], y)
 
     def _clamp(self, a: dict) -> None:
         x = self.sram.view(a["src"], a["bits"], (a["n"],))

@@ -71,6 +71,13 @@ _COMMON_OPS = (
     "HardSwish",
     "SiLU",
     "Tanh",
+    # the vector unit's lookup tables: any function of one tensor
+    *("GELU", "Gelu", "Erf", "Exp", "Log", "Sqrt", "Reciprocal", "Pow", "Softplus", "Softsign"),
+    *("Elu", "Selu", "Celu", "LeakyRelu", "ThresholdedRelu", "Mish", "Abs", "Neg", "Sin", "Cos"),
+    "Atan",
+    # row reductions over the last axis
+    "Softmax",
+    "LayerNormalization",
     "Reshape",
     "Transpose",
     "Flatten",

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from npubuild.intmodel.ops import ALIASES, ELEMENTWISE, INTEGER_OPS, MAC_OPS
+from npubuild.intmodel.ops import ALIASES, ELEMENTWISE, INTEGER_OPS, MAC_OPS, TABULATED_OPS
 from npubuild.intmodel.program import IntegerModel, MoveOp, Op
 from npubuild.targets.spec import TargetSpec
 
@@ -27,6 +27,11 @@ class NodeView:
     node: Any  # onnx.NodeProto
     attr: Callable[[str, Any], Any]  # attribute value by name, or the default
     constants: dict  # names of constant tensors -> arrays
+    shapes: dict | None = None  # tensor name -> shape, where known
+
+    def rank(self, name: str) -> int | None:
+        shape = (self.shapes or {}).get(name)
+        return len(shape) if shape else None
 
     @property
     def op(self) -> str:
@@ -86,8 +91,55 @@ def matrix_weights(v: NodeView) -> str | None:
 
 @_integer
 def constant_divisor(v: NodeView) -> str | None:
-    """Div is a multiplication by the divisor's reciprocal, so the divisor must be constant."""
-    return "Div by a tensor" if v.op == "Div" and not v.constant(v.node.input[1]) else None
+    """Div is a multiplication by the divisor's reciprocal, so the divisor must be constant, or
+    the dividend a constant scalar (c / x is then a function of x, a lookup table)."""
+    if v.op != "Div" or v.constant(v.node.input[1]):
+        return None
+    dividend = v.node.input[0]
+    if v.constant(dividend) and v.constants[dividend].size == 1:
+        return None
+    return "Div by a tensor"
+
+
+@_integer
+def tabulated_function_of_one_tensor(v: NodeView) -> str | None:
+    """A function tabulated over its input's codes (Pow, Erf, Exp, GELU, ...) has one tensor
+    input; its other inputs (Pow's exponent) must be constant scalars."""
+    if v.op not in TABULATED_OPS:
+        return None
+    data = [i for i in v.node.input if i and not v.constant(i)]
+    if len(data) != 1:
+        return f"{v.op} of {len(data)} tensors"
+    if any(i and v.constant(i) and v.constants[i].size != 1 for i in v.node.input):
+        return f"{v.op} with a constant that is not a scalar"
+    return None
+
+
+def _last_axis(v: NodeView, axis: int) -> bool:
+    rank = v.rank(v.node.input[0])
+    return axis == -1 or (rank is not None and axis == rank - 1)
+
+
+@_integer
+def softmax_over_last_axis(v: NodeView) -> str | None:
+    """Softmax runs row by row over the last, contiguous axis (opset 13 semantics)."""
+    if v.op == "Softmax" and not _last_axis(v, v.attr("axis", -1)):
+        return "Softmax over an axis that is not the last"
+    return None
+
+
+@_integer
+def layernorm_over_last_axis(v: NodeView) -> str | None:
+    """LayerNormalization runs row by row over the last axis, with constant scale and bias."""
+    if v.op not in ("LayerNormalization", "LayerNorm"):
+        return None
+    if not _last_axis(v, v.attr("axis", -1)):
+        return "LayerNormalization over more than the last axis"
+    if any(i and not v.constant(i) for i in v.node.input[1:]):
+        return "LayerNormalization with a non-constant scale or bias"
+    if len([o for o in v.node.output if o]) > 1:
+        return "LayerNormalization with mean or inverse deviation outputs"
+    return None
 
 
 @_integer
@@ -147,9 +199,11 @@ def max_pool_without_indices(v: NodeView) -> str | None:
     return None
 
 
-def integer_blocker(node: Any, attr: Callable[[str, Any], Any], constants: dict) -> str:
+def integer_blocker(
+    node: Any, attr: Callable[[str, Any], Any], constants: dict, shapes: dict | None = None
+) -> str:
     """Why the node has no integer form ('' when it has one)."""
-    view = NodeView(node, attr, constants)
+    view = NodeView(node, attr, constants, shapes)
     for constraint in INTEGER_FORM:
         reason = constraint(view)
         if reason:
@@ -165,6 +219,8 @@ _KIND_OPS = {
     "global_avgpool": ("GlobalAveragePool",),
     "avgpool": ("AveragePool",),
     "resize_nearest": ("Resize",),
+    "softmax": ("Softmax",),
+    "layernorm": ("LayerNormalization",),
 }
 _COPIES = ("Transpose", "Slice", "Split")
 MOVES = ALIASES + _COPIES + ("MaxPool",)

@@ -16,6 +16,7 @@ from npubuild.stages.optimize.canonical import (
     sum_to_add,
 )
 from npubuild.stages.optimize.graph import NPUBUILD_DOMAIN, Graph, node_attr
+from npubuild.stages.optimize.recognise import decompose_lrn, fuse_gelu, fuse_layernorm
 
 # Folding would grow the model past this many elements per tensor (Expand, ConstantOfShape...).
 MAX_FOLDED_ELEMENTS = 1 << 20
@@ -497,6 +498,9 @@ PASSES: dict[str, Callable[[Graph], int]] = {
         fold_constants,
         remove_noops,
         sum_to_add,
+        decompose_lrn,
+        fuse_layernorm,
+        fuse_gelu,
         fold_batchnorm,
         batchnorm_to_affine,
         merge_untouched_axes,

@@ -15,7 +15,8 @@ from onnx import helper
 from npubuild.intmodel.codes import qrange
 from npubuild.intmodel.fixedpoint import add_multiplier, quantize_multiplier
 from npubuild.intmodel.lut import lut_function
-from npubuild.intmodel.ops import LUT_OPS, MOVE_OPS
+from npubuild.intmodel.ops import LUT_OPS, MOVE_OPS, TABULATED_OPS
+from npubuild.stages.quantize import tables
 from npubuild.stages.quantize.planning import Planner, QuantPlan, TensorParams, attr, node_label
 from npubuild.stages.quantize.weights import (
     bias_correction,
@@ -127,6 +128,16 @@ class Encoder:
             return
         if op in LUT_OPS:
             self.lut(node)
+            return
+        if op in TABULATED_OPS or (op == "Div" and node.input[1] not in self.constants):
+            self.table_or_row_op(node, tables.table_op(self, node), "table")
+            return
+        if op == "Softmax":
+            self.table_or_row_op(node, tables.softmax_op(self, node), "table")
+            return
+        if op in ("LayerNormalization", "LayerNorm"):
+            n = self.shapes[node.input[0]][-1]
+            self.table_or_row_op(node, tables.layernorm_op(self, node, n), "params")
             return
         handler = {
             "Conv": self.conv,
@@ -425,6 +436,12 @@ class Encoder:
                 "arrays": {"table": key},
             }
         )
+
+    def table_or_row_op(self, node: onnx.NodeProto, spec: dict, array: str) -> None:
+        """Append an op made by tables.py; its integer array `array` goes to the archive."""
+        value = spec.pop(array)
+        key = self.program.add_array(f"{spec['kind']}/{len(self.program.ops)}", value)
+        self.program.ops.append({**spec, "node": node_label(node), "arrays": {array: key}})
 
     def move_op(self, node: onnx.NodeProto) -> None:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}

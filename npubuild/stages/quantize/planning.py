@@ -12,6 +12,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from npubuild.intmodel.ops import LUT_OPS, MAC_OPS, MOVE_OPS
+from npubuild.intmodel.rowwise import SOFTMAX_GRID
 from npubuild.stages.quantize import ranges
 from npubuild.targets.support import integer_blocker
 
@@ -135,7 +136,9 @@ class Planner:
             return NodeChoice(
                 False, 0, "", "a network output's activation stays float (float_output_activations)"
             )
-        reason = integer_blocker(node, lambda name, default: attr(node, name, default), self.info.constants)
+        reason = integer_blocker(
+            node, lambda name, default: attr(node, name, default), self.info.constants, self.info.shapes
+        )
         if reason:
             return NodeChoice(False, 0, "", reason)
         return choice
@@ -235,6 +238,12 @@ class Planner:
                     plan.params[o] = plan.params[node.input[0]]
         elif node.op_type in ("Relu", "Clip"):
             plan.params[out] = plan.params[node.input[0]]
+        elif node.op_type == "Softmax":  # a fixed grid; a network output's probabilities at int16
+            bits = choice.bits
+            if self.config.get("float_output_activations") and out in self.info.outputs:
+                bits = 16
+            scale, zero_point = SOFTMAX_GRID[bits]
+            plan.params[out] = TensorParams(scale, zero_point, bits)
         else:
             params = self.from_stats(out, choice.bits, choice.method)  # (its warnings, even for Resize)
             plan.params[out] = plan.params[node.input[0]] if node.op_type == "Resize" else params

@@ -4,7 +4,7 @@ the cycle model finds fastest), emit its tile commands, lower them into the subg
 from __future__ import annotations
 
 from npubuild.intmodel.program import Op
-from npubuild.targets.backend import emit_data, emit_mac, emit_vector
+from npubuild.targets.backend import emit_data, emit_mac, emit_rows, emit_vector
 from npubuild.targets.backend.allocation import Allocation
 from npubuild.targets.backend.commands import Command
 from npubuild.targets.backend.context import OpContext
@@ -32,6 +32,8 @@ EMITTERS = {
     "avgpool": emit_vector.avgpool,
     "concat": emit_data.concat,
     "resize_nearest": emit_data.resize_nearest,
+    "softmax": emit_rows.rows_op,
+    "layernorm": emit_rows.rows_op,
 }
 
 

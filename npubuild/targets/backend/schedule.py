@@ -363,7 +363,37 @@ def copy(ctx: OpContext, op: Op, split: int) -> OpSchedule:
     return OpSchedule(parts=tuple(parts))
 
 
+def row_shape(ctx: OpContext, op: Op) -> tuple[int, int]:
+    """(rows, n) of a row op's input: n is its last axis."""
+    shape = ctx.shapes[op.inputs[0]]
+    return (math.prod(shape[:-1]), int(shape[-1])) if shape else (1, 1)
+
+
+def row_constant(ctx: OpContext, op: Op) -> np.ndarray:
+    """A Softmax's int32 exponent table, a LayerNormalization's int64 [n, 3] parameters."""
+    if op.kind == "softmax":
+        return ctx.arrays[op.arrays.table].astype(np.int32)
+    return ctx.arrays[op.arrays.params].astype(np.int64)
+
+
+def rows(ctx: OpContext, op: Op, split: int) -> OpSchedule:
+    """Bands of whole rows (Softmax, LayerNormalization): the largest that fits twice with the
+    table or parameters, then `split`."""
+    count, n = row_shape(ctx, op)
+    xb, yb = esize(ctx.bits(op.inputs[0])), esize(ctx.bits(op.outputs[0]))
+    fixed = align(row_constant(ctx, op).nbytes)
+
+    def sizes(band):
+        return fixed, align(band * n * xb) + band * n * yb
+
+    (band,) = shrink(ctx.sram, sizes, (count,), order=(0,))
+    band = -(-band // split)
+    return OpSchedule((band,), *sizes(band))
+
+
 SCHEDULERS = {
+    "softmax": rows,
+    "layernorm": rows,
     "conv": conv,
     "matmul": matmul,
     "add": binary,

@@ -1,0 +1,100 @@
+"""The recognition passes (optimize/recognise.py) on hand-built graphs in the forms exporters
+write: the rewrite happens, and onnxruntime gives the same outputs before and after."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+from test_optimize_passes import check_same, model, ops, x_info
+
+from npubuild.stages.optimize.stage import optimize
+
+RNG = np.random.default_rng(5)
+
+
+def _layernorm_nodes(mean_axes, square: str, opset: int):
+    def mean(i, o):
+        if opset >= 18:
+            return helper.make_node("ReduceMean", [i, "axes"], [o], keepdims=1)
+        return helper.make_node("ReduceMean", [i], [o], axes=mean_axes, keepdims=1)
+
+    sq = (
+        helper.make_node("Pow", ["d", "two"], ["p"])
+        if square == "pow"
+        else helper.make_node("Mul", ["d", "d"], ["p"])
+    )
+    return [
+        mean("x", "m"),
+        helper.make_node("Sub", ["x", "m"], ["d"]),
+        sq,
+        mean("p", "v"),
+        helper.make_node("Add", ["v", "eps"], ["a"]),
+        helper.make_node("Sqrt", ["a"], ["s"]),
+        helper.make_node("Div", ["d", "s"], ["n"]),
+        helper.make_node("Mul", ["n", "gamma"], ["g"]),
+        helper.make_node("Add", ["g", "beta"], ["y"]),
+    ]
+
+
+@pytest.mark.parametrize(
+    "opset, square, axes, fused",
+    [(13, "pow", [-1], "LayerNorm"), (13, "mul", [2], "LayerNorm"), (17, "pow", [-1], "LayerNormalization"),
+     (18, "pow", [-1], "LayerNormalization")],
+)  # fmt: skip
+def test_decomposed_layernorm_becomes_one_node(opset, square, axes, fused):
+    inits = [
+        ("two", np.array(2.0, np.float32)),
+        ("eps", np.array(1e-5, np.float32)),
+        ("gamma", RNG.uniform(0.5, 1.5, 40).astype(np.float32)),
+        ("beta", RNG.standard_normal(40).astype(np.float32)),
+    ]
+    if opset >= 18:
+        inits.append(("axes", np.array(axes, np.int64)))
+    m = model(_layernorm_nodes(axes, square, opset), [x_info([1, 25, 40])], [x_info(None, "y")], inits, opset)
+    out, _ = optimize(m, [], 8)
+    assert ops(out) == [fused]
+    check_same(m, out, [1, 25, 40], atol=1e-4)
+
+
+def test_layernorm_over_another_axis_is_left_alone():
+    inits = [("two", np.array(2.0, np.float32)), ("eps", np.array(1e-5, np.float32)),
+             ("gamma", np.ones(1, np.float32)), ("beta", np.zeros(1, np.float32))]  # fmt: skip
+    m = model(_layernorm_nodes([1], "pow", 13), [x_info([1, 25, 40])], [x_info(None, "y")], inits)
+    out, _ = optimize(m, [], 8)
+    assert "LayerNorm" not in ops(out) and "ReduceMean" in ops(out)
+
+
+@pytest.mark.parametrize(
+    "form", ["half_first", "x_times_a_then_half", "a_times_half_then_x", "mul_by_rsqrt2"]
+)
+def test_gelu_forms_are_recognised(form):
+    inits = [("r2", np.array(np.sqrt(2), np.float32)), ("one", np.array(1.0, np.float32)),
+             ("half", np.array(0.5, np.float32)), ("ir2", np.array(1 / np.sqrt(2), np.float32))]  # fmt: skip
+    scale = (
+        helper.make_node("Mul", ["x", "ir2"], ["t"])
+        if form == "mul_by_rsqrt2"
+        else helper.make_node("Div", ["x", "r2"], ["t"])
+    )
+    head = [scale, helper.make_node("Erf", ["t"], ["e"]), helper.make_node("Add", ["e", "one"], ["a"])]
+    if form == "half_first":
+        tail = [helper.make_node("Mul", ["x", "half"], ["h"]), helper.make_node("Mul", ["h", "a"], ["y"])]
+    elif form == "a_times_half_then_x":
+        tail = [helper.make_node("Mul", ["a", "half"], ["h"]), helper.make_node("Mul", ["x", "h"], ["y"])]
+    else:
+        tail = [helper.make_node("Mul", ["x", "a"], ["h"]), helper.make_node("Mul", ["h", "half"], ["y"])]
+    m = model(head + tail, [x_info([1, 8, 16])], [x_info(None, "y")], inits)
+    out, _ = optimize(m, [], 8)
+    assert ops(out) == ["GELU"]
+    check_same(m, out, [1, 8, 16])
+
+
+def test_lrn_becomes_a_window_convolution_and_a_power():
+    m = model(
+        [helper.make_node("LRN", ["x"], ["y"], size=5, alpha=1e-3, beta=0.75, bias=2.0)],
+        [x_info([1, 12, 6, 6])],
+        [x_info(None, "y")],
+    )
+    out, _ = optimize(m, [], 8)
+    assert sorted(ops(out)) == ["Conv", "Mul", "Mul", "Pow"]
+    check_same(m, out, [1, 12, 6, 6])
