@@ -98,3 +98,31 @@ def test_lrn_becomes_a_window_convolution_and_a_power():
     out, _ = optimize(m, [], 8)
     assert sorted(ops(out)) == ["Conv", "Mul", "Mul", "Pow"]
     check_same(m, out, [1, 12, 6, 6])
+
+
+def test_attention_qkv_split_of_rank_5_moves_on_4_axes():
+    """PP-OCRv4 rec's q/k/v split: Reshape to [1, T, 3, H, d], Transpose to [3, 1, H, T, d],
+    Slice and Squeeze each; after optimize only views (Reshape, Squeeze) touch rank-5 tensors."""
+    import onnx
+
+    inits = [("shape", np.array([1, 10, 3, 4, 6], np.int64)), ("axes", np.array([0], np.int64)),
+             ("sq", np.array([0], np.int64))]  # fmt: skip
+    nodes = [
+        helper.make_node("Reshape", ["x", "shape"], ["r"]),
+        helper.make_node("Transpose", ["r"], ["t"], perm=[2, 0, 3, 1, 4]),
+    ]
+    outputs = []
+    for k in range(3):
+        inits += [(f"s{k}", np.array([k], np.int64)), (f"e{k}", np.array([k + 1], np.int64))]
+        nodes.append(helper.make_node("Slice", ["t", f"s{k}", f"e{k}", "axes"], [f"p{k}"]))
+        nodes.append(helper.make_node("Squeeze", [f"p{k}", "sq"], [f"y{k}"]))
+        outputs.append(x_info(None, f"y{k}"))
+    m = model(nodes, [x_info([1, 10, 72])], outputs, inits)
+    out, _ = optimize(m, [], 8)
+    check_same(m, out, [1, 10, 72])
+    inferred = onnx.shape_inference.infer_shapes(out)
+    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in inferred.graph.value_info}
+    for node in out.graph.node:
+        if node.op_type not in ("Reshape", "Squeeze", "Unsqueeze"):
+            assert all(ranks.get(t, 0) <= 4 for t in [*node.input[:1], *node.output]), node
+    assert ops(out).count("Transpose") == 1 and ops(out).count("Slice") == 3

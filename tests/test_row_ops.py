@@ -160,3 +160,36 @@ def test_tabulated_functions_and_a_reciprocal_are_lookup_tables_on_the_npu(tmp_p
     assert plan["npu_ops"] == 6
     for got, ref in results:
         assert _cosine(got, ref) > 0.99
+
+
+def test_multi_head_attention_runs_on_the_npu_bit_exact(tmp_path):
+    """Q K^T over 4 heads, Softmax, times V: two MatMuls of activations (batch_matmul), the
+    projections and head transposes around them, all on the NPU, tiled on a 8 KiB SRAM."""
+    t, d, h = 24, 32, 4
+    inits = {f"w{s}": (RNG.standard_normal((d, d)) * 0.2).astype(np.float32) for s in "qkvo"}
+    inits["heads"] = np.array([1, t, h, d // h], np.int64)
+    inits["back"] = np.array([1, t, d], np.int64)
+    inits["scale"] = np.array(1 / np.sqrt(d // h), np.float32)
+    nodes = []
+    for s in "qkv":
+        nodes.append(helper.make_node("MatMul", ["x", f"w{s}"], [f"{s}0"]))
+        nodes.append(helper.make_node("Reshape", [f"{s}0", "heads"], [f"{s}1"]))
+    nodes += [
+        helper.make_node("Transpose", ["q1"], ["q"], perm=[0, 2, 1, 3]),
+        helper.make_node("Transpose", ["k1"], ["kt"], perm=[0, 2, 3, 1]),
+        helper.make_node("Transpose", ["v1"], ["v"], perm=[0, 2, 1, 3]),
+        helper.make_node("MatMul", ["q", "kt"], ["s0"]),
+        helper.make_node("Mul", ["s0", "scale"], ["s"]),
+        helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["o0"]),
+        helper.make_node("Transpose", ["o0"], ["o1"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["o1", "back"], ["o2"]),
+        helper.make_node("MatMul", ["o2", "wo"], ["y"]),
+    ]
+    model = _model(nodes, inits, [1, t, d])
+    samples = RNG.standard_normal((8, t, d)).astype(np.float32)
+    plan, summary, results = _compile_and_compare(tmp_path, model, samples, sram_kib=8)
+    assert summary["float_ops"] == 0 and summary["op_kinds"]["batch_matmul"] == 2
+    assert plan["cpu_ops"] == 1  # only the input's conversion to codes
+    for got, ref in results:
+        assert _cosine(got, ref) > 0.99

@@ -124,6 +124,15 @@ class Interpreter:
         y = requantize((a - at.za) * (b - at.zb), at.m0, at.shift) + t.zero_point
         env[out] = _saturate32(y, t.bits)
 
+    def _batch_matmul(self, op, env):
+        a, b = self._operands(op, env)
+        at = op.attrs
+        acc = np.matmul((a - at.za).astype(np.float64), (b - at.zb).astype(np.float64))  # exact < 2^53
+        out = op.outputs[0]
+        t = self.tensors[out]
+        y = requantize(np.rint(acc).astype(np.int64), at.m0, at.shift) + t.zero_point
+        env[out] = _saturate32(y, t.bits)
+
     def _concat(self, op, env):
         parts = self._operands(op, env)
         out = op.outputs[0]

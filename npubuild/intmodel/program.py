@@ -135,6 +135,15 @@ class Rescale(_Typed):
     same: bool
 
 
+class BatchMatMulOp(_Op):
+    """MatMul of two activations (attention's Q K^T and P V): sum of (a - za) (b - zb) over the
+    inner axis, requantized by one multiplier; batch axes broadcast as in numpy."""
+
+    kind: Literal["batch_matmul"]
+    attrs: MulAttrs
+    operand_params: list[TensorQuant] = []
+
+
 class ConcatAttrs(_Typed):
     axis: int
     rescale: list[Rescale]
@@ -255,6 +264,7 @@ Op = Annotated[
     | MatMulOp
     | AddOp
     | MulOp
+    | BatchMatMulOp
     | ConcatOp
     | LutOp
     | SoftmaxOp

@@ -37,6 +37,9 @@ def cost(i: Instruction, target: dict) -> int:
             positions = a["out_h"] * a["out_w"]
         folds = group * math.ceil(per_group_out / cols) * math.ceil(reduction / rows)
         return math.ceil(folds * positions * slow)
+    if i.op == "bmm":
+        slow = 1.0 / target["int16_rate"] if max(a["a_bits"], a["b_bits"]) == 16 else 1.0
+        return math.ceil(math.ceil(a["n"] / cols) * math.ceil(a["k"] / rows) * a["m"] * slow)
     if i.op == "matmul":
         return math.ceil(math.ceil(a["n"] / cols) * math.ceil(a["k"] / rows) * a["m"] * slow)
     if i.op == "end":

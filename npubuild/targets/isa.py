@@ -139,6 +139,11 @@ OPERANDS: dict[str, tuple[str, ...]] = {
     # the older opcodes' numbers
     "softmax": ("src", "rows", "n", "in_bits", "table", "table_len", "rshift", "dst", "out_bits"),
     "layernorm": ("src", "rows", "n", "in_bits", "in_zp", "eps", "params", "dst", "out_bits", "out_zp"),
+    # MatMul of two activations: [m, k] (codes at a) x [k, n] (codes at b), one multiplier
+    "bmm": (
+        *("a", "m", "k", "a_bits", "za", "b", "n", "b_bits", "zb"),
+        *("dst", "out_bits", "out_zp", "m0", "shift"),
+    ),
 }
 OPCODES = {name: i + 1 for i, name in enumerate(OPERANDS)}
 NAMES = {v: k for k, v in OPCODES.items()}
@@ -157,6 +162,7 @@ ENGINES = {
     "resize": "vector",
     "softmax": "vector",
     "layernorm": "vector",
+    "bmm": "mac",
     "end": "control",
 }
 

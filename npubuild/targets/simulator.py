@@ -238,6 +238,14 @@ class Simulator:
         self.counts["macs"] += a["m"] * a["k"] * a["n"]
         self.sram.write(a["dst"], a["out_bits"], self._finish(acc, params, a, 1))
 
+    def _bmm(self, a: dict) -> None:
+        x = self.sram.view(a["a"], a["a_bits"], (a["m"], a["k"])).astype(np.float64) - a["za"]
+        w = self.sram.view(a["b"], a["b_bits"], (a["k"], a["n"])).astype(np.float64) - a["zb"]
+        acc = np.rint(x @ w).astype(np.int64)  # exact: integer products, sums below 2^53
+        self.counts["macs"] += a["m"] * a["k"] * a["n"]
+        y = requantize(acc, a["m0"], a["shift"]) + a["out_zp"]
+        self.sram.write(a["dst"], a["out_bits"], saturate(y, a["out_bits"]))
+
     # --- vector unit ----------------------------------------------------------------------------
     def _operands(self, a: dict):
         x = self.sram.view(a["a"], a["a_bits"], [a[f"a{i}"] for i in range(4)]).astype(np.int64)

@@ -68,8 +68,22 @@ def standard_domain(v: NodeView) -> str | None:
 def constant_weights(v: NodeView) -> str | None:
     """A MAC op's weights are quantized per channel ahead of time, so they must be constant."""
     inputs = v.node.input
+    if v.op == "MatMul" and len(inputs) == 2 and not v.constant(inputs[0]) and not v.constant(inputs[1]):
+        return None  # two activations: a batch_matmul, both sides quantized per tensor
     if v.op in MAC_OPS and (len(inputs) < 2 or not v.constant(inputs[1])):
         return f"{v.op} with a non-constant weight"
+    return None
+
+
+@_integer
+def activation_matmul_of_matrices(v: NodeView) -> str | None:
+    """A MatMul of two activations multiplies matrices (rank >= 2 on both sides)."""
+    inputs = v.node.input
+    if v.op != "MatMul" or v.constant(inputs[1]):
+        return None
+    ranks = [v.rank(i) for i in inputs[:2]]
+    if any(r is not None and r < 2 for r in ranks):
+        return "MatMul of two activations that are not matrices"
     return None
 
 
@@ -84,7 +98,7 @@ def plain_gemm(v: NodeView) -> str | None:
 @_integer
 def matrix_weights(v: NodeView) -> str | None:
     """A MatMul's constant operand must be a 2-D matrix."""
-    if v.op == "MatMul" and v.constants[v.node.input[1]].ndim != 2:
+    if v.op == "MatMul" and v.constant(v.node.input[1]) and v.constants[v.node.input[1]].ndim != 2:
         return "MatMul with a weight that is not 2-D"
     return None
 
@@ -294,7 +308,7 @@ def supported_op_type(v: OpView) -> str | None:
     op_type = v.op.op_type
     if v.kind == "move" and op_type in ALIASES:
         return None
-    if v.kind in ("conv", "matmul", "add", "mul", "lut") or (v.kind == "move" and op_type):
+    if v.kind in ("conv", "matmul", "batch_matmul", "add", "mul", "lut") or (v.kind == "move" and op_type):
         if op_type not in v.target.supported_ops and op_type not in ("Div", "Sub", "Relu", "Clip"):
             return f"{v.target.name} does not support {op_type}"
     needed = _KIND_OPS.get(v.kind)
@@ -305,7 +319,9 @@ def supported_op_type(v: OpView) -> str | None:
 
 @_npu
 def rank_at_most_4(v: OpView) -> str | None:
-    """DMA descriptors address at most four dimensions."""
+    """DMA descriptors address at most four dimensions (a Reshape-like view moves nothing)."""
+    if v.kind == "move" and v.op.op_type in ALIASES:
+        return None
     data = [n for n in v.op.inputs if n and n not in v.op.constants]
     if any(v.rank(n) > 4 for n in data + v.op.outputs if n):
         return "tensors of rank above 4"

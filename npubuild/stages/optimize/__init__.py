@@ -16,6 +16,7 @@ PASS_NAMES = (
     "fold_batchnorm",
     "batchnorm_to_affine",
     "merge_untouched_axes",
+    "squeeze_unit_axes",
     "fold_scale_into_conv",
     "cancel_transpose_reshape",
     "fuse_silu",

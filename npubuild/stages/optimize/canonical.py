@@ -100,3 +100,64 @@ def merge_untouched_axes(g: Graph) -> int:
         g.types[t.output[0]] = (elem, tuple(merged[p] for p in list(perm[:3]) + [3]))
         changed += 1
     return changed
+
+
+def _reshaped(g: Graph, x: str, shape, label: str) -> tuple[onnx.NodeProto, str]:
+    out = g.fresh_name(f"{x}_{label}")
+    target = g.add_constant(f"{out}.shape", np.array(shape, np.int64))
+    return onnx.helper.make_node("Reshape", [x, target], [out], name=out), out
+
+
+def squeeze_unit_axes(g: Graph) -> int:
+    """A Transpose or Slice of a tensor of rank above 4 with axes of size 1 it does not slice
+    (attention's [3, 1, heads, T, d] after splitting q, k and v) works on the tensor without
+    them: Reshape (a free view), the 4-D op, Reshape back. The NPU's DMA boxes are 4-D."""
+    changed = 0
+    for node in list(g.nodes):
+        if node.op_type not in ("Transpose", "Slice") or not node.input:
+            continue
+        shape, out_shape = g.shape(node.input[0]), g.shape(node.output[0])
+        if shape is None or out_shape is None or len(shape) <= 4 or 0 in shape:
+            continue
+        rank = len(shape)
+        if node.op_type == "Slice":
+            if len(node.input) < 4 or not node.input[3]:
+                continue
+            axes = g.constant(node.input[3])
+            if axes is None or any(g.constant(i) is None for i in node.input[1:] if i):
+                continue
+            sliced = {int(a) % rank for a in axes.reshape(-1)}
+        else:
+            sliced = set()
+        unit = [a for a in range(rank) if shape[a] == 1 and a not in sliced]
+        if not unit or rank - len(unit) > 4:
+            continue
+        kept = [a for a in range(rank) if a not in unit]
+        before, x = _reshaped(g, node.input[0], [shape[a] for a in kept], "squeezed")
+        inner = g.fresh_name(f"{node.output[0]}_squeezed")
+        new = onnx.NodeProto()
+        new.CopyFrom(node)
+        new.input[0], new.output[0] = x, inner
+        if node.op_type == "Transpose":
+            perm = node_attr(node, "perm") or list(range(rank))[::-1]
+            new_perm = [kept.index(p) for p in perm if p not in unit]
+            del new.attribute[:]
+            new.attribute.append(onnx.helper.make_attribute("perm", new_perm))
+            inner_shape = [shape[a] for a in [p for p in perm if p not in unit]]
+        else:
+            remapped = [kept.index(int(a) % rank) for a in g.constant(node.input[3]).reshape(-1)]
+            new.input[3] = g.add_constant(f"{inner}.axes", np.array(remapped, np.int64))
+            inner_shape = [out_shape[a] for a in kept]
+        after = onnx.helper.make_node(
+            "Reshape",
+            [inner, g.add_constant(f"{node.output[0]}.shape", np.array(out_shape, np.int64))],
+            [node.output[0]],
+            name=f"{node.name or node.output[0]}_unsqueezed",
+        )
+        index = g.nodes.index(node)
+        g.nodes[index : index + 1] = [before, new, after]
+        elem = g.elem_type(node.input[0])
+        g.types[x] = (elem, tuple(shape[a] for a in kept))
+        g.types[inner] = (elem, tuple(inner_shape))
+        changed += 1
+    return changed

@@ -13,6 +13,7 @@ from npubuild.stages.optimize.canonical import (
     batchnorm_to_affine,
     bn_affine,
     merge_untouched_axes,
+    squeeze_unit_axes,
     sum_to_add,
 )
 from npubuild.stages.optimize.graph import NPUBUILD_DOMAIN, Graph, node_attr
@@ -504,6 +505,7 @@ PASSES: dict[str, Callable[[Graph], int]] = {
         fold_batchnorm,
         batchnorm_to_affine,
         merge_untouched_axes,
+        squeeze_unit_axes,
         fold_scale_into_conv,
         cancel_transpose_reshape,
         fuse_silu,

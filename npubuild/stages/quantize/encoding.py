@@ -244,6 +244,9 @@ class Encoder:
         )
 
     def matmul(self, node: onnx.NodeProto, activation: onnx.NodeProto | None) -> None:
+        if node.input[1] not in self.constants:
+            self.batch_matmul(node)
+            return
         x, out = node.input[0], (activation or node).output[0]
         w = self.constants[node.input[1]]
         if node.op_type == "Gemm" and attr(node, "transB", 0):
@@ -260,6 +263,18 @@ class Encoder:
         self.mac_op(
             "matmul", node, x, out, wq, wscale, bias, self.params[x], self.params[out], activation, {}
         )
+
+    def batch_matmul(self, node: onnx.NodeProto) -> None:
+        """A MatMul of two activations: one multiplier, like an element-wise Mul's."""
+        yp = self.params[node.output[0]]
+        ap, bp = self.params[node.input[0]], self.params[node.input[1]]
+        mbits = 31 if ap.bits == 8 and bp.bits == 8 else 15
+        m0, shift = quantize_multiplier(ap.scale * bp.scale / yp.scale)
+        if mbits == 15:
+            m0, shift = m0 >> 16, shift - 16
+        attrs = {"m0": m0, "shift": shift, "za": ap.zero_point, "zb": bp.zero_point, "mbits": mbits}
+        operands = ((node.input[0], ap, None), (node.input[1], bp, None))
+        self.binary_op("batch_matmul", node, operands, attrs)
 
     def operand(self, name: str, bits: int) -> tuple[str, TensorParams, str | None]:
         """A data tensor, or a constant quantized to its own grid (returned as an array key)."""

@@ -223,6 +223,19 @@ class Planner:
                 plan.warnings.append(f"override #{i + 1} ('{what}') matches no node")
         return plan
 
+    def _is_result(self, name: str) -> bool:
+        """Whether `name` is a network output or reaches one through moves only (a Flatten)."""
+        seen, todo = set(), [name]
+        while todo:
+            t = todo.pop()
+            if t in self.info.outputs:
+                return True
+            seen.add(t)
+            for user in self.info.consumers.get(t, []):
+                if user.op_type in MOVE_OPS and user.input[0] == t:
+                    todo.extend(o for o in user.output if o and o not in seen)
+        return False
+
     def _integer(self, node: onnx.NodeProto, choice: NodeChoice, activation: onnx.NodeProto | None) -> None:
         """The parameters of an integer node's inputs and outputs: moves and clamps keep their
         input's; a Resize too; the others get their own from the statistics."""
@@ -240,7 +253,7 @@ class Planner:
             plan.params[out] = plan.params[node.input[0]]
         elif node.op_type == "Softmax":  # a fixed grid; a network output's probabilities at int16
             bits = choice.bits
-            if self.config.get("float_output_activations") and out in self.info.outputs:
+            if self.config.get("float_output_activations") and self._is_result(out):
                 bits = 16
             scale, zero_point = SOFTMAX_GRID[bits]
             plan.params[out] = TensorParams(scale, zero_point, bits)

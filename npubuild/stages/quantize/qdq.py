@@ -64,15 +64,6 @@ class _Export:
         by_output = {o: n for n in nodes for o in n.output}
         by_label = {(n.name or n.output[0]): n for n in nodes}
         self.extra_nodes: list[onnx.NodeProto] = []
-        replaced: dict[int, list[onnx.NodeProto]] = {}
-        for op in self.program.ops:
-            node = by_label.get(op.node)
-            if node is None:
-                continue
-            if op.kind in ("conv", "matmul"):
-                replaced[id(node)] = self._mac(node, op)
-            elif op.kind in ("add", "mul", "concat") and op.constants:
-                replaced[id(node)] = self._constant_operands(node, op)
         # Q/DQ pairs on every quantized activation.
         outputs = {o.name for o in self.graph.output}
         rename: dict[str, str] = {}
@@ -95,6 +86,17 @@ class _Export:
                     qdq_after[name] = pair
                 else:
                     inputs_qdq += pair
+        # after the renaming of graph outputs' producers, so a MAC that makes an output writes its
+        # float result where the output's Q/DQ pair reads it
+        replaced: dict[int, list[onnx.NodeProto]] = {}
+        for op in self.program.ops:
+            node = by_label.get(op.node)
+            if node is None:
+                continue
+            if op.kind in ("conv", "matmul"):
+                replaced[id(node)] = self._mac(node, op)
+            elif op.kind in ("add", "mul", "concat") and op.constants:
+                replaced[id(node)] = self._constant_operands(node, op)
         new_nodes: list[onnx.NodeProto] = list(self.extra_nodes) + inputs_qdq
         for node in nodes:
             group = replaced.get(id(node), [node])

@@ -21,7 +21,7 @@ from npubuild.targets.backend.commands import (
     store,
 )
 from npubuild.targets.backend.context import OpContext
-from npubuild.targets.backend.memory import CHANNEL_PARAM_BYTES, align, esize, row_major
+from npubuild.targets.backend.memory import CHANNEL_PARAM_BYTES, align, esize, four, row_major
 from npubuild.targets.backend.schedule import OpSchedule, TransposeRows, conv_chunks, window
 
 
@@ -187,4 +187,44 @@ def matmul(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
             )  # fmt: skip
             result = store(dst, ctx.addr[y], ctx.bits(y), [1, 1, m1 - m0, cols], [0, 0, n, 1], [0, 0, m0, n0])
             commands.append(Tile(bufs, [source], compute, result))
+    return commands
+
+
+def batch_matmul(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
+    """MatMul of two activations: for each batch (broadcast as numpy does), tiles of
+    [rows of A] x [columns of B], both loaded by DMA."""
+    a, b, y = op.inputs[0], op.inputs[1], op.outputs[0]
+    sa, sb, sy = four(ctx.shapes[a]), four(ctx.shapes[b]), four(ctx.shapes[y])
+    m, k, n = sa[2], sa[3], sb[3]
+    ra, rb, ry = row_major(sa), row_major(sb), row_major(sy)
+    # a batch axis of size 1 is read again for every batch of the output (stride 0)
+    ra[:2] = [s if d > 1 else 0 for s, d in zip(ra[:2], sa[:2])]
+    rb[:2] = [s if d > 1 else 0 for s, d in zip(rb[:2], sb[:2])]
+    mb, nb = sched.extents
+    bufs = sched.buffers(ctx.sram)
+    at = op.attrs
+    commands: list[Command] = []
+    for i0 in range(sy[0]):
+        for i1 in range(sy[1]):
+            for n0 in range(0, n, nb):
+                cols = min(n0 + nb, n) - n0
+                for m0 in range(0, m, mb):
+                    rows = min(m0 + mb, m) - m0
+                    b_at = align(rows * k * esize(ctx.bits(a)))
+                    dst = InTile(b_at + align(k * cols * esize(ctx.bits(b))))
+                    loads = [
+                        load(InTile(), ctx.addr[a], ctx.bits(a), [1, 1, rows, k], ra, [i0, i1, m0, 0]),
+                        load(InTile(b_at), ctx.addr[b], ctx.bits(b), [1, 1, k, cols], rb, [i0, i1, 0, n0]),
+                    ]
+                    compute = Step(
+                        "bmm",
+                        dict(
+                            a=InTile(), m=rows, k=k, a_bits=ctx.bits(a), za=at.za,
+                            b=InTile(b_at), n=cols, b_bits=ctx.bits(b), zb=at.zb,
+                            dst=dst, out_bits=ctx.bits(y), out_zp=ctx.zero_point(y), m0=at.m0, shift=at.shift,
+                        ),
+                    )  # fmt: skip
+                    box = [1, 1, rows, cols]
+                    result = store(dst, ctx.addr[y], ctx.bits(y), box, ry, [i0, i1, m0, n0])
+                    commands.append(Tile(bufs, loads, compute, result))
     return commands

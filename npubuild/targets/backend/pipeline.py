@@ -24,6 +24,7 @@ PIPELINE_MIN_GAIN = 0.02
 EMITTERS = {
     "conv": emit_mac.conv,
     "matmul": emit_mac.matmul,
+    "batch_matmul": emit_mac.batch_matmul,
     "add": emit_vector.binary,
     "mul": emit_vector.binary,
     "lut": emit_vector.lut,

@@ -204,6 +204,22 @@ def matmul(ctx: OpContext, op: Op, split: int) -> OpSchedule:
     return OpSchedule((mb, nb), *sizes(mb, nb))
 
 
+def batch_matmul(ctx: OpContext, op: Op, split: int) -> OpSchedule:
+    """Per batch, bands of A's rows times blocks of B's columns: both are loaded as tiles (no
+    constants); the inner axis k stays whole."""
+    a, b, y = op.inputs[0], op.inputs[1], op.outputs[0]
+    m, k = ctx.shapes[a][-2:]
+    n = ctx.shapes[b][-1]
+    ab, bb, yb = esize(ctx.bits(a)), esize(ctx.bits(b)), esize(ctx.bits(y))
+
+    def sizes(mb, nb):
+        return 0, align(mb * k * ab) + align(k * nb * bb) + mb * nb * yb
+
+    mb, nb = shrink(ctx.sram, sizes, (m, n), order=(0, 1))
+    mb = -(-mb // split)
+    return OpSchedule((mb, nb), *sizes(mb, nb))
+
+
 def block(sram: SramPlan, shape4: list[int], need, split: int) -> list[int]:
     """Largest box (outer axes shrunk first) whose tile fits twice in SRAM with its constants;
     `need(box)` gives (constant bytes, tile bytes)."""
@@ -396,6 +412,7 @@ SCHEDULERS = {
     "layernorm": rows,
     "conv": conv,
     "matmul": matmul,
+    "batch_matmul": batch_matmul,
     "add": binary,
     "mul": binary,
     "lut": lut,
