@@ -145,15 +145,17 @@ def _render_build(console, store: Store, outcome: BuildOutcome) -> None:
 
 def _back_end(label, part: dict, gen: dict, sim: dict | None) -> list[str]:
     """What runs where and why, the binary's size and the simulator's check."""
+    npu_ms = gen.get("npu_latency_ms", gen["estimated_latency_ms"])
     lines = [
         f"{label} on {part['target']}: {part['npu_ops']} ops on the NPU, {part['cpu_ops']} on the CPU "
         f"({part['transitions']} NPU/CPU transitions), {gen['instructions']:,} instructions, "
         f"binary {gen['binary_bytes'] / 1024:,.0f} KiB; "
-        f"estimated NPU time {gen['estimated_latency_ms']:.2f} ms "
-        f"({gen['estimated_cycles']:,} cycles, MAC utilisation {gen['mac_utilisation']:.0%})"
+        f"estimated latency {gen['estimated_latency_ms']:.2f} ms: NPU {npu_ms:.2f} ms "
+        f"({gen['estimated_cycles']:,} cycles, MAC utilisation {gen['mac_utilisation']:.0%}), "
+        f"CPU {gen.get('cpu_latency_ms', 0.0):.2f} ms, hand-overs {gen.get('transition_ms', 0.0):.2f} ms"
     ]
     if gen.get("roofline_cycles"):
-        bound_ms = gen["roofline_cycles"] / gen["estimated_cycles"] * gen["estimated_latency_ms"]
+        bound_ms = gen["roofline_cycles"] / gen["estimated_cycles"] * npu_ms
         lines.append(
             f"  roofline bound {bound_ms:.2f} ms "
             f"(estimate {gen['estimated_cycles'] / gen['roofline_cycles']:.1f}x "

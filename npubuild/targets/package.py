@@ -11,6 +11,7 @@ from npubuild.targets import npub
 from npubuild.targets.backend.allocation import Allocation
 from npubuild.targets.backend.memory import SramPlan
 from npubuild.targets.cpu import CpuSubgraph
+from npubuild.targets.cpu_cost import cpu_estimate
 from npubuild.targets.cycles import estimate, per_op, roofline
 from npubuild.targets.disasm import disassemble
 from npubuild.targets.isa import ENGINES, Instruction, encode
@@ -30,6 +31,7 @@ class Assembly:
         allocation: Allocation,
     ):
         self.program, self.shapes, self.target, self.plan = program, shapes, target, plan
+        self.arrays = arrays
         self.allocation = allocation
         self.target_fields = target.model_dump()
         ops = program.ops
@@ -152,6 +154,7 @@ class Assembly:
             if n in program.tensors and n in allocation.addr
         )
         compulsory = sum(self.weight_bytes.values()) + io_bytes
+        cpu = cpu_estimate(program, self.arrays, shapes, self.plan, target)
         cycles, mac_count = self.cycles, self.macs
         stats = {
             "instructions": sum(self.counts.values()),
@@ -163,7 +166,12 @@ class Assembly:
             "constant_bytes": len(constants),
             "binary_bytes": len(data),
             "estimated_cycles": cycles,
-            "estimated_latency_ms": cycles / (target.clock_mhz * 1000.0),
+            # the NPU's cycles, the CPU subgraphs and every hand-over between them (cpu_cost.py)
+            "npu_latency_ms": cycles / (target.clock_mhz * 1000.0),
+            **cpu,
+            "estimated_latency_ms": cycles / (target.clock_mhz * 1000.0)
+            + cpu["cpu_latency_ms"]
+            + cpu["transition_ms"],
             "macs": mac_count,
             "mac_utilisation": mac_count / (cycles * target.mac_rows * target.mac_cols) if cycles else 0.0,
             "dram_bytes": sum(r["dram_bytes"] for r in self.layers),

@@ -29,6 +29,10 @@ class TargetSpec(BaseModel):
         64.0, gt=0, le=1 << 20, description="on-chip copy bandwidth (resident tensors)"
     )
     alignment_bytes: PositiveInt = Field(16, le=4096)
+    # the host CPU that runs the CPU subgraphs (targets/cpu_cost.py): throughput and hand-over cost
+    cpu_gmacs: float = Field(4.0, gt=0, le=1e6, description="CPU multiply-accumulates per ns")
+    cpu_gelements: float = Field(1.0, gt=0, le=1e6, description="CPU elements read or written per ns")
+    transition_us: float = Field(20.0, ge=0, le=1e6, description="cost of one NPU/CPU hand-over")
     activation_dtypes: tuple[Literal["int8", "int16"], ...] = ("int8", "int16")
     supported_ops: tuple[str, ...] = ()
 
@@ -95,6 +99,9 @@ BUILTIN_TARGETS: dict[str, TargetSpec] = {
         accumulator_kib=16,
         dram_bytes_per_cycle=8,
         dram_latency_cycles=100,
+        cpu_gmacs=2.0,
+        cpu_gelements=0.5,
+        transition_us=30.0,
         supported_ops=tuple(op for op in _COMMON_OPS if op not in ("ConvTranspose", "Resize")),
     ),
     "vnpu-m": TargetSpec(
@@ -108,6 +115,9 @@ BUILTIN_TARGETS: dict[str, TargetSpec] = {
         accumulator_kib=64,
         dram_bytes_per_cycle=32,
         dram_latency_cycles=150,
+        cpu_gmacs=8.0,
+        cpu_gelements=2.0,
+        transition_us=15.0,
         supported_ops=_COMMON_OPS + ("Resize",),
     ),
 }
