@@ -82,13 +82,13 @@ def row(ws: Path, name: str, errors: list[str]) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    head = f"{'model':<18}{'stages':>7}{'NPU ops':>12}{'trans':>6}{'cos':>8}{'SQNR':>7}{'ms':>8}  exact"
+    head = f"{'model':<18}{'stages':>7}{'NPU ops':>16}{'trans':>6}{'cos':>8}{'SQNR':>7}{'ms':>8}  exact"
     lines = [head, "-" * len(head)]
     for r in rows:
         ops = f"{r['npu_ops']}/{r['ops']}" if "ops" in r else "-"
         share = f" {100 * r['npu_ops'] / r['ops']:.0f}%" if r.get("ops") else ""
         lines.append(
-            f"{r['name']:<18}{r['stages']:>5}/{r['of']}{ops + share:>12}{r.get('transitions', '-'):>6}"
+            f"{r['name']:<18}{r['stages']:>5}/{r['of']}{ops + share:>16}{r.get('transitions', '-'):>6}"
             f"{r['cosine'] if 'cosine' not in r else format(r['cosine'], '.4f'):>8}"
             f"{'-' if 'sqnr_db' not in r else format(r['sqnr_db'], '.1f'):>7}"
             f"{'-' if 'latency_ms' not in r else format(r['latency_ms'], '.2f'):>8}"

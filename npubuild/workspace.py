@@ -110,10 +110,9 @@ class Workspace:
 
     def deps(self, target: Target) -> list[Target]:
         if target.kind == "npu_model":
-            found = [
-                self.dep(target, "model", ("onnx_model",)),
-                self.dep(target, "calibration", ("dataset",)),
-            ]
+            found = [self.dep(target, "model", ("onnx_model",))]
+            if target.attrs.calibration:
+                found.append(self.dep(target, "calibration", ("dataset",)))
             if target.attrs.evaluation:
                 found.append(self.dep(target, "evaluation", ("dataset",)))
             if target.attrs.target not in BUILTIN_TARGETS:

@@ -118,7 +118,7 @@ class Planner:
     def _plan_npu_model(self, target: Target, plan: TargetPlan) -> None:
         attrs = target.attrs
         model = self.ws.dep(target, "model", ("onnx_model",))
-        calibration = self.ws.dep(target, "calibration", ("dataset",))
+        calibration = self.ws.dep(target, "calibration", ("dataset",)) if attrs.calibration else None
         evaluation = self.ws.dep(target, "evaluation", ("dataset",)) if attrs.evaluation else None
         hardware = {
             "target": self.ws.target_spec(target).model_dump()
@@ -134,8 +134,11 @@ class Planner:
         self._expose(plan, imp)
         if not self._wanted("optimize"):
             return
-        calib = self._prepare(calibration, plan, "calibration")
-        evaluation_set = self._prepare(evaluation, plan, "evaluation") if evaluation is not None else calib
+        # without a calibration set (a pre-quantized model), the evaluation set checks optimize
+        evaluation_set = self._prepare(evaluation, plan, "evaluation") if evaluation is not None else None
+        calib = self._prepare(calibration, plan, "calibration") if calibration is not None else None
+        evaluation_set = evaluation_set or calib
+        calib = calib or evaluation_set
         opt = self._step(
             plan,
             "optimize",
@@ -146,11 +149,13 @@ class Planner:
         if not self._wanted("calibrate"):
             return
         optimized = Output(opt, "model")
-        cal = self._step(
-            plan, "calibrate", {}, {"model": optimized, "calibration": Output(calib, "tensors")}, target
-        )
         settings = {**attrs.quantize.model_dump(), "overrides": [o.model_dump() for o in attrs.overrides]}
-        quant_inputs: dict[str, Input] = {"model": optimized, "stats": Output(cal, "stats")}
+        quant_inputs: dict[str, Input] = {"model": optimized}
+        if calibration is not None:
+            cal = self._step(
+                plan, "calibrate", {}, {"model": optimized, "calibration": Output(calib, "tensors")}, target
+            )
+            quant_inputs["stats"] = Output(cal, "stats")
         if attrs.mixed_precision is not None and self._wanted("sensitivity"):
             probe_inputs = {**quant_inputs, "evaluation": Output(evaluation_set, "tensors")}
             sens = self._step(

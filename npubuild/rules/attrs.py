@@ -160,7 +160,8 @@ class Gates(Strict):
 class NpuModelAttrs(Strict):
     name: str
     model: str
-    calibration: str
+    # may be left out for a pre-quantized (QDQ) model, which carries its own grids
+    calibration: str | None = None
     evaluation: str | None = None
     target: str = "vnpu-m"
     optimize: OptimizeConfig = OptimizeConfig()
@@ -176,6 +177,10 @@ class NpuModelAttrs(Strict):
     def _one_precision_source(self) -> NpuModelAttrs:
         if self.mixed_precision is not None and self.precision_table is not None:
             raise ValueError("give either mixed_precision (a search) or precision_table (by hand), not both")
+        if self.calibration is None and self.evaluation is None:
+            raise ValueError("give a calibration set, or for a pre-quantized (QDQ) model an evaluation set")
+        if self.calibration is None and self.mixed_precision is not None:
+            raise ValueError("mixed_precision measures on calibration statistics: give a calibration set")
         return self
 
 

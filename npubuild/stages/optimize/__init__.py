@@ -8,6 +8,7 @@ PASS_NAMES = (
     "constants_to_initializers",
     "fold_shapes",
     "fold_constants",
+    "absorb_qdq",
     "remove_noops",
     "sum_to_add",
     "decompose_lrn",

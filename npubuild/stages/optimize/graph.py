@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -9,6 +11,7 @@ from onnx import helper, numpy_helper
 from npubuild.stages.onnx_utils import default_opset
 
 NPUBUILD_DOMAIN = "npubuild"
+QDQ_METADATA = "npubuild.qdq"  # the grids of a pre-quantized model's activations (prequantized.py)
 
 
 class Graph:
@@ -26,6 +29,11 @@ class Graph:
         self.types: dict[str, tuple[int, tuple[int, ...] | None]] = {}
         self._read_types(g)
         self._counter = 0
+        # tensor -> the grid a pre-quantized model's Q/DQ pair gave it (prequantized.py)
+        self.qdq: dict[str, dict] = {}
+        for prop in model.metadata_props:
+            if prop.key == QDQ_METADATA:
+                self.qdq = json.loads(prop.value)
 
     # types and shapes -------------------------------------------------------------------------
     def _read_types(self, g: onnx.GraphProto) -> None:
@@ -103,6 +111,8 @@ class Graph:
             return False
         # `out` must keep its name (a graph output): the producer of `keep` takes it over.
         producer.output[list(producer.output).index(keep)] = out
+        if keep in self.qdq:
+            self.qdq[out] = self.qdq.pop(keep)
         self.types[out] = self.types.get(keep, self.types.get(out, (0, None)))
         self.nodes.remove(node)
         return True
@@ -144,6 +154,9 @@ class Graph:
             producer_version=self.model.producer_version,
             functions=[f for name, f in sorted(self.functions.items()) if name in used_functions],
         )
+        kept = {k: v for k, v in sorted(self.qdq.items()) if k in self.types or k in self.output_names()}
+        if kept:
+            onnx.helper.set_model_props(model, {QDQ_METADATA: json.dumps(kept, sort_keys=True)})
         return model
 
 

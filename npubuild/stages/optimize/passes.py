@@ -17,6 +17,7 @@ from npubuild.stages.optimize.canonical import (
     sum_to_add,
 )
 from npubuild.stages.optimize.graph import NPUBUILD_DOMAIN, Graph, node_attr
+from npubuild.stages.optimize.prequantized import absorb_qdq
 from npubuild.stages.optimize.recognise import decompose_lrn, fuse_gelu, fuse_layernorm
 
 # Folding would grow the model past this many elements per tensor (Expand, ConstantOfShape...).
@@ -497,6 +498,7 @@ PASSES: dict[str, Callable[[Graph], int]] = {
         constants_to_initializers,
         fold_shapes,
         fold_constants,
+        absorb_qdq,
         remove_noops,
         sum_to_add,
         decompose_lrn,

@@ -13,6 +13,7 @@ from onnx import helper, numpy_helper
 
 from npubuild.intmodel.ops import LUT_OPS, MAC_OPS, MOVE_OPS
 from npubuild.intmodel.rowwise import SOFTMAX_GRID
+from npubuild.stages.optimize.prequantized import recorded
 from npubuild.stages.quantize import ranges
 from npubuild.targets.support import integer_blocker
 
@@ -109,6 +110,8 @@ class Planner:
         if "__graph__" not in self.range_cache:
             self.range_cache["__graph__"] = GraphInfo.of(self.graph)
         self.info: GraphInfo = self.range_cache["__graph__"]
+        # a pre-quantized model's own grids (its Q/DQ pairs, recorded by optimize) win over statistics
+        self.given = recorded(model)
         self.plan = QuantPlan()
         self.matched_overrides: set[int] = set()
 
@@ -154,6 +157,9 @@ class Planner:
 
     def _from_stats(self, name: str, bits: int, method: str) -> tuple[TensorParams, list[str]]:
         warnings = []
+        given = self.given.get(name)
+        if given is not None and given["bits"] == bits:
+            return TensorParams(float(given["scale"]), int(given["zero_point"]), bits), warnings
         meta = self.stats_meta.get(name)
         if meta is None or meta["count"] == 0:
             warnings.append(f"no calibration statistics for '{name}'; using range [-1, 1]")

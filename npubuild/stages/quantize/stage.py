@@ -9,6 +9,7 @@ from npubuild.errors import UserError
 from npubuild.intmodel import tensorfile
 from npubuild.intmodel.program import parse
 from npubuild.stages.onnx_utils import load_model, save_model, write_json
+from npubuild.stages.optimize.prequantized import recorded
 from npubuild.stages.quantize.integer_model import build_integer_model
 from npubuild.stages.quantize.precision import Layers, load_table, precision_overrides
 from npubuild.stages.quantize.qdq import export_qdq
@@ -16,7 +17,15 @@ from npubuild.stages.quantize.qdq import export_qdq
 
 def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     model = load_model(inputs["model"], "the optimized model")
-    stats_arrays, stats = tensorfile.load(inputs["stats"])
+    if "stats" in inputs:
+        stats_arrays, stats = tensorfile.load(inputs["stats"])
+    elif recorded(model):  # a pre-quantized model without a calibration set: its own grids only
+        stats_arrays, stats = {}, {"tensors": {}}
+    else:
+        raise UserError(
+            "the model carries no quantization parameters (no QuantizeLinear/DequantizeLinear pairs): "
+            "give the npu_model a calibration set"
+        )
     warnings: list[str] = []
     if "precision" in inputs:
         table = load_table(inputs["precision"])

@@ -1,0 +1,98 @@
+"""Pre-quantized (QDQ) models: the QuantizeLinear -> DequantizeLinear pairs on activations that
+quantization-aware training, onnxruntime's quantize_static or NNCF put in a model say which grid
+each tensor lives on. `absorb_qdq` removes each pair and records its scale and zero point; the
+quantizer then uses them instead of calibration statistics (docs/quantization.md, "Pre-quantized
+models"). DequantizeLinear of constant weights is folded by fold_constants, and the quantizer
+quantizes the folded weights again (per channel, symmetric: the same codes up to rounding).
+
+The record travels in the optimized model's metadata (`npubuild.qdq`: tensor -> scale, zero
+point, bits), with zero points on npubuild's signed grids (a uint8 zero point z is z - 128)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+
+from npubuild.stages.optimize.graph import QDQ_METADATA, Graph
+
+_BITS = {
+    onnx.TensorProto.INT8: (8, 0),
+    onnx.TensorProto.UINT8: (8, -128),
+    onnx.TensorProto.INT16: (16, 0),
+    onnx.TensorProto.UINT16: (16, -32768),
+}
+
+
+def _scalar(g: Graph, name: str) -> np.ndarray | None:
+    value = g.constant(name) if name else None
+    return value if value is not None and value.size == 1 else None
+
+
+def _pair_params(g: Graph, q: onnx.NodeProto, dq: onnx.NodeProto) -> tuple[float, int, int] | None:
+    """(scale, signed zero point, bits) of a per-tensor Q/DQ pair on one grid, else None."""
+    if len(q.input) < 2 or len(dq.input) < 2:
+        return None
+    scale, dq_scale = _scalar(g, q.input[1]), _scalar(g, dq.input[1])
+    if scale is None or dq_scale is None or float(scale.reshape(-1)[0]) != float(dq_scale.reshape(-1)[0]):
+        return None
+    zp = _scalar(g, q.input[2]) if len(q.input) > 2 else None
+    dq_zp = _scalar(g, dq.input[2]) if len(dq.input) > 2 else None
+    if (zp is None) != (dq_zp is None) or (
+        zp is not None and int(zp.reshape(-1)[0]) != int(dq_zp.reshape(-1)[0])
+    ):
+        return None
+    dtype = onnx.helper.np_dtype_to_tensor_dtype(zp.dtype) if zp is not None else onnx.TensorProto.UINT8
+    if dtype not in _BITS or float(scale.reshape(-1)[0]) <= 0:
+        return None
+    bits, shift = _BITS[dtype]
+    return float(scale.reshape(-1)[0]), (int(zp.reshape(-1)[0]) if zp is not None else 0) + shift, bits
+
+
+def absorb_qdq(g: Graph) -> int:
+    """x -> QuantizeLinear -> DequantizeLinear -> x' (per tensor, one grid) -> x, its grid recorded."""
+    changed = 0
+    for dq in list(g.nodes):
+        if dq.op_type != "DequantizeLinear" or dq not in g.nodes:
+            continue
+        producers, consumers = g.producers(), g.consumers()
+        q = producers.get(dq.input[0])
+        if q is None or q.op_type != "QuantizeLinear" or len(consumers.get(q.output[0], [])) != 1:
+            continue
+        params = _pair_params(g, q, dq)
+        if params is None:
+            continue
+        x, y = q.input[0], dq.output[0]
+        if y in g.output_names():
+            # the pair makes a graph output: the producer of x takes over its name
+            source = producers.get(x)
+            if source is None or x in g.output_names() or len(consumers.get(x, [])) != 1:
+                continue
+            source.output[list(source.output).index(x)] = y
+            g.types[y] = g.types.get(x, g.types.get(y, (0, None)))
+            name = y
+        else:
+            g.replace_uses(y, x)
+            name = x
+        g.nodes.remove(q)
+        g.nodes.remove(dq)
+        g.qdq[name] = {"scale": params[0], "zero_point": params[1], "bits": params[2]}
+        changed += 1
+    return changed
+
+
+def recorded(model: onnx.ModelProto) -> dict[str, dict]:
+    """The grids absorb_qdq recorded in a model's metadata ({} for a float model)."""
+    for prop in model.metadata_props:
+        if prop.key == QDQ_METADATA:
+            return json.loads(prop.value)
+    return {}
+
+
+def strip_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with its activation Q/DQ pairs removed: the float model the QDQ one simulates,
+    which optimize's numeric check compares against."""
+    g = Graph(model)
+    absorb_qdq(g)
+    return g.to_model()

@@ -1,0 +1,133 @@
+"""Pre-quantized models: a QDQ model made by onnxruntime's quantize_static compiles with its own
+scales and zero points, without a calibration set, and its integer model agrees with the QDQ
+model run in onnxruntime."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+RNG = np.random.default_rng(23)
+
+
+def _float_model() -> onnx.ModelProto:
+    w1 = (RNG.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32)
+    w2 = (RNG.standard_normal((8, 8, 3, 3)) * 0.2).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Sigmoid", ["c2"], ["s2"]),
+        helper.make_node("Mul", ["c2", "s2"], ["m2"]),
+        helper.make_node("Add", ["m2", "skip"], ["y"]),
+    ]
+    inits = {
+        "w1": w1, "b1": (RNG.standard_normal(8) * 0.1).astype(np.float32),
+        "w2": w2, "b2": (RNG.standard_normal(8) * 0.1).astype(np.float32),
+        "skip": (RNG.standard_normal((1, 8, 1, 1)) * 0.5).astype(np.float32),
+    }  # fmt: skip
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return onnx.shape_inference.infer_shapes(model)
+
+
+def qdq_model(float_path, qdq_path, samples: np.ndarray, name: str = "x", unsigned: bool = False) -> None:
+    """onnxruntime's quantize_static in QDQ format (per-channel int8 weights, its default
+    activation type) on `samples`."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.feeds = iter([{name: s[None]} for s in samples])
+
+        def get_next(self):
+            return next(self.feeds, None)
+
+    activations = QuantType.QUInt8 if unsigned else QuantType.QInt8
+    quantize_static(
+        str(float_path),
+        str(qdq_path),
+        Reader(),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=activations,
+        weight_type=QuantType.QInt8,
+    )
+
+
+def _cosine(a, b) -> float:
+    a, b = a.reshape(-1).astype(np.float64), b.reshape(-1).astype(np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+@pytest.fixture(scope="module", params=["int8", "uint8"])
+def qdq(tmp_path_factory, request):
+    tmp = tmp_path_factory.mktemp("qdq")
+    onnx.save(_float_model(), tmp / "float.onnx")
+    samples = RNG.standard_normal((16, 3, 16, 16)).astype(np.float32)
+    qdq_model(tmp / "float.onnx", tmp / "qdq.onnx", samples[:8], unsigned=request.param == "uint8")
+    np.save(tmp / "eval.npy", samples[8:])
+    return tmp
+
+
+def test_qdq_model_compiles_with_its_own_grids_and_no_calibration(qdq):
+    from npubuild.intmodel.interpreter import load_integer_model
+    from npubuild.stages.optimize import stage as optimize_stage
+    from npubuild.stages.quantize import stage as quantize_stage
+
+    qdq_path = qdq / "qdq.onnx"
+    (qdq / "o").mkdir(exist_ok=True)
+    (qdq / "q").mkdir(exist_ok=True)
+    settings = {
+        "disable": [],
+        "max_iterations": 8,
+        "check_samples": 4,
+        "check_rtol": 1e-3,
+        "check_atol": 1e-4,
+    }
+    opt = optimize_stage.run(settings, {"model": qdq_path, "calibration": qdq / "eval.npy"}, qdq / "o")
+    optimized = onnx.load(opt["model"])
+    assert not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in optimized.graph.node)
+    from test_quantize import SETTINGS
+
+    q = quantize_stage.run(SETTINGS, {"model": opt["model"]}, qdq / "q")  # no statistics
+    summary = json.loads(q["summary"].read_text())
+    assert summary["float_ops"] == 0
+    assert not any("no calibration statistics" in w for w in summary["warnings"])
+    program, _, interpreter = load_integer_model(q["integer"])
+    # the integer tensors sit on the QDQ model's grids (uint8 zero points moved to the signed grid)
+    source = onnx.load(qdq_path)
+    inits = {t.name: numpy_helper.to_array(t) for t in source.graph.initializer}
+    q_nodes = {n.input[0]: n for n in source.graph.node if n.op_type == "QuantizeLinear"}
+    x_scale = float(inits[q_nodes["x"].input[1]])
+    assert program.tensors["x"].scale == pytest.approx(x_scale)
+    zp = inits[q_nodes["x"].input[2]]
+    assert program.tensors["x"].zero_point == int(zp) - (128 if zp.dtype == np.uint8 else 0)
+    session = ort.InferenceSession(str(qdq_path), providers=["CPUExecutionProvider"])
+    for sample in np.load(qdq / "eval.npy"):
+        feed = {"x": sample[None]}
+        got, _ = interpreter.run(feed)
+        assert _cosine(got["y"], session.run(None, feed)[0]) >= 0.999
+
+
+def test_a_float_model_without_calibration_is_one_clear_error(tmp_path):
+    from test_quantize import SETTINGS
+
+    from npubuild.errors import UserError
+    from npubuild.stages.quantize import stage as quantize_stage
+
+    onnx.save(_float_model(), tmp_path / "m.onnx")
+    with pytest.raises(UserError, match="give the npu_model a calibration set"):
+        quantize_stage.run(SETTINGS, {"model": tmp_path / "m.onnx"}, tmp_path)
