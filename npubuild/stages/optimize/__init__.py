@@ -5,10 +5,10 @@ without loading the passes.
 """
 
 PASS_NAMES = (
+    "absorb_qdq",  # first: a Q/DQ pair on a constant must not be folded into it before it is read
     "constants_to_initializers",
     "fold_shapes",
     "fold_constants",
-    "absorb_qdq",
     "remove_noops",
     "sum_to_add",
     "decompose_lrn",

@@ -495,10 +495,10 @@ def eliminate_dead_code(g: Graph) -> int:
 PASSES: dict[str, Callable[[Graph], int]] = {
     f.__name__: f
     for f in (
+        absorb_qdq,
         constants_to_initializers,
         fold_shapes,
         fold_constants,
-        absorb_qdq,
         remove_noops,
         sum_to_add,
         decompose_lrn,

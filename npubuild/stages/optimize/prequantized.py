@@ -51,33 +51,39 @@ def _pair_params(g: Graph, q: onnx.NodeProto, dq: onnx.NodeProto) -> tuple[float
 
 
 def absorb_qdq(g: Graph) -> int:
-    """x -> QuantizeLinear -> DequantizeLinear -> x' (per tensor, one grid) -> x, its grid recorded."""
+    """x -> QuantizeLinear -> DequantizeLinear(s) -> x' (per tensor, one grid) -> x, its grid
+    recorded. A QuantizeLinear may feed several DequantizeLinears (one per reader)."""
     changed = 0
-    for dq in list(g.nodes):
-        if dq.op_type != "DequantizeLinear" or dq not in g.nodes:
+    for q in list(g.nodes):
+        if q.op_type != "QuantizeLinear" or q not in g.nodes:
             continue
         producers, consumers = g.producers(), g.consumers()
-        q = producers.get(dq.input[0])
-        if q is None or q.op_type != "QuantizeLinear" or len(consumers.get(q.output[0], [])) != 1:
+        readers = consumers.get(q.output[0], [])
+        if not readers or q.output[0] in g.output_names():
             continue
-        params = _pair_params(g, q, dq)
-        if params is None:
+        if any(r.op_type != "DequantizeLinear" or r.input[0] != q.output[0] for r in readers):
             continue
-        x, y = q.input[0], dq.output[0]
-        if y in g.output_names():
-            # the pair makes a graph output: the producer of x takes over its name
+        grids = {_pair_params(g, q, dq) for dq in readers}
+        if len(grids) != 1 or None in grids:
+            continue
+        scale, zero_point, bits = grids.pop()
+        x = q.input[0]
+        name = x
+        outputs = [dq.output[0] for dq in readers if dq.output[0] in g.output_names()]
+        if outputs:
+            # a pair makes a graph output: the producer of x takes over its name
             source = producers.get(x)
-            if source is None or x in g.output_names() or len(consumers.get(x, [])) != 1:
+            if len(outputs) > 1 or source is None or x in g.output_names() or len(consumers.get(x, [])) != 1:
                 continue
-            source.output[list(source.output).index(x)] = y
-            g.types[y] = g.types.get(x, g.types.get(y, (0, None)))
-            name = y
-        else:
-            g.replace_uses(y, x)
-            name = x
+            name = outputs[0]
+            source.output[list(source.output).index(x)] = name
+            g.types[name] = g.types.get(x, g.types.get(name, (0, None)))
+        for dq in readers:
+            if dq.output[0] != name:
+                g.replace_uses(dq.output[0], name)
+            g.nodes.remove(dq)
         g.nodes.remove(q)
-        g.nodes.remove(dq)
-        g.qdq[name] = {"scale": params[0], "zero_point": params[1], "bits": params[2]}
+        g.qdq[name] = {"scale": scale, "zero_point": zero_point, "bits": bits}
         changed += 1
     return changed
 
