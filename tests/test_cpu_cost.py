@@ -61,3 +61,27 @@ def _target_ops():
     from npubuild.targets.spec import BUILTIN_TARGETS
 
     return BUILTIN_TARGETS["vnpu-m"].supported_ops
+
+
+def test_multiply_accumulates_of_a_convolution_and_a_transposed_one_on_the_cpu():
+    """Counted by hand: a 3x3 convolution 8 -> 16 channels on 10x10 outputs; a stride-2 2x2
+    transposed convolution 16 -> 4 channels from a 5x5 input."""
+    from npubuild.intmodel.program import FloatOp
+    from npubuild.targets.cpu_cost import op_work
+
+    shapes = {"x": [1, 8, 10, 10], "y": [1, 16, 10, 10], "t": [1, 16, 5, 5], "u": [1, 4, 10, 10]}
+    arrays = {"w": np.zeros((16, 8, 3, 3)), "wt": np.zeros((16, 4, 2, 2))}
+    conv = FloatOp(
+        kind="float", op_type="Conv", inputs=["x", "w"], outputs=["y"], constants={"w": "w"}, proto="p"
+    )
+    macs, elements = op_work(conv, shapes, arrays)
+    assert macs == 16 * 10 * 10 * 8 * 3 * 3 and elements == 800 + 1600
+    up = FloatOp(
+        kind="float",
+        op_type="ConvTranspose",
+        inputs=["t", "wt"],
+        outputs=["u"],
+        constants={"wt": "wt"},
+        proto="p",
+    )
+    assert op_work(up, shapes, arrays)[0] == 16 * 5 * 5 * 4 * 2 * 2  # = 4 * 10 * 10 outputs x 16 inputs

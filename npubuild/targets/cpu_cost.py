@@ -38,13 +38,13 @@ def op_work(op: Op, shapes: dict, arrays: dict) -> tuple[int, int]:
         weight_shape = shapes.get(op.inputs[1])
     if not weight_shape:
         return 0, elements
-    if op.op_type in ("Conv",) or op.kind == "conv":
-        per_output = _size(weight_shape[1:])  # input channels per group x kernel
-    elif op.op_type == "ConvTranspose":
-        per_output = _size(weight_shape[2:]) * int(weight_shape[0])
-    else:  # a matrix product: the inner dimension
-        per_output = int(weight_shape[-2]) if len(weight_shape) >= 2 else 1
-    return out * per_output, elements
+    if op.op_type == "ConvTranspose" or (op.kind == "conv" and op.attrs.transpose):
+        # each input element scatters into (output channels per group) x kernel outputs
+        return _size(shapes.get(op.inputs[0], [])) * _size(weight_shape[1:]), elements
+    if op.op_type == "Conv" or op.kind == "conv":
+        return out * _size(weight_shape[1:]), elements  # input channels per group x kernel
+    # a matrix product: the inner dimension per output
+    return out * (int(weight_shape[-2]) if len(weight_shape) >= 2 else 1), elements
 
 
 def cpu_estimate(program: IntegerModel, arrays: dict, shapes: dict, plan: dict, target: TargetSpec) -> dict:
