@@ -55,9 +55,31 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
+def ort_qdq(float_path: Path, qdq_path: Path, samples: np.ndarray, input_name: str, unsigned=False) -> None:
+    """onnxruntime's quantize_static in QDQ format: per-channel int8 weights, int8 (or uint8)
+    activations calibrated on `samples` ([N, ...], one sample per feed)."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.feeds = iter([{input_name: s[None]} for s in samples])
+
+        def get_next(self):
+            return next(self.feeds, None)
+
+    quantize_static(
+        str(float_path),
+        str(qdq_path),
+        Reader(),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QUInt8 if unsigned else QuantType.QInt8,
+        weight_type=QuantType.QInt8,
+    )
+
+
 def main() -> int:
     import onnxruntime as ort
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
     from npubuild.intmodel.interpreter import load_integer_model
 
@@ -71,23 +93,8 @@ def main() -> int:
     calib = np.load(out / "data" / "yolo_calib" / "tensors.npy")
     evaluation = np.load(out / "data" / "yolo_eval" / "tensors.npy")
 
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.feeds = iter([{"images": s[None]} for s in calib])
-
-        def get_next(self):
-            return next(self.feeds, None)
-
     qdq_path = ws / "models" / "yolo_qdq.onnx"
-    quantize_static(
-        str(float_model),
-        str(qdq_path),
-        Reader(),
-        quant_format=QuantFormat.QDQ,
-        per_channel=True,
-        activation_type=QuantType.QInt8,
-        weight_type=QuantType.QInt8,
-    )
+    ort_qdq(float_model, qdq_path, calib, "images")
     with open(ws / "models" / "BUILD", "a") as f:
         f.write(QDQ_TARGETS)
     build(ws, "//models:yolo_qdq_m")

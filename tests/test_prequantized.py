@@ -5,12 +5,19 @@ model run in onnxruntime."""
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from test_row_ops import _cosine
+
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+from prequantized import ort_qdq  # noqa: E402
 
 RNG = np.random.default_rng(23)
 
@@ -43,41 +50,12 @@ def _float_model() -> onnx.ModelProto:
     return onnx.shape_inference.infer_shapes(model)
 
 
-def qdq_model(float_path, qdq_path, samples: np.ndarray, name: str = "x", unsigned: bool = False) -> None:
-    """onnxruntime's quantize_static in QDQ format (per-channel int8 weights, its default
-    activation type) on `samples`."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.feeds = iter([{name: s[None]} for s in samples])
-
-        def get_next(self):
-            return next(self.feeds, None)
-
-    activations = QuantType.QUInt8 if unsigned else QuantType.QInt8
-    quantize_static(
-        str(float_path),
-        str(qdq_path),
-        Reader(),
-        quant_format=QuantFormat.QDQ,
-        per_channel=True,
-        activation_type=activations,
-        weight_type=QuantType.QInt8,
-    )
-
-
-def _cosine(a, b) -> float:
-    a, b = a.reshape(-1).astype(np.float64), b.reshape(-1).astype(np.float64)
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
-
-
 @pytest.fixture(scope="module", params=["int8", "uint8"])
 def qdq(tmp_path_factory, request):
     tmp = tmp_path_factory.mktemp("qdq")
     onnx.save(_float_model(), tmp / "float.onnx")
     samples = RNG.standard_normal((16, 3, 16, 16)).astype(np.float32)
-    qdq_model(tmp / "float.onnx", tmp / "qdq.onnx", samples[:8], unsigned=request.param == "uint8")
+    ort_qdq(tmp / "float.onnx", tmp / "qdq.onnx", samples[:8], "x", unsigned=request.param == "uint8")
     np.save(tmp / "eval.npy", samples[8:])
     return tmp
 

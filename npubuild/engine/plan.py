@@ -134,10 +134,9 @@ class Planner:
         self._expose(plan, imp)
         if not self._wanted("optimize"):
             return
-        # without a calibration set (a pre-quantized model), the evaluation set checks optimize
-        evaluation_set = self._prepare(evaluation, plan, "evaluation") if evaluation is not None else None
         calib = self._prepare(calibration, plan, "calibration") if calibration is not None else None
-        evaluation_set = evaluation_set or calib
+        evaluation_set = self._prepare(evaluation, plan, "evaluation") if evaluation is not None else calib
+        # without a calibration set (a pre-quantized model), the evaluation set checks optimize
         calib = calib or evaluation_set
         opt = self._step(
             plan,

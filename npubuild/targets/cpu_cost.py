@@ -56,8 +56,7 @@ def cpu_estimate(program: IntegerModel, arrays: dict, shapes: dict, plan: dict, 
         for i in sg["ops"]:
             m, e = op_work(program.ops[i], shapes, arrays)
             macs, elements = macs + m, elements + e
-    devices = [sg["device"] for sg in plan["subgraphs"] if sg["ops"]]
-    transitions = sum(1 for a, b in zip(devices, devices[1:]) if a != b)
+    transitions = plan["transitions"]  # consecutive subgraphs are on different devices
     cpu_ms = macs / (target.cpu_gmacs * 1e6) + elements / (target.cpu_gelements * 1e6)
     return {
         "cpu_macs": macs,

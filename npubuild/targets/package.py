@@ -156,6 +156,7 @@ class Assembly:
         compulsory = sum(self.weight_bytes.values()) + io_bytes
         cpu = cpu_estimate(program, self.arrays, shapes, self.plan, target)
         cycles, mac_count = self.cycles, self.macs
+        npu_ms = cycles / (target.clock_mhz * 1000.0)
         stats = {
             "instructions": sum(self.counts.values()),
             "instructions_by_engine": dict(sorted(self.counts.items())),
@@ -167,11 +168,9 @@ class Assembly:
             "binary_bytes": len(data),
             "estimated_cycles": cycles,
             # the NPU's cycles, the CPU subgraphs and every hand-over between them (cpu_cost.py)
-            "npu_latency_ms": cycles / (target.clock_mhz * 1000.0),
+            "npu_latency_ms": npu_ms,
             **cpu,
-            "estimated_latency_ms": cycles / (target.clock_mhz * 1000.0)
-            + cpu["cpu_latency_ms"]
-            + cpu["transition_ms"],
+            "estimated_latency_ms": npu_ms + cpu["cpu_latency_ms"] + cpu["transition_ms"],
             "macs": mac_count,
             "mac_utilisation": mac_count / (cycles * target.mac_rows * target.mac_cols) if cycles else 0.0,
             "dram_bytes": sum(r["dram_bytes"] for r in self.layers),

@@ -30,10 +30,7 @@ class Graph:
         self._read_types(g)
         self._counter = 0
         # tensor -> the grid a pre-quantized model's Q/DQ pair gave it (prequantized.py)
-        self.qdq: dict[str, dict] = {}
-        for prop in model.metadata_props:
-            if prop.key == QDQ_METADATA:
-                self.qdq = json.loads(prop.value)
+        self.qdq: dict[str, dict] = recorded_grids(model)
 
     # types and shapes -------------------------------------------------------------------------
     def _read_types(self, g: onnx.GraphProto) -> None:
@@ -79,6 +76,11 @@ class Graph:
 
     def constant(self, name: str) -> np.ndarray | None:
         return self.constants.get(name)
+
+    def scalar(self, name: str) -> float | None:
+        """The value of a one-element constant, else None."""
+        value = self.constants.get(name)
+        return float(value.reshape(-1)[0]) if value is not None and value.size == 1 else None
 
     def fresh_name(self, base: str) -> str:
         while True:
@@ -158,6 +160,14 @@ class Graph:
         if kept:
             onnx.helper.set_model_props(model, {QDQ_METADATA: json.dumps(kept, sort_keys=True)})
         return model
+
+
+def recorded_grids(model: onnx.ModelProto) -> dict[str, dict]:
+    """The grids absorb_qdq recorded in a model's metadata ({} for a float model)."""
+    for prop in model.metadata_props:
+        if prop.key == QDQ_METADATA:
+            return json.loads(prop.value)
+    return {}
 
 
 def node_attr(node: onnx.NodeProto, name: str, default=None):

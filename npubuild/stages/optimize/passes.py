@@ -370,23 +370,18 @@ def fuse_silu(g: Graph) -> int:
     return changed
 
 
-def _scalar(g: Graph, name: str) -> float | None:
-    value = g.constant(name)
-    return float(value.reshape(-1)[0]) if value is not None and value.size == 1 else None
-
-
 def _relu6_of_x_plus_3(g: Graph, name: str, producers: dict) -> tuple[str, list] | None:
     """Match Clip(Add(x, 3), 0, 6) (or Relu6 via Clip attributes); returns x and the nodes."""
     clip = producers.get(name)
     if clip is None or clip.op_type != "Clip":
         return None
-    lo = _scalar(g, clip.input[1]) if len(clip.input) > 1 and clip.input[1] else node_attr(clip, "min")
-    hi = _scalar(g, clip.input[2]) if len(clip.input) > 2 and clip.input[2] else node_attr(clip, "max")
+    lo = g.scalar(clip.input[1]) if len(clip.input) > 1 and clip.input[1] else node_attr(clip, "min")
+    hi = g.scalar(clip.input[2]) if len(clip.input) > 2 and clip.input[2] else node_attr(clip, "max")
     add = producers.get(clip.input[0])
     if lo != 0 or hi != 6 or add is None or add.op_type != "Add" or not _single_use(g, add.output[0]):
         return None
     for a, b in ((0, 1), (1, 0)):
-        if _scalar(g, add.input[b]) == 3.0:
+        if g.scalar(add.input[b]) == 3.0:
             return add.input[a], [add, clip]
     return None
 
@@ -422,7 +417,7 @@ def _match_hardswish(g: Graph, node: onnx.NodeProto, producers: dict) -> tuple[s
                 return node.input[a], [hs, node]
     # (x * relu6(x + 3)) / 6  or  (x * relu6(x + 3)) * (1/6)
     if node.op_type in ("Div", "Mul") and len(node.input) == 2:
-        divisor = _scalar(g, node.input[1])
+        divisor = g.scalar(node.input[1])
         if divisor is None or not np.isclose(
             divisor if node.op_type == "Div" else 1 / divisor, 6.0, rtol=1e-6
         ):

@@ -10,12 +10,9 @@ point, bits), with zero points on npubuild's signed grids (a uint8 zero point z 
 
 from __future__ import annotations
 
-import json
-
-import numpy as np
 import onnx
 
-from npubuild.stages.optimize.graph import QDQ_METADATA, Graph
+from npubuild.stages.optimize.graph import Graph
 
 _BITS = {
     onnx.TensorProto.INT8: (8, 0),
@@ -25,37 +22,36 @@ _BITS = {
 }
 
 
-def _scalar(g: Graph, name: str) -> np.ndarray | None:
-    value = g.constant(name) if name else None
-    return value if value is not None and value.size == 1 else None
+def _operand(node: onnx.NodeProto, k: int) -> str:
+    return node.input[k] if len(node.input) > k else ""
 
 
 def _pair_params(g: Graph, q: onnx.NodeProto, dq: onnx.NodeProto) -> tuple[float, int, int] | None:
     """(scale, signed zero point, bits) of a per-tensor Q/DQ pair on one grid, else None."""
-    if len(q.input) < 2 or len(dq.input) < 2:
+    scale = g.scalar(_operand(q, 1))
+    if scale is None or scale <= 0 or g.scalar(_operand(dq, 1)) != scale:
         return None
-    scale, dq_scale = _scalar(g, q.input[1]), _scalar(g, dq.input[1])
-    if scale is None or dq_scale is None or float(scale.reshape(-1)[0]) != float(dq_scale.reshape(-1)[0]):
+    zp, dq_zp = g.constant(_operand(q, 2)), g.constant(_operand(dq, 2))
+    if (zp is None) != (dq_zp is None) or (zp is not None and (zp.size != 1 or dq_zp.size != 1)):
         return None
-    zp = _scalar(g, q.input[2]) if len(q.input) > 2 else None
-    dq_zp = _scalar(g, dq.input[2]) if len(dq.input) > 2 else None
-    if (zp is None) != (dq_zp is None) or (
-        zp is not None and int(zp.reshape(-1)[0]) != int(dq_zp.reshape(-1)[0])
-    ):
-        return None
-    dtype = onnx.helper.np_dtype_to_tensor_dtype(zp.dtype) if zp is not None else onnx.TensorProto.UINT8
-    if dtype not in _BITS or float(scale.reshape(-1)[0]) <= 0:
+    if zp is None:  # ONNX's default zero point: uint8 0
+        zero_point, dtype = 0, onnx.TensorProto.UINT8
+    else:
+        zero_point, dtype = int(zp.reshape(-1)[0]), onnx.helper.np_dtype_to_tensor_dtype(zp.dtype)
+        if int(dq_zp.reshape(-1)[0]) != zero_point:
+            return None
+    if dtype not in _BITS:
         return None
     bits, shift = _BITS[dtype]
-    return float(scale.reshape(-1)[0]), (int(zp.reshape(-1)[0]) if zp is not None else 0) + shift, bits
+    return scale, zero_point + shift, bits
 
 
 def absorb_qdq(g: Graph) -> int:
     """x -> QuantizeLinear -> DequantizeLinear(s) -> x' (per tensor, one grid) -> x, its grid
     recorded. A QuantizeLinear may feed several DequantizeLinears (one per reader)."""
     changed = 0
-    for q in list(g.nodes):
-        if q.op_type != "QuantizeLinear" or q not in g.nodes:
+    for q in list(g.nodes):  # the loop removes only the Q it is at and that Q's DQs
+        if q.op_type != "QuantizeLinear":
             continue
         producers, consumers = g.producers(), g.consumers()
         readers = consumers.get(q.output[0], [])
@@ -86,14 +82,6 @@ def absorb_qdq(g: Graph) -> int:
         g.qdq[name] = {"scale": scale, "zero_point": zero_point, "bits": bits}
         changed += 1
     return changed
-
-
-def recorded(model: onnx.ModelProto) -> dict[str, dict]:
-    """The grids absorb_qdq recorded in a model's metadata ({} for a float model)."""
-    for prop in model.metadata_props:
-        if prop.key == QDQ_METADATA:
-            return json.loads(prop.value)
-    return {}
 
 
 def strip_qdq(model: onnx.ModelProto) -> onnx.ModelProto:

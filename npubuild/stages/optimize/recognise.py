@@ -14,11 +14,6 @@ from onnx import helper
 from npubuild.stages.optimize.graph import NPUBUILD_DOMAIN, Graph, node_attr
 
 
-def _scalar(g: Graph, name: str) -> float | None:
-    value = g.constant(name)
-    return float(value.reshape(-1)[0]) if value is not None and value.size == 1 else None
-
-
 def _only_use(g: Graph, name: str, consumers: dict, users: int = 1) -> bool:
     return name not in g.output_names() and len(consumers.get(name, [])) == users
 
@@ -38,18 +33,18 @@ def _last_axis_mean(g: Graph, node: onnx.NodeProto | None) -> bool:
 
 
 def _layernorm_function(opset: int) -> onnx.FunctionProto:
-    if opset >= 18:
-        axes = [helper.make_node("Constant", [], ["Axes"], value_ints=[-1])]
-        mean = [lambda i, o: helper.make_node("ReduceMean", [i, "Axes"], [o], keepdims=1)]
-    else:
-        axes = []
-        mean = [lambda i, o: helper.make_node("ReduceMean", [i], [o], axes=[-1], keepdims=1)]
+    def mean(i: str, o: str) -> onnx.NodeProto:  # over the last axis: an input from opset 18
+        if opset >= 18:
+            return helper.make_node("ReduceMean", [i, "Axes"], [o], keepdims=1)
+        return helper.make_node("ReduceMean", [i], [o], axes=[-1], keepdims=1)
+
+    axes = [helper.make_node("Constant", [], ["Axes"], value_ints=[-1])] if opset >= 18 else []
     body = [
         *axes,
-        mean[0]("X", "M"),
+        mean("X", "M"),
         helper.make_node("Sub", ["X", "M"], ["D"]),
         helper.make_node("Mul", ["D", "D"], ["P"]),
-        mean[0]("P", "V"),
+        mean("P", "V"),
         helper.make_node("Add", ["V", "Epsilon"], ["A"]),
         helper.make_node("Sqrt", ["A"], ["S"]),
         helper.make_node("Div", ["D", "S"], ["N"]),
@@ -77,24 +72,22 @@ def _match_layernorm(g: Graph, div: onnx.NodeProto, producers: dict, consumers: 
     add = producers.get(sqrt.input[0])
     if add is None or add.op_type != "Add":
         return None
-    eps = _scalar(g, add.input[1])
+    eps = g.scalar(add.input[1])
     var = producers.get(add.input[0])
     if eps is None or not _last_axis_mean(g, var):
         return None
     square = producers.get(var.input[0])
     if square is None or not (
-        (square.op_type == "Pow" and _scalar(g, square.input[1]) == 2.0 and square.input[0] == sub.output[0])
+        (square.op_type == "Pow" and g.scalar(square.input[1]) == 2.0 and square.input[0] == sub.output[0])
         or (square.op_type == "Mul" and list(square.input) == [sub.output[0]] * 2)
     ):
         return None
     x = sub.input[0]
     matched = [mean, sub, square, var, add, sqrt, div]
+    # x - mean(x) is read by the square (twice by a Mul) and the Div; the rest once
     uses = {sub.output[0]: 2 if square.op_type == "Pow" else 3}
-    for node in matched[:-1]:
-        if node is mean and not _only_use(g, mean.output[0], consumers):
-            return None
-        if node is not mean and not _only_use(g, node.output[0], consumers, uses.get(node.output[0], 1)):
-            return None
+    if not all(_only_use(g, n.output[0], consumers, uses.get(n.output[0], 1)) for n in matched[:-1]):
+        return None
     return x, eps, matched
 
 
@@ -173,7 +166,7 @@ def _scaled_input(g: Graph, node: onnx.NodeProto | None, factor: float) -> str |
     """x when `node` is x / (1 / factor) or x * factor (a scalar constant), else None."""
     if node is None or node.op_type not in ("Div", "Mul"):
         return None
-    value = _scalar(g, node.input[1])
+    value = g.scalar(node.input[1])
     if value is None or value == 0:
         return None
     actual = 1 / value if node.op_type == "Div" else value
@@ -194,7 +187,7 @@ def fuse_gelu(g: Graph) -> int:
             continue
         add = users[0]
         one = add.input[1] if add.input[0] == erf.output[0] else add.input[0]
-        if _scalar(g, one) != 1.0 or not _only_use(g, scale.output[0], consumers):
+        if g.scalar(one) != 1.0 or not _only_use(g, scale.output[0], consumers):
             continue
         match = _gelu_products(g, x, add, producers, consumers)
         if match is None:
@@ -223,7 +216,7 @@ def _gelu_products(g: Graph, x: str, add: onnx.NodeProto, producers: dict, consu
             if mul.output[0] not in g.output_names():
                 return [mul, nxt[0]]
         return None
-    if _scalar(g, other) == 0.5:  # x * (a * 0.5)
+    if g.scalar(other) == 0.5:  # x * (a * 0.5)
         nxt = consumers.get(mul.output[0], [])
         if (
             len(nxt) == 1

@@ -14,7 +14,6 @@ from onnx import helper
 
 from npubuild.intmodel.codes import qrange
 from npubuild.intmodel.fixedpoint import add_multiplier, quantize_multiplier
-from npubuild.intmodel.lut import lut_function
 from npubuild.intmodel.ops import LUT_OPS, MOVE_OPS, TABULATED_OPS
 from npubuild.stages.quantize import tables
 from npubuild.stages.quantize.planning import Planner, QuantPlan, TensorParams, attr, node_label
@@ -49,6 +48,16 @@ def build_program(
     return Encoder(
         model, planner.build(), planner.info.constants, planner.info.shapes, stats_arrays, config
     ).encode()
+
+
+def product_attrs(ap: TensorParams, bp: TensorParams, yp: TensorParams) -> dict:
+    """The requantization of a product of two codes (a Mul, a MatMul of two activations): one
+    multiplier s_a s_b / s_y, 15 bits wide when an operand is int16 so the product fits int64."""
+    mbits = 31 if ap.bits == 8 and bp.bits == 8 else 15
+    m0, shift = quantize_multiplier(ap.scale * bp.scale / yp.scale)
+    if mbits == 15:
+        m0, shift = m0 >> 16, shift - 16
+    return {"m0": m0, "shift": shift, "za": ap.zero_point, "zb": bp.zero_point, "mbits": mbits}
 
 
 class Encoder:
@@ -126,10 +135,7 @@ class Encoder:
                 }
             )
             return
-        if op in LUT_OPS:
-            self.lut(node)
-            return
-        if op in TABULATED_OPS or (op == "Div" and node.input[1] not in self.constants):
+        if op in LUT_OPS or op in TABULATED_OPS or (op == "Div" and node.input[1] not in self.constants):
             self.table_or_row_op(node, tables.table_op(self, node), "table")
             return
         if op == "Softmax":
@@ -268,13 +274,8 @@ class Encoder:
         """A MatMul of two activations: one multiplier, like an element-wise Mul's."""
         yp = self.params[node.output[0]]
         ap, bp = self.params[node.input[0]], self.params[node.input[1]]
-        mbits = 31 if ap.bits == 8 and bp.bits == 8 else 15
-        m0, shift = quantize_multiplier(ap.scale * bp.scale / yp.scale)
-        if mbits == 15:
-            m0, shift = m0 >> 16, shift - 16
-        attrs = {"m0": m0, "shift": shift, "za": ap.zero_point, "zb": bp.zero_point, "mbits": mbits}
         operands = ((node.input[0], ap, None), (node.input[1], bp, None))
-        self.binary_op("batch_matmul", node, operands, attrs)
+        self.binary_op("batch_matmul", node, operands, product_attrs(ap, bp, yp))
 
     def operand(self, name: str, bits: int) -> tuple[str, TensorParams, str | None]:
         """A data tensor, or a constant quantized to its own grid (returned as an array key)."""
@@ -307,12 +308,7 @@ class Encoder:
             b_name = f"{b_name}__reciprocal"
             self.constants[b_name] = reciprocal
         (a, ap, akey), (b, bp, bkey) = self.operand(a_name, yp.bits), self.operand(b_name, yp.bits)
-        mbits = 31 if ap.bits == 8 and bp.bits == 8 else 15
-        m0, shift = quantize_multiplier(ap.scale * bp.scale / yp.scale)
-        if mbits == 15:
-            m0, shift = m0 >> 16, shift - 16
-        attrs = {"m0": m0, "shift": shift, "za": ap.zero_point, "zb": bp.zero_point, "mbits": mbits}
-        self.binary_op("mul", node, ((a, ap, akey), (b, bp, bkey)), attrs)
+        self.binary_op("mul", node, ((a, ap, akey), (b, bp, bkey)), product_attrs(ap, bp, yp))
 
     def binary_op(self, kind: str, node: onnx.NodeProto, operands, attrs: dict) -> None:
         """An Add or Mul of two operands (name, parameters, constant array key or None)."""
@@ -424,31 +420,6 @@ class Encoder:
                     ),
                     "nearest_mode": attr(node, "nearest_mode", "round_prefer_floor"),
                 },
-            }
-        )
-
-    def lut(self, node: onnx.NodeProto) -> None:
-        x, out = node.input[0], node.output[0]
-        xp, yp = self.params[x], self.params[out]
-        qmin, qmax = qrange(xp.bits)
-        codes = np.arange(qmin, qmax + 1, dtype=np.float64)
-        real = ((codes - xp.zero_point) * xp.scale).astype(np.float32)
-        fn = lut_function(node.op_type, {a.name: helper.get_attribute_value(a) for a in node.attribute})
-        y = fn(real).astype(np.float32)
-        oqmin, oqmax = qrange(yp.bits)
-        table = np.clip(np.rint(y.astype(np.float64) / yp.scale) + yp.zero_point, oqmin, oqmax).astype(
-            np.int32
-        )
-        key = self.program.add_array(f"lut/{len(self.program.ops)}", table)
-        self.program.ops.append(
-            {
-                "kind": "lut",
-                "op_type": node.op_type,
-                "node": node_label(node),
-                "inputs": [x],
-                "outputs": [out],
-                "attrs": {"offset": -qmin},
-                "arrays": {"table": key},
             }
         )
 

@@ -13,7 +13,7 @@ from onnx import helper, numpy_helper
 
 from npubuild.intmodel.ops import LUT_OPS, MAC_OPS, MOVE_OPS
 from npubuild.intmodel.rowwise import SOFTMAX_GRID
-from npubuild.stages.optimize.prequantized import recorded
+from npubuild.stages.optimize.graph import recorded_grids
 from npubuild.stages.quantize import ranges
 from npubuild.targets.support import integer_blocker
 
@@ -111,7 +111,7 @@ class Planner:
             self.range_cache["__graph__"] = GraphInfo.of(self.graph)
         self.info: GraphInfo = self.range_cache["__graph__"]
         # a pre-quantized model's own grids (its Q/DQ pairs, recorded by optimize) win over statistics
-        self.given = recorded(model)
+        self.given = recorded_grids(model)
         self.plan = QuantPlan()
         self.matched_overrides: set[int] = set()
 

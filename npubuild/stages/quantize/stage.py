@@ -9,7 +9,7 @@ from npubuild.errors import UserError
 from npubuild.intmodel import tensorfile
 from npubuild.intmodel.program import parse
 from npubuild.stages.onnx_utils import load_model, save_model, write_json
-from npubuild.stages.optimize.prequantized import recorded
+from npubuild.stages.optimize.graph import recorded_grids
 from npubuild.stages.quantize.integer_model import build_integer_model
 from npubuild.stages.quantize.precision import Layers, load_table, precision_overrides
 from npubuild.stages.quantize.qdq import export_qdq
@@ -19,7 +19,7 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     model = load_model(inputs["model"], "the optimized model")
     if "stats" in inputs:
         stats_arrays, stats = tensorfile.load(inputs["stats"])
-    elif recorded(model):  # a pre-quantized model without a calibration set: its own grids only
+    elif recorded_grids(model):  # a pre-quantized model without a calibration set: its own grids only
         stats_arrays, stats = {}, {"tensors": {}}
     else:
         raise UserError(

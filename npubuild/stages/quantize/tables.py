@@ -12,6 +12,8 @@ from onnx import helper, numpy_helper
 
 from npubuild.intmodel.codes import qrange
 from npubuild.intmodel.fixedpoint import quantize_multiplier
+from npubuild.intmodel.lut import lut_function
+from npubuild.intmodel.ops import LUT_OPS
 from npubuild.intmodel.rowwise import Z_FRACTION_BITS, exp_table
 
 
@@ -40,15 +42,22 @@ def evaluate_node(node: onnx.NodeProto, model: onnx.ModelProto, constants: dict,
 
 
 def table_op(enc, node: onnx.NodeProto) -> dict:
-    """A `lut` op whose table is the node evaluated at every code of its input."""
+    """A `lut` op whose table is the function at every code of its input: the activations of
+    LUT_OPS by their float32 definitions (intmodel/lut.py), any other node evaluated as itself."""
     x, out = data_input(node, enc.constants), node.output[0]
     xp, yp = enc.params[x], enc.params[out]
     qmin, qmax = qrange(xp.bits)
     real = ((np.arange(qmin, qmax + 1, dtype=np.float64) - xp.zero_point) * xp.scale).astype(np.float32)
-    with np.errstate(all="ignore"):
-        y = evaluate_node(node, enc.model, enc.constants, x, real).astype(np.float64).reshape(-1)
+    if node.op_type in LUT_OPS:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        y = lut_function(node.op_type, attrs)(real).astype(np.float32)
+    else:
+        with np.errstate(all="ignore"):
+            y = evaluate_node(node, enc.model, enc.constants, x, real)
+    y = y.astype(np.float64).reshape(-1)
     oqmin, oqmax = qrange(yp.bits)
-    # outside a function's domain (log of 0, sqrt of a negative code) the nearest finite value
+    # outside a function's domain: -inf and +inf (log of 0) the extreme codes, NaN (log or sqrt of
+    # a negative value) the code of 0
     y = np.nan_to_num(y, nan=0.0, posinf=oqmax * yp.scale * 2, neginf=oqmin * yp.scale * 2)
     table = np.clip(np.rint(y / yp.scale) + yp.zero_point, oqmin, oqmax).astype(np.int32)
     return {

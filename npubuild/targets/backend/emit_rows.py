@@ -23,8 +23,7 @@ from npubuild.targets.backend.schedule import OpSchedule, row_constant, row_shap
 def rows_op(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
     x, y = op.inputs[0], op.outputs[0]
     rows, n = row_shape(ctx, op)
-    constant = row_constant(ctx, op)
-    key = op.arrays.table if op.kind == "softmax" else op.arrays.params
+    key, constant = row_constant(ctx, op)
     caddr = ctx.consts.add(f"{key}#rows", constant)
     (band,) = sched.extents
     bufs = sched.buffers(ctx.sram)

@@ -385,11 +385,12 @@ def row_shape(ctx: OpContext, op: Op) -> tuple[int, int]:
     return (math.prod(shape[:-1]), int(shape[-1])) if shape else (1, 1)
 
 
-def row_constant(ctx: OpContext, op: Op) -> np.ndarray:
-    """A Softmax's int32 exponent table, a LayerNormalization's int64 [n, 3] parameters."""
+def row_constant(ctx: OpContext, op: Op) -> tuple[str, np.ndarray]:
+    """(archive key, array) of a row op's constant: a Softmax's int32 exponent table, a
+    LayerNormalization's int64 [n, 3] parameters."""
     if op.kind == "softmax":
-        return ctx.arrays[op.arrays.table].astype(np.int32)
-    return ctx.arrays[op.arrays.params].astype(np.int64)
+        return op.arrays.table, ctx.arrays[op.arrays.table].astype(np.int32)
+    return op.arrays.params, ctx.arrays[op.arrays.params].astype(np.int64)
 
 
 def rows(ctx: OpContext, op: Op, split: int) -> OpSchedule:
@@ -397,7 +398,7 @@ def rows(ctx: OpContext, op: Op, split: int) -> OpSchedule:
     table or parameters, then `split`."""
     count, n = row_shape(ctx, op)
     xb, yb = esize(ctx.bits(op.inputs[0])), esize(ctx.bits(op.outputs[0]))
-    fixed = align(row_constant(ctx, op).nbytes)
+    fixed = align(row_constant(ctx, op)[1].nbytes)
 
     def sizes(band):
         return fixed, align(band * n * xb) + band * n * yb
