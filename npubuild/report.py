@@ -56,7 +56,10 @@ def _details(plan, summaries: dict[str, dict]) -> list[str]:
     for step, s in summaries.items():
         if step.startswith("prepare"):
             role = step.split(" ", 1)[1] if " " in step else "data"
-            parts.append(f"{role} {s['count']}x{s['sample_shape']}")
+            if "inputs" in s:  # named feeds of a model with several inputs
+                parts.append(f"{role} {s['count']} feeds of {', '.join(s['inputs'])}")
+            else:
+                parts.append(f"{role} {s['count']}x{s['sample_shape']}")
     return parts
 
 

@@ -85,6 +85,9 @@ def test_gray_model_input_and_integer_dtypes(tmp_path):
 
 
 def test_npy_and_npz_are_taken_as_tensors(tmp_path):
+    """A .npy and an .npz saved without names (arr_0, arr_1, ...) are stacks along axis 0; the
+    dataset's dtype is applied. (An .npz with named arrays is one multi-input feed:
+    tests/test_multi_input.py.)"""
     import io
 
     rng = np.random.default_rng(1)
@@ -92,11 +95,11 @@ def test_npy_and_npz_are_taken_as_tensors(tmp_path):
     one = rng.standard_normal((3, 4, 5))
     npy, npz = io.BytesIO(), io.BytesIO()
     np.save(npy, stack)
-    np.savez(npz, b=one, a=one * 2)
+    np.savez(npz, one[None], (one * 2)[None])
     tensors, summary = prepared(tmp_path, {"s.npy": npy.getvalue(), "t.npz": npz.getvalue()})
     assert tensors.shape == (4, 3, 4, 5) and tensors.dtype == np.float32
     np.testing.assert_allclose(tensors[:2], stack.astype(np.float32))
-    np.testing.assert_allclose(tensors[2], (one * 2).astype(np.float32))  # npz arrays in name order
+    np.testing.assert_allclose(tensors[3], (one * 2).astype(np.float32))  # arr_1 after arr_0
     assert summary["sources"] == ["s.npy", "s.npy", "t.npz", "t.npz"]
 
 

@@ -74,7 +74,8 @@ class Preprocess(Strict):
     scale: float = 1 / 255
     mean: list[float] = [0.0, 0.0, 0.0]
     std: list[float] = [1.0, 1.0, 1.0]
-    dtype: Literal["float32", "float16", "uint8", "int8"] = "float32"
+    # int32/int64 are for tensor files (token ids); images are pixels, never integers that wide.
+    dtype: Literal["float32", "float16", "uint8", "int8", "int32", "int64"] = "float32"
 
     @model_validator(mode="after")
     def _channels(self) -> Preprocess:

@@ -29,30 +29,91 @@ def session(model: onnx.ModelProto):
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def samples_for(model: onnx.ModelProto, tensors: np.ndarray, count: int) -> list[dict[str, np.ndarray]]:
-    """Feed dicts for the model's single input from a [N, ...] stack of samples."""
+def model_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """The inputs a feed must give (initializers listed as inputs are not among them)."""
     initializers = {t.name for t in model.graph.initializer}
-    graph_inputs = [i for i in model.graph.input if i.name not in initializers]
+    return [i for i in model.graph.input if i.name not in initializers]
+
+
+def _conform(array: np.ndarray, value: onnx.ValueInfoProto, what: str) -> np.ndarray:
+    """`array` as the dtype of model input `value` when both are integers and no value changes
+    (token ids saved as int32 for an int64 input), or both are floats. Integers for a float input
+    are refused: raw pixels fed to a model that expects normalised ones is a mistake, not a cast."""
+    want = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+    if array.dtype == want:
+        return array
+    cast = array.astype(want)
+    if array.dtype.kind == "f" and want.kind == "f":
+        return cast
+    if array.dtype.kind in "iu" and want.kind in "iu" and fits_integer(array, want):
+        return cast
+    raise UserError(
+        f"{what} is {array.dtype}, but model input '{value.name}' is {want.name} (values would change)"
+    )
+
+
+def fits_integer(array: np.ndarray, dtype: np.dtype) -> bool:
+    """Whether every value of an integer array is one `dtype` holds (a cast there and back would
+    not notice a sign wrapped: uint64 2**63 is int64 -2**63)."""
+    info = np.iinfo(dtype)
+    return array.size == 0 or (int(array.min()) >= info.min and int(array.max()) <= info.max)
+
+
+def _named_feeds(model: onnx.ModelProto, records: np.ndarray, count: int) -> list[dict[str, np.ndarray]]:
+    """Feeds from a stack of named records (a data set of .npz files, one array per input name):
+    each record is one whole feed, batch axis included."""
+    values = model_inputs(model)
+    fields = set(records.dtype.names)
+    missing = [v.name for v in values if v.name not in fields]
+    if missing:
+        raise UserError(
+            f"the data set's .npz files give {sorted(fields)}, but the model also needs input(s) {missing}"
+        )
+    extra = sorted(fields - {v.name for v in values})
+    if extra:
+        raise UserError(f"the data set's .npz files give {extra}, which the model has no input for")
+    feeds = []
+    for record in records[:count]:
+        feed = {}
+        for value in values:
+            array = np.array(record[value.name])  # a 0-d field stays 0-d
+            want = [int(d) for d in dims(value)]
+            if list(array.shape) != want:
+                raise UserError(
+                    f"the data set's array '{value.name}' has shape {list(array.shape)}, but the model "
+                    f"input expects {want}"
+                )
+            feed[value.name] = _conform(array, value, f"the data set's array '{value.name}'")
+        feeds.append(feed)
+    return feeds
+
+
+def samples_for(model: onnx.ModelProto, tensors: np.ndarray, count: int) -> list[dict[str, np.ndarray]]:
+    """At most `count` feed dicts from a prepared stack: named records (one per feed) for any
+    model, or a [N, ...] stack of samples of the model's single input (`batch` samples a feed)."""
+    if tensors.dtype.names:
+        return _named_feeds(model, tensors, count)
+    graph_inputs = model_inputs(model)
     if len(graph_inputs) != 1:
-        raise UserError(f"the model has {len(graph_inputs)} inputs; a dataset feeds models with one input")
+        raise UserError(
+            f"the model has {len(graph_inputs)} inputs ({', '.join(i.name for i in graph_inputs)}); "
+            "give a data set of .npz files with one array per input name"
+        )
     value = graph_inputs[0]
     want = [int(d) for d in dims(value)]
-    dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
     batch = want[0] if want else 1
     if list(tensors.shape[1:]) != want[1:]:
         raise UserError(
-            f"the calibration set gives samples of shape {list(tensors.shape[1:])}, but model input "
-            f"'{value.name}' expects {want} (check the dataset's preprocess.resize and layout)"
-        )
-    if tensors.dtype != dtype:
-        raise UserError(
-            f"the calibration set is {tensors.dtype}, but model input '{value.name}' is {dtype.name}"
+            f"the data set gives samples of shape {list(tensors.shape[1:])}, but model input "
+            f"'{value.name}' expects {want} (a .npy is a stack [N, *input_shape[1:]]; for images "
+            "check the dataset's preprocess.resize and layout)"
         )
     feeds = []
     for start in range(0, min(count * batch, len(tensors) - len(tensors) % batch), batch):
-        feeds.append({value.name: np.ascontiguousarray(tensors[start : start + batch])})
+        array = np.ascontiguousarray(tensors[start : start + batch]).reshape(want)
+        feeds.append({value.name: _conform(array, value, "the data set")})
     if not feeds:
-        raise UserError(f"the calibration set has {len(tensors)} samples, fewer than one batch of {batch}")
+        raise UserError(f"the data set has {len(tensors)} samples, fewer than one batch of {batch}")
     return feeds
 
 
@@ -86,9 +147,14 @@ class SampleFile:
 
 def iterate_feeds(model: onnx.ModelProto, tensors, count: int):
     """Like samples_for, but yields one feed at a time (streaming)."""
-    first = samples_for(model, tensors[0:1], 1)[0]
-    name = next(iter(first))
-    batch = first[name].shape[0]
-    usable = min(count * batch, len(tensors) - len(tensors) % batch)
+    if tensors.dtype.names:
+        for k in range(min(count, len(tensors))):
+            yield _named_feeds(model, tensors[k : k + 1], 1)[0]
+        return
+    values = model_inputs(model)
+    want = [int(d) for d in dims(values[0])] if len(values) == 1 else []
+    batch = want[0] if want else 1
+    # At least one round, so that a data set that cannot feed the model says why.
+    usable = max(batch, min(count * batch, len(tensors) - len(tensors) % batch))
     for start in range(0, usable, batch):
-        yield {name: np.ascontiguousarray(tensors[start : start + batch])}
+        yield samples_for(model, tensors[start : start + batch], 1)[0]

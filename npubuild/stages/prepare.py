@@ -3,12 +3,15 @@
 Images: decoded with Pillow, converted to RGB (grayscale, palette and RGBA become RGB) or to
 one-channel GRAY, resized bilinearly to (height, width), optionally swapped to BGR; float dtypes
 get x * scale, then (x - mean) / std; uint8 keeps raw pixels, int8 is pixels - 128.
-.npy/.npz: already tensors; a 4-D array is a stack of samples, anything else one sample; only the
-dtype is applied. The result is one .npy stack [N, ...] (deterministic bytes, memory-mappable).
+.npy (and .npz saved without names): already tensors, a stack along axis 0 at any rank; only the
+dtype is applied. An .npz with named arrays is one feed of a model with several inputs (token ids
+and a mask, audio and a state): such data sets become one stack of records, a field per input.
+The result is one .npy stack [N, ...] (deterministic bytes, memory-mappable).
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +23,11 @@ from npubuild.stages.onnx_utils import write_json
 
 def _image(path: Path, rel: str, pp: dict) -> np.ndarray:
     from PIL import Image, UnidentifiedImageError
+
+    if pp["dtype"] in ("int32", "int64"):
+        raise UserError(
+            f"{rel}: preprocess.dtype {pp['dtype']} is for tensor files; images are float or 8-bit"
+        )
 
     try:
         with Image.open(path) as im:
@@ -101,23 +109,71 @@ def _check_file(path: Path, rel: str) -> None:
         raise UserError(f"{rel}: not a valid .npz archive ({exc})") from None
 
 
-def _tensors(path: Path, rel: str, dtype: str) -> list[np.ndarray]:
+_POSITIONAL = re.compile(r"arr_[0-9]+")
+
+
+def _arrays(path: Path, rel: str) -> dict[str, np.ndarray]:
+    """The arrays of a .npy (one, keyed '') or a .npz (by member name), checked first."""
     _check_file(path, rel)
     try:
-        loaded = np.load(path, allow_pickle=False)
-        arrays = [loaded[k] for k in sorted(loaded.files)] if hasattr(loaded, "files") else [loaded]
+        if not rel.lower().endswith(".npz"):
+            return {"": np.load(path, allow_pickle=False)}
+        with np.load(path, allow_pickle=False) as loaded:
+            keys = sorted(loaded.files)
+            if all(_POSITIONAL.fullmatch(k) for k in keys):  # arr_2 before arr_10, as saved
+                keys.sort(key=lambda k: int(k[4:]))
+            return {k: loaded[k] for k in keys}
     except (ValueError, OSError, EOFError) as exc:
         raise UserError(f"{rel}: cannot read tensors ({exc})") from None
-    samples: list[np.ndarray] = []
-    for a in arrays:
-        samples.extend(list(a) if a.ndim == 4 else [a])
-    return [np.ascontiguousarray(s.astype(dtype)) for s in samples]
+
+
+def _tensors(path: Path, rel: str, dtype: str) -> list[np.ndarray | dict[str, np.ndarray]]:
+    """Samples of one tensor file. A .npy (or an .npz saved without names, arr_0, arr_1, ...)
+    is a stack: axis 0 counts samples at any rank, and the dataset's dtype is applied. An .npz
+    with named arrays is one whole feed of a model with those input names, dtypes kept."""
+    arrays = _arrays(path, rel)
+    if all(k == "" or _POSITIONAL.fullmatch(k) for k in arrays):
+        samples: list[np.ndarray | dict[str, np.ndarray]] = []
+        for key, a in arrays.items():
+            if a.ndim == 0:
+                raise UserError(f"{rel}{f'[{key}]' if key else ''}: a 0-d array is no stack; save x[None]")
+            samples.extend(np.ascontiguousarray(s.astype(dtype)) for s in a)
+        return samples
+    return [{k: np.ascontiguousarray(a) for k, a in arrays.items()}]
+
+
+def _records(samples: list[dict[str, np.ndarray]], sources: list[str]) -> np.ndarray:
+    """Named feeds as one structured stack: a field per input name (its own dtype and shape), so
+    the stack stays one plain .npy that streams a record at a time."""
+    first = samples[0]
+    layout = {k: (a.dtype, a.shape) for k, a in first.items()}
+    for k, sample in enumerate(samples):
+        got = {name: (a.dtype, a.shape) for name, a in sample.items()}
+        if got != layout:
+            raise UserError(
+                f"{sources[k]}: its arrays differ from {sources[0]}'s "
+                f"({_describe(got)} vs {_describe(layout)}); every .npz of a data set gives the same "
+                "names, shapes and dtypes"
+            )
+    records = np.zeros(len(samples), dtype=[(name, dt, shape) for name, (dt, shape) in layout.items()])
+    for k, sample in enumerate(samples):
+        for name, a in sample.items():
+            records[k][name] = a
+    return records
+
+
+def _describe(layout: dict) -> str:
+    return ", ".join(f"{name} {dt} {list(shape)}" for name, (dt, shape) in layout.items())
+
+
+def _fields(stack: np.ndarray) -> list[np.ndarray]:
+    return [stack[name] for name in stack.dtype.names] if stack.dtype.names else [stack]
 
 
 def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     pp = params["preprocess"]
     files: list[str] = params["files"]
-    samples: list[np.ndarray] = []
+    samples: list = []
     sources: list[str] = []
     for i, rel in enumerate(files):
         if params["limit"] is not None and len(samples) >= params["limit"]:
@@ -134,24 +190,39 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
         samples, sources = samples[: params["limit"]], sources[: params["limit"]]
     if not samples:
         raise UserError("the data set has no samples")
-    odd = next((k for k, s in enumerate(samples) if s.shape != samples[0].shape), None)
-    if odd is not None:
+    named = [isinstance(s, dict) for s in samples]
+    if any(named) and not all(named):
+        k = named.index(not named[0])
         raise UserError(
-            f"samples differ in shape ({sources[0]}: {list(samples[0].shape)}, "
-            f"{sources[odd]}: {list(samples[odd].shape)}); declare preprocess.resize"
+            f"{sources[k]} and {sources[0]}: a data set is either named .npz feeds or tensors and "
+            "images, not both"
         )
-    stack = np.stack(samples)
-    if not np.isfinite(stack.astype(np.float64)).all():
+    if all(named):
+        stack = _records(samples, sources)
+    else:
+        odd = next((k for k, s in enumerate(samples) if s.shape != samples[0].shape), None)
+        if odd is not None:
+            raise UserError(
+                f"samples differ in shape ({sources[0]}: {list(samples[0].shape)}, "
+                f"{sources[odd]}: {list(samples[odd].shape)}); declare preprocess.resize"
+            )
+        stack = np.stack(samples)
+    values = [f.astype(np.float64) for f in _fields(stack)]
+    if not all(np.isfinite(v).all() for v in values):
         raise UserError("the data set contains NaN or Inf values")
     np.save(outdir / "tensors.npy", stack, allow_pickle=False)
     summary = {
         "count": int(stack.shape[0]),
         "sample_shape": list(stack.shape[1:]),
-        "dtype": str(stack.dtype),
+        "dtype": str(stack.dtype) if not stack.dtype.names else "records",
         "sources": sources,
-        "min": float(stack.min()),
-        "max": float(stack.max()),
-        "mean": float(stack.astype(np.float64).mean()),
+        "min": min(float(v.min()) for v in values),
+        "max": max(float(v.max()) for v in values),
+        "mean": float(np.mean([v.mean() for v in values])),
         "warnings": [],
     }
+    if stack.dtype.names:
+        summary["inputs"] = {
+            n: [str(stack.dtype[n].base), list(stack.dtype[n].shape)] for n in stack.dtype.names
+        }
     return {"tensors": outdir / "tensors.npy", "summary": write_json(outdir / "manifest.json", summary)}

@@ -37,6 +37,17 @@ def model_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
     return shapes
 
 
+def input_dtypes(model: onnx.ModelProto) -> dict[str, str]:
+    """The network inputs that are not float32 (token ids, lengths), by name: numpy dtype names."""
+    initializers = {t.name for t in model.graph.initializer}
+    dtypes = {}
+    for v in model.graph.input:
+        elem = v.type.tensor_type.elem_type
+        if v.name not in initializers and elem != onnx.TensorProto.FLOAT:
+            dtypes[v.name] = onnx.helper.tensor_dtype_to_np_dtype(elem).name
+    return dtypes
+
+
 def plan_partition(program: IntegerModel, arrays: dict, model: onnx.ModelProto, target: TargetSpec) -> dict:
     """partition(), with every op the NPU supports asked whether some tiling of it fits this SRAM:
     one that does not goes to the CPU with that reason."""
@@ -107,7 +118,7 @@ def _compile(
     sram = SramPlan(allocation.tile_sram, const_slot)
     consts = ConstantPool(base=allocation.tensor_area)
     ctx = OpContext(program.tensors, shapes, arrays, sram, allocation.addr, consts)
-    assembly = Assembly(program, arrays, shapes, target, plan, allocation)
+    assembly = Assembly(program, arrays, shapes, target, plan, allocation, input_dtypes(model))
     for k, sg in enumerate(plan["subgraphs"]):
         if sg["device"] == "npu":
             code, marks = lower_subgraph(ctx, ops, sg["ops"], fusion, allocation, assembly.target_fields)

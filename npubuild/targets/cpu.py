@@ -46,6 +46,11 @@ class CpuSubgraph:
         self.inputs: list[dict] = []
         self.current: dict[str, tuple[str, str]] = {}  # tensor -> (value name, "f" | "q")
         self.model_inits = {t.name: t for t in model.graph.initializer}
+        # a float-state value has its own ONNX type: float, or an integer (token ids, shapes)
+        self.elem_types = {
+            v.name: v.type.tensor_type.elem_type or TensorProto.FLOAT
+            for v in [*model.graph.input, *model.graph.value_info, *model.graph.output]
+        }
         self.count = 0
 
     def _fresh(self, base: str) -> str:
@@ -63,7 +68,7 @@ class CpuSubgraph:
     def value(self, name: str, states: dict[str, str]) -> tuple[str, str]:
         if name not in self.current:
             state = states.get(name, "f")
-            dtype = Q_TYPES[self.tensors[name].bits] if state == "q" else TensorProto.FLOAT
+            dtype = Q_TYPES[self.tensors[name].bits] if state == "q" else self.elem_types.get(name, 1)
             value = self._fresh(name)
             self.inputs.append({"name": name, "value": value, "state": state, "dtype": int(dtype)})
             self.current[name] = (value, state)
@@ -140,7 +145,9 @@ class CpuSubgraph:
                 self.current[o] = (rename[o], "f")
 
     def _dtype(self, value: dict) -> int:
-        return Q_TYPES[self.tensors[value["name"]].bits] if value["state"] == "q" else TensorProto.FLOAT
+        if value["state"] == "q":
+            return Q_TYPES[self.tensors[value["name"]].bits]
+        return self.elem_types.get(value["name"], TensorProto.FLOAT)
 
     def build(self, needed: list[str]) -> tuple[bytes, list[dict], list[dict]]:
         outputs = [{"name": n, "value": self.current[n][0], "state": self.current[n][1]} for n in needed]

@@ -33,6 +33,9 @@ Quant = TensorQuant
 class InputSpec(_Strict):
     name: str
     shape: Shape
+    # float32 inputs are quantized on the way in; integer ones (token ids) go as they are to the
+    # CPU subgraph that reads them
+    dtype: Literal["float32", "float16", "int8", "uint8", "int16", "int32", "int64", "bool"] = "float32"
 
 
 class OutputSpec(_Strict):
@@ -57,7 +60,9 @@ class CpuInput(_Strict):
     name: str
     value: str
     state: Literal["f", "q"]
-    dtype: Literal[1, 3, 5]  # TensorProto FLOAT, INT8, INT16
+    # TensorProto FLOAT, INT8, INT16 (codes) or an integer network input's type: UINT8, INT32,
+    # INT64, BOOL, FLOAT16 (token ids, masks)
+    dtype: Literal[1, 2, 3, 5, 6, 7, 9, 10]
 
 
 class CpuOutput(_Strict):

@@ -29,8 +29,10 @@ class Assembly:
         target: TargetSpec,
         plan: dict,
         allocation: Allocation,
+        input_dtypes: dict[str, str] | None = None,
     ):
         self.program, self.shapes, self.target, self.plan = program, shapes, target, plan
+        self.input_dtypes = input_dtypes or {}
         self.arrays = arrays
         self.allocation = allocation
         self.target_fields = target.model_dump()
@@ -130,7 +132,11 @@ class Assembly:
         }
         meta = {
             "target": self.target_fields,
-            "inputs": [{"name": n, "shape": shapes[n]} for n in program.inputs],
+            # dtype only where it is not float32: the binaries of float-input models stay as they were
+            "inputs": [
+                {"name": n, "shape": shapes[n], **({"dtype": d} if (d := self.input_dtypes.get(n)) else {})}
+                for n in program.inputs
+            ],
             "outputs": [
                 {"name": n, "shape": shapes.get(n, []), "quant": _quant(program.tensors.get(n))}
                 for n in program.outputs

@@ -17,6 +17,31 @@ from npubuild.targets.npub import NpubError
 from npubuild.targets.simulator import DTYPES, Simulator
 from npubuild.targets.spec import target_digest
 
+# ONNX element types a CPU subgraph's float-state input may have (TensorProto numbering)
+_ONNX_DTYPES = {
+    1: "float32",
+    2: "uint8",
+    3: "int8",
+    5: "int16",
+    6: "int32",
+    7: "int64",
+    9: "bool",
+    10: "float16",
+}
+
+
+def _fits(value: np.ndarray, want: np.dtype) -> bool:
+    if value.dtype.kind not in "iub" or want.kind not in "iu":
+        return False
+    info = np.iinfo(want)
+    return value.size == 0 or (int(value.min()) >= info.min and int(value.max()) <= info.max)
+
+
+def onnx_dtype(code: int) -> np.dtype:
+    if code not in _ONNX_DTYPES:
+        raise NpubError(f"a CPU subgraph input has ONNX element type {code}, which no network input has")
+    return np.dtype(_ONNX_DTYPES[code])
+
 
 def load(path: Path) -> npub.Npub:
     try:
@@ -98,8 +123,16 @@ class Runtime:
                 raise NpubError(
                     f"input '{name}' has shape {list(value.shape)}; the model takes {spec['shape']}"
                 )
-            if not np.issubdtype(value.dtype, np.floating):
-                raise NpubError(f"input '{name}' has dtype {value.dtype}; the model takes float32")
+            want = np.dtype(spec["dtype"])
+            if want.kind == "f" and value.dtype.kind != "f":
+                raise NpubError(f"input '{name}' has dtype {value.dtype}; the model takes {want}")
+            if want.kind != "f" and (
+                value.dtype.kind not in "iub"
+                or not np.array_equal(value.astype(want).astype(value.dtype), value)
+            ):
+                raise NpubError(
+                    f"input '{name}' has dtype {value.dtype}; the model takes {want} (ids, not values)"
+                )
 
     def _session(self, k: int):
         if k not in self.sessions:
@@ -135,8 +168,8 @@ class Runtime:
             if spec["state"] == "q":
                 bits = 8 if spec["dtype"] == 3 else 16  # TensorProto.INT8 or INT16
                 value = np.asarray(value).astype(DTYPES[bits])
-            else:
-                value = np.asarray(value, np.float32)
+            else:  # a float, or an integer input such as token ids
+                value = np.asarray(value, onnx_dtype(spec["dtype"]))
             feeds[spec["value"]] = value
         results = self._session(k).run([o["value"] for o in sg["outputs"]], feeds)
         for spec, value in zip(sg["outputs"], results):
@@ -144,7 +177,8 @@ class Runtime:
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.check_inputs(feeds)
-        env: dict[str, np.ndarray] = {k: np.asarray(v, np.float32) for k, v in feeds.items()}
+        dtypes = {spec["name"]: spec["dtype"] for spec in self.inputs}
+        env: dict[str, np.ndarray] = {k: np.asarray(v, dtypes.get(k, "float32")) for k, v in feeds.items()}
         for k, sg in enumerate(self.subgraphs):
             try:
                 with np.errstate(all="ignore"):  # a forged binary's NaNs are its own business
