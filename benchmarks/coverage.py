@@ -37,8 +37,9 @@ STAGES = [
 ]
 
 
-def assemble(dest: Path) -> Path:
-    """corpus/ plus the example's photographs, as one workspace at `dest` (outputs cleared)."""
+def assemble(dest: Path, speech: bool = True) -> Path:
+    """corpus/ plus the example's photographs and the speech feeds (benchmarks/speech.py), as one
+    workspace at `dest` (outputs cleared)."""
     if dest.exists():
         for part in ("models", "data", "WORKSPACE"):
             target = dest / part
@@ -49,7 +50,26 @@ def assemble(dest: Path) -> Path:
         shutil.rmtree(dest / "npubuild-out", ignore_errors=True)
     shutil.copytree(REPO / "corpus", dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns("README.md"))
     shutil.copytree(REPO / "workspace_example" / "data" / "photos", dest / "data" / "photos")
+    if speech:
+        _speech_feeds(dest)
     return dest
+
+
+def _speech_feeds(ws: Path) -> None:
+    """The audio model's feeds (benchmarks/speech.py): its states come from the float model, so
+    the model is fetched here the way the build fetches it."""
+    from speech import default_cache, write_feeds
+
+    from npubuild.stages import fetch
+
+    pin = re.search(
+        r'package = "silero-vad",\s*version = "([^"]+)",\s*path = "([^"]+)",\s*sha256 = "(\w+)"',
+        (ws / "models" / "BUILD").read_text(),
+    )
+    params = {"package": "silero-vad", "version": pin[1], "path": pin[2], "sha256": pin[3]}
+    with tempfile.TemporaryDirectory() as tmp:
+        model = fetch.run(params, {}, Path(tmp))["model"]
+        write_feeds(model, ws / "data" / "speech", default_cache())
 
 
 def names(ws: Path) -> list[str]:

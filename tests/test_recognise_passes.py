@@ -126,3 +126,20 @@ def test_attention_qkv_split_of_rank_5_moves_on_4_axes():
         if node.op_type not in ("Reshape", "Squeeze", "Unsqueeze"):
             assert all(ranks.get(t, 0) <= 4 for t in [*node.input[:1], *node.output]), node
     assert ops(out).count("Transpose") == 1 and ops(out).count("Slice") == 3
+
+
+@pytest.mark.parametrize(
+    "batch, stride, pads, group", [(1, 1, [1, 1], 1), (16, 2, [0, 2], 1), (4, 1, [1, 1], 4)]
+)
+def test_a_1d_convolution_becomes_a_2d_one_over_rows(batch, stride, pads, group):
+    """Silero VAD's 1-D convolutions over a batch of 16 frames: a 2-D convolution over [1, C, N, L]
+    (Transposes around it when N > 1), the same numbers."""
+    w = RNG.standard_normal((8, 8 // group, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], strides=[stride], pads=pads, group=group)]
+    inits = [("w", w), ("b", RNG.standard_normal(8).astype(np.float32))]
+    m = model(nodes, [x_info([batch, 8, 20])], [x_info(None, "y")], inits, 13)
+    out, _ = optimize(m, [], 8)
+    convs = [n for n in out.graph.node if n.op_type == "Conv"]
+    assert len(convs) == 1 and [a.ints for a in convs[0].attribute if a.name == "kernel_shape"] == [[1, 3]]
+    assert ("Transpose" in ops(out)) == (batch > 1)
+    check_same(m, out, [batch, 8, 20], atol=1e-4)

@@ -18,6 +18,7 @@ PASS_NAMES = (
     "batchnorm_to_affine",
     "merge_untouched_axes",
     "squeeze_unit_axes",
+    "conv1d_as_2d",
     "fold_scale_into_conv",
     "cancel_transpose_reshape",
     "fuse_silu",

@@ -161,3 +161,64 @@ def squeeze_unit_axes(g: Graph) -> int:
         g.types[inner] = (elem, tuple(inner_shape))
         changed += 1
     return changed
+
+
+def conv1d_as_2d(g: Graph) -> int:
+    """A 1-D convolution (audio, sequence models: [N, C, L] with a [O, C/g, K] weight) is the 2-D
+    one with a [O, C/g, 1, K] weight over [1, C, N, L]: the N rows of a batch become the image's
+    rows, which a kernel one row high never mixes (Silero VAD convolves 16 frames at once). The
+    NPU's convolution is 2-D and single-batch, as Vela and TPU-MLIR lower Conv1D; the Transposes
+    around it are data moves, and plain Reshapes (free views) when N is 1."""
+    changed = 0
+    for node in list(g.nodes):
+        if node.op_type != "Conv" or len(node.input) < 2:
+            continue
+        weight = g.constant(node.input[1])
+        shape, out_shape = g.shape(node.input[0]), g.shape(node.output[0])
+        if weight is None or weight.ndim != 3 or shape is None or len(shape) != 3 or out_shape is None:
+            continue
+        if node_attr(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+            continue  # onnx shape inference has already turned most of these into pads
+        (n, c, length), (_, o, out_length) = shape, out_shape
+        elem = g.elem_type(node.input[0])
+        before: list[onnx.NodeProto] = []
+        x = node.input[0]
+        if n > 1:
+            rows = g.fresh_name(f"{x}_rows")
+            before.append(onnx.helper.make_node("Transpose", [x], [rows], name=rows, perm=[1, 0, 2]))
+            g.types[rows] = (elem, (c, n, length))
+            x = rows
+        reshape, x = _reshaped(g, x, [1, c, n, length], "as_2d")
+        before.append(reshape)
+        g.types[x] = (elem, (1, c, n, length))
+        inner = g.fresh_name(f"{node.output[0]}_2d")
+        g.types[inner] = (elem, (1, o, n, out_length))
+        pads = node_attr(node, "pads") or [0, 0]
+        conv = onnx.helper.make_node(
+            "Conv",
+            [x, g.add_constant(f"{node.input[1]}_2d", weight[:, :, None, :]), *node.input[2:]],
+            [inner],
+            name=node.name or inner,
+            kernel_shape=[1, int(weight.shape[2])],
+            strides=[1, *(node_attr(node, "strides") or [1])],
+            dilations=[1, *(node_attr(node, "dilations") or [1])],
+            pads=[0, pads[0], 0, pads[1]],
+            group=node_attr(node, "group") or 1,
+        )
+        after: list[onnx.NodeProto] = []
+        if n > 1:
+            back, y = _reshaped(g, inner, [o, n, out_length], "rows")
+            g.types[y] = (elem, (o, n, out_length))
+            after += [
+                back,
+                onnx.helper.make_node("Transpose", [y], [node.output[0]], name=f"{y}_t", perm=[1, 0, 2]),
+            ]
+        else:
+            target = g.add_constant(f"{node.output[0]}.shape", np.array(out_shape, np.int64))
+            after.append(
+                onnx.helper.make_node("Reshape", [inner, target], [node.output[0]], name=f"{inner}_1d")
+            )
+        index = g.nodes.index(node)
+        g.nodes[index : index + 1] = [*before, conv, *after]
+        changed += 1
+    return changed

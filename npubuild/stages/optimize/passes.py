@@ -12,6 +12,7 @@ from onnx import helper, numpy_helper
 from npubuild.stages.optimize.canonical import (
     batchnorm_to_affine,
     bn_affine,
+    conv1d_as_2d,
     merge_untouched_axes,
     squeeze_unit_axes,
     sum_to_add,
@@ -503,6 +504,7 @@ PASSES: dict[str, Callable[[Graph], int]] = {
         batchnorm_to_affine,
         merge_untouched_axes,
         squeeze_unit_axes,
+        conv1d_as_2d,
         fold_scale_into_conv,
         cancel_transpose_reshape,
         fuse_silu,

@@ -1,0 +1,109 @@
+"""Real speech for the corpus's audio model (Silero VAD): recordings from the pocketsphinx source
+distribution on PyPI (LibriVox readings of "Sense and Sensibility", public domain, and short
+command recordings; 16 kHz mono 16-bit), fetched by pinned version and sha256, turned into the
+named .npz feeds the model takes: 16 frames of 512 samples, each with the 64 samples before it
+(Silero's own `frame_blocks`), and the LSTM state the float model carries into that block.
+
+Calibration and evaluation come from different recordings (corpus/README.md lists which).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+import urllib.request
+import wave
+from pathlib import Path
+
+import numpy as np
+
+SDIST = {
+    "package": "pocketsphinx",
+    "version": "5.1.1",
+    "sha256": "675778b309a22dfc9b7d37f7621976bba491d2a5f8c59696bd77fd6d07271355",
+}
+DATA = "pocketsphinx-5.1.1/test/data/"
+CALIBRATION = [
+    "librivox/sense_and_sensibility_01_austen_64kb-0870.wav",
+    "librivox/sense_and_sensibility_01_austen_64kb-0890.wav",
+    "librivox/sense_and_sensibility_01_austen_64kb-0930.wav",
+    "cards/001.wav",
+    "cards/002.wav",
+    "cards/003.wav",
+    "cards/004.wav",
+    "cards/005.wav",
+]
+EVALUATION = [
+    "librivox/sense_and_sensibility_01_austen_64kb-0880.wav",
+    "librivox/sense_and_sensibility_01_austen_64kb-0920.wav",
+    "forever/input_2_16k.wav",
+    "forever/input_4_16k.wav",
+]
+FRAMES, FRAME, CONTEXT = 16, 512, 64  # one feed: 16 frames of 32 ms at 16 kHz
+
+
+def fetch_sdist(cache: Path) -> Path:
+    """The pinned source archive, downloaded once from PyPI and checked against its sha256."""
+    path = cache / f"{SDIST['package']}-{SDIST['version']}.tar.gz"
+    if not path.exists() or hashlib.sha256(path.read_bytes()).hexdigest() != SDIST["sha256"]:
+        index = f"https://pypi.org/pypi/{SDIST['package']}/json"
+        with urllib.request.urlopen(index, timeout=60) as reply:
+            files = json.load(reply)["releases"][SDIST["version"]]
+        urls = [u["url"] for u in files if u["packagetype"] == "sdist"]
+        with urllib.request.urlopen(urls[0], timeout=600) as reply:
+            data = reply.read()
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != SDIST["sha256"]:
+            raise SystemExit(f"{urls[0]}: sha256 {digest}, pinned {SDIST['sha256']}")
+        cache.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return path
+
+
+def recordings(archive: Path, names: list[str]) -> dict[str, np.ndarray]:
+    """Each recording as float32 samples in [-1, 1)."""
+    out = {}
+    with tarfile.open(archive) as tar:
+        for name in names:
+            with wave.open(io.BytesIO(tar.extractfile(DATA + name).read())) as w:
+                assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (16000, 1, 2), name
+                pcm = np.frombuffer(w.readframes(w.getnframes()), "<i2")
+            out[name] = pcm.astype(np.float32) / 32768
+    return out
+
+
+def blocks(audio: np.ndarray) -> list[np.ndarray]:
+    """[FRAMES, CONTEXT + FRAME] blocks as Silero's frame_blocks makes them (whole blocks only)."""
+    frames = audio[: len(audio) // FRAME * FRAME].reshape(-1, FRAME)
+    contexts = np.concatenate([np.zeros((1, CONTEXT), np.float32), frames[:-1, -CONTEXT:]])
+    rows = np.concatenate([contexts, frames], axis=1)
+    return [rows[k : k + FRAMES] for k in range(0, len(rows) - FRAMES + 1, FRAMES)]
+
+
+def write_feeds(model_path: Path, dest: Path, cache: Path) -> dict[str, int]:
+    """data/speech/{calib,eval}/*.npz under `dest`; returns the number of feeds of each."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+    archive = fetch_sdist(cache)
+    counts = {}
+    for role, names in (("calib", CALIBRATION), ("eval", EVALUATION)):
+        folder = dest / role
+        folder.mkdir(parents=True, exist_ok=True)
+        count = 0
+        for name, audio in recordings(archive, names).items():
+            h = c = np.zeros((1, 1, 128), np.float32)
+            for k, block in enumerate(blocks(audio)):
+                stem = name.replace("/", "_").removesuffix(".wav")
+                np.savez(folder / f"{stem}-{k:02d}.npz", input=block, h=h, c=c)
+                _, h, c = session.run(None, {"input": block, "h": h, "c": c})
+                count += 1
+        counts[role] = count
+    return counts
+
+
+def default_cache() -> Path:
+    return Path(os.environ.get("NPUBUILD_BENCH_CACHE", Path.home() / ".cache" / "npubuild-bench"))
