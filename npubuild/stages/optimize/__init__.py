@@ -5,6 +5,7 @@ without loading the passes.
 """
 
 PASS_NAMES = (
+    "dequantize_qoperator",  # first: QLinear ops become Q/DQ pairs that absorb_qdq reads
     "absorb_qdq",  # first: a Q/DQ pair on a constant must not be folded into it before it is read
     "constants_to_initializers",
     "fold_shapes",

@@ -19,6 +19,7 @@ from npubuild.stages.optimize.canonical import (
 )
 from npubuild.stages.optimize.graph import NPUBUILD_DOMAIN, Graph, node_attr
 from npubuild.stages.optimize.prequantized import absorb_qdq
+from npubuild.stages.optimize.qoperator import dequantize_qoperator
 from npubuild.stages.optimize.recognise import decompose_lrn, fuse_gelu, fuse_layernorm
 
 # Folding would grow the model past this many elements per tensor (Expand, ConstantOfShape...).
@@ -491,6 +492,7 @@ def eliminate_dead_code(g: Graph) -> int:
 PASSES: dict[str, Callable[[Graph], int]] = {
     f.__name__: f
     for f in (
+        dequantize_qoperator,
         absorb_qdq,
         constants_to_initializers,
         fold_shapes,

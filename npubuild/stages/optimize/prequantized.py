@@ -79,14 +79,38 @@ def absorb_qdq(g: Graph) -> int:
                 g.replace_uses(dq.output[0], name)
             g.nodes.remove(dq)
         g.nodes.remove(q)
+        if zero_point == -(1 << (bits - 1)):
+            _keep_clamp_at_zero(g, name)
         g.qdq[name] = {"scale": scale, "zero_point": zero_point, "bits": bits}
         changed += 1
     return changed
 
 
+# producers whose outputs are never negative: a grid starting at 0 clamps nothing of theirs
+_NON_NEGATIVE = {"Relu", "Sigmoid", "Softmax", "HardSigmoid"}
+
+
+def _keep_clamp_at_zero(g: Graph, name: str) -> None:
+    """A grid whose lowest code is 0.0 clamps negatives: quantizers fuse a Relu into the grid
+    before it (onnxruntime's QOperator and QDQ formats drop Relu/Clip that way). Without the
+    pair the clamp would vanish, so it comes back as a Relu, which the quantizer fuses again."""
+    producer = g.producers().get(name)
+    if producer is None or producer.op_type in _NON_NEGATIVE:
+        return
+    before = g.fresh_name(f"{name}_unclamped")
+    producer.output[list(producer.output).index(name)] = before
+    g.types[before] = g.types.get(name, (0, None))
+    g.nodes.insert(
+        g.nodes.index(producer) + 1, onnx.helper.make_node("Relu", [before], [name], name=f"{name}_clamp")
+    )
+
+
 def strip_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The model with its activation Q/DQ pairs removed: the float model the QDQ one simulates,
-    which optimize's numeric check compares against."""
+    """The model with its QOperator ops in float or QDQ form and its activation Q/DQ pairs removed:
+    the float model the quantized one simulates, which optimize's numeric check compares against."""
+    from npubuild.stages.optimize.qoperator import dequantize_qoperator
+
     g = Graph(model)
+    dequantize_qoperator(g)
     absorb_qdq(g)
     return g.to_model()

@@ -14,6 +14,7 @@ from npubuild.stages.optimize.check import compare
 from npubuild.stages.optimize.graph import Graph
 from npubuild.stages.optimize.passes import PASSES
 from npubuild.stages.optimize.prequantized import strip_qdq
+from npubuild.stages.optimize.qoperator import qoperator_ops, qoperator_warning
 
 
 def optimize(model: onnx.ModelProto, disable: list[str], max_iterations: int) -> tuple[onnx.ModelProto, list]:
@@ -48,7 +49,10 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     tensors = np.load(inputs["calibration"], mmap_mode="r", allow_pickle=False)
     # a pre-quantized model is checked against itself without its Q/DQ pairs (the float model it
     # simulates); how well the integer model matches the QDQ one is evaluate's figure
-    reference = strip_qdq(original) if any("absorb_qdq" in it["changes"] for it in log) else original
+    prequantized = ("absorb_qdq", "dequantize_qoperator")
+    reference = (
+        strip_qdq(original) if any(p in it["changes"] for it in log for p in prequantized) else original
+    )
     check = compare(reference, optimized, tensors, params)
     converged = not log[-1]["changes"]
     summary = {
@@ -61,6 +65,8 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
         "check": check,
         "warnings": [] if converged else [f"passes still changed the graph after {len(log)} iterations"],
     }
+    if qoperator := qoperator_ops(original):
+        summary["warnings"].append(qoperator_warning(qoperator))
     if not check["passed"]:
         bad = next(n for n, o in check["outputs"].items() if not o["passed"])
         o = check["outputs"][bad]
