@@ -143,3 +143,16 @@ def test_a_1d_convolution_becomes_a_2d_one_over_rows(batch, stride, pads, group)
     assert len(convs) == 1 and [a.ints for a in convs[0].attribute if a.name == "kernel_shape"] == [[1, 3]]
     assert ("Transpose" in ops(out)) == (batch > 1)
     check_same(m, out, [batch, 8, 20], atol=1e-4)
+
+
+@pytest.mark.parametrize("shape, axis", [([1, 16, 4, 35], 1), ([2, 5, 7], 0), ([1, 6, 9], -2)])
+def test_a_softmax_over_another_axis_becomes_one_over_the_last(shape, axis):
+    """YOLOv8's DFL Softmax over 16 bins on axis 1: Transpose, Softmax(-1), Transpose back."""
+    m = model(
+        [helper.make_node("Softmax", ["x"], ["y"], axis=axis)], [x_info(shape)], [x_info(None, "y")], [], 13
+    )
+    out, _ = optimize(m, [], 8)
+    assert ops(out) == ["Transpose", "Softmax", "Transpose"]
+    softmax = next(n for n in out.graph.node if n.op_type == "Softmax")
+    assert [a.i for a in softmax.attribute if a.name == "axis"] == [-1]
+    check_same(m, out, shape, atol=1e-6)

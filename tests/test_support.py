@@ -103,7 +103,11 @@ def test_npu_constraints():
     )
     resize, floating = program.ops
     shapes = {"x": [1, 3, 4, 4], "y": [1, 3, 8, 8]}
-    assert npu_blocker(OpView(resize, program, {}, shapes, SMALL)) == "vnpu-s does not support Resize"
+    without = SMALL.model_copy(
+        update={"supported_ops": tuple(o for o in SMALL.supported_ops if o != "Resize")}
+    )
+    assert npu_blocker(OpView(resize, program, {}, shapes, without)) == "vnpu-s does not support Resize"
+    assert npu_blocker(OpView(resize, program, {}, shapes, SMALL)) is None
     assert npu_blocker(OpView(resize, program, {}, shapes, MEDIUM)) is None
     assert (
         npu_blocker(OpView(floating, program, {}, shapes, MEDIUM))

@@ -102,7 +102,9 @@ BUILTIN_TARGETS: dict[str, TargetSpec] = {
         cpu_gmacs=2.0,
         cpu_gelements=0.5,
         transition_us=30.0,
-        supported_ops=tuple(op for op in _COMMON_OPS if op not in ("ConvTranspose", "Resize")),
+        # nearest Resize is a data move (Ethos-U55 upscales by addressing); a transposed
+        # convolution needs the MAC array to skip inserted zeros, which the small array does not
+        supported_ops=tuple(op for op in _COMMON_OPS if op != "ConvTranspose") + ("Resize",),
     ),
     "vnpu-m": TargetSpec(
         name="vnpu-m",

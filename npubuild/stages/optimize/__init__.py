@@ -20,6 +20,7 @@ PASS_NAMES = (
     "merge_untouched_axes",
     "squeeze_unit_axes",
     "conv1d_as_2d",
+    "softmax_to_last_axis",
     "fold_scale_into_conv",
     "cancel_transpose_reshape",
     "fuse_silu",

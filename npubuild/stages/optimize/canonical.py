@@ -222,3 +222,39 @@ def conv1d_as_2d(g: Graph) -> int:
         g.nodes[index : index + 1] = [*before, conv, *after]
         changed += 1
     return changed
+
+
+def softmax_to_last_axis(g: Graph) -> int:
+    """A Softmax over an axis that is not the last (YOLOv8's distribution focal loss head: over
+    16 bins on axis 1 of [1, 16, 4, anchors]) is Transpose (swap that axis with the last),
+    Softmax over the last axis, the same Transpose back: the NPU's Softmax reduces along rows, and
+    the Transposes are data moves."""
+    changed = 0
+    for node in list(g.nodes):
+        if node.op_type != "Softmax" or (node.domain or "") != "":
+            continue
+        shape = g.shape(node.input[0])
+        if shape is None or len(shape) < 2:
+            continue
+        rank = len(shape)
+        axis = int(node_attr(node, "axis", -1)) % rank
+        if axis == rank - 1:
+            continue
+        perm = list(range(rank))
+        perm[axis], perm[-1] = perm[-1], perm[axis]  # its own inverse
+        swapped = tuple(shape[p] for p in perm)
+        elem = g.elem_type(node.input[0])
+        rows, probabilities = g.fresh_name(f"{node.input[0]}_rows"), g.fresh_name(f"{node.output[0]}_rows")
+        g.types[rows] = g.types[probabilities] = (elem, swapped)
+        index = g.nodes.index(node)
+        g.nodes[index : index + 1] = [
+            onnx.helper.make_node("Transpose", [node.input[0]], [rows], name=rows, perm=perm),
+            onnx.helper.make_node(
+                "Softmax", [rows], [probabilities], name=node.name or probabilities, axis=-1
+            ),
+            onnx.helper.make_node(
+                "Transpose", [probabilities], [node.output[0]], name=f"{probabilities}_back", perm=perm
+            ),
+        ]
+        changed += 1
+    return changed

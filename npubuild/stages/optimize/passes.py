@@ -14,6 +14,7 @@ from npubuild.stages.optimize.canonical import (
     bn_affine,
     conv1d_as_2d,
     merge_untouched_axes,
+    softmax_to_last_axis,
     squeeze_unit_axes,
     sum_to_add,
 )
@@ -507,6 +508,7 @@ PASSES: dict[str, Callable[[Graph], int]] = {
         merge_untouched_axes,
         squeeze_unit_axes,
         conv1d_as_2d,
+        softmax_to_last_axis,
         fold_scale_into_conv,
         cancel_transpose_reshape,
         fuse_silu,
