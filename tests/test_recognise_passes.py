@@ -156,3 +156,23 @@ def test_a_softmax_over_another_axis_becomes_one_over_the_last(shape, axis):
     softmax = next(n for n in out.graph.node if n.op_type == "Softmax")
     assert [a.i for a in softmax.attribute if a.name == "axis"] == [-1]
     check_same(m, out, shape, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "transform, how, out",
+    [("half_pixel", "sizes", [1, 3, 7, 9]), ("align_corners", "scales", [1, 3, 8, 10]),
+     ("asymmetric", "scales", [1, 3, 8, 10]), ("pytorch_half_pixel", "sizes", [1, 3, 4, 11])],
+)  # fmt: skip
+def test_a_linear_resize_becomes_matmuls_with_interpolation_matrices(transform, how, out):
+    shape = [1, 3, 4, 5]
+    if how == "sizes":
+        inputs, inits = ["x", "", "", "sizes"], [("sizes", np.array(out, np.int64))]
+    else:
+        inputs, inits = ["x", "", "scales"], [("scales", np.array([1, 1, 2, 2], np.float32))]
+    node = helper.make_node("Resize", inputs, ["y"], mode="linear", coordinate_transformation_mode=transform)
+    m = model([node], [x_info(shape)], [x_info(None, "y")], inits, 13)
+    optimized, _ = optimize(m, [], 8)
+    assert "Resize" not in ops(optimized) and ops(optimized).count("MatMul") == (
+        1 if out[2] == shape[2] else 2
+    )
+    check_same(m, optimized, shape, atol=1e-5)

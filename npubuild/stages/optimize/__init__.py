@@ -21,6 +21,7 @@ PASS_NAMES = (
     "squeeze_unit_axes",
     "conv1d_as_2d",
     "softmax_to_last_axis",
+    "linear_resize_as_matmuls",
     "fold_scale_into_conv",
     "cancel_transpose_reshape",
     "fuse_silu",

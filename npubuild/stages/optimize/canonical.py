@@ -258,3 +258,81 @@ def softmax_to_last_axis(g: Graph) -> int:
         ]
         changed += 1
     return changed
+
+
+def _interpolation_matrix(node: onnx.NodeProto, g: Graph, size_in: int, size_out: int, scale: float | None):
+    """M such that resizing one axis of x (this node's mode and coordinates) is x @ M: the
+    node's own Resize applied to the identity's rows, by onnx's reference evaluator."""
+    from onnx.reference import ReferenceEvaluator
+
+    rows = np.eye(size_in, dtype=np.float32).reshape(1, size_in, 1, size_in)
+    if scale is not None:
+        how = {"scales": np.array([1, 1, 1, scale], np.float32)}
+    else:
+        how = {"sizes": np.array([1, size_in, 1, size_out], np.int64)}
+    inputs = ["x", "", *(["scales"] if scale is not None else ["", "sizes"])]
+    resize = onnx.helper.make_node("Resize", inputs, ["y"])
+    resize.attribute.extend(node.attribute)
+    graph = onnx.helper.make_graph(
+        [resize],
+        "axis",
+        [],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [
+            onnx.numpy_helper.from_array(rows, "x"),
+            *(onnx.numpy_helper.from_array(v, k) for k, v in how.items()),
+        ],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 13)])
+    out = ReferenceEvaluator(model).run(None, {})[0]
+    return np.ascontiguousarray(out.reshape(size_in, size_out), dtype=np.float32)
+
+
+def linear_resize_as_matmuls(g: Graph) -> int:
+    """A linear (bilinear) Resize of an N x C x H x W tensor is separable: x @ Mw resizes the
+    width, and the same on the transposed tensor with Mh the height, where each M is the
+    interpolation's constant [in, out] matrix (two nonzeros a column). MatMuls with constant
+    weights and Transposes are NPU work; the NPU's resize instruction is nearest only (ViT
+    saliency's decoder: one 128 -> 224 Resize, 10 M multiply-accumulates of 7.6 G)."""
+    changed = 0
+    for node in list(g.nodes):
+        if node.op_type != "Resize" or node_attr(node, "mode", b"nearest") not in (b"linear", "linear"):
+            continue
+        transform = node_attr(node, "coordinate_transformation_mode", b"half_pixel")
+        if transform in (b"tf_crop_and_resize", "tf_crop_and_resize") or any(
+            a.name in ("antialias", "axes", "keep_aspect_ratio_policy") for a in node.attribute
+        ):
+            continue
+        shape, out_shape = g.shape(node.input[0]), g.shape(node.output[0])
+        if shape is None or out_shape is None or len(shape) != 4 or tuple(shape[:2]) != tuple(out_shape[:2]):
+            continue
+        scales = g.constant(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        if scales is not None and scales.size == 0:
+            scales = None
+        if scales is None and (len(node.input) < 4 or g.constant(node.input[3]) is None):
+            continue
+        (n, c, h, w), (_, _, h_out, w_out) = shape, out_shape
+        elem = g.elem_type(node.input[0])
+        new: list[onnx.NodeProto] = []
+        x = node.input[0]
+        if w_out != w or (scales is not None and scales[3] != 1):
+            across = _interpolation_matrix(node, g, w, w_out, None if scales is None else float(scales[3]))
+            wide = g.fresh_name(f"{node.output[0]}_w") if h_out != h else node.output[0]
+            new.append(onnx.helper.make_node("MatMul", [x, g.add_constant(f"{wide}.mw", across)], [wide]))
+            g.types[wide] = (elem, (n, c, h, w_out))
+            x = wide
+        if h_out != h or (scales is not None and scales[2] != 1):
+            down = _interpolation_matrix(node, g, h, h_out, None if scales is None else float(scales[2]))
+            t, tall = g.fresh_name(f"{node.output[0]}_t"), g.fresh_name(f"{node.output[0]}_th")
+            new += [
+                onnx.helper.make_node("Transpose", [x], [t], perm=[0, 1, 3, 2]),
+                onnx.helper.make_node("MatMul", [t, g.add_constant(f"{tall}.mh", down)], [tall]),
+                onnx.helper.make_node("Transpose", [tall], [node.output[0]], perm=[0, 1, 3, 2]),
+            ]
+            g.types[t], g.types[tall] = (elem, (n, c, w_out, h)), (elem, (n, c, w_out, h_out))
+        if not new:
+            continue
+        index = g.nodes.index(node)
+        g.nodes[index : index + 1] = new
+        changed += 1
+    return changed
