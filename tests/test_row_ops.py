@@ -11,6 +11,7 @@ from fractions import Fraction
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 from test_integer_ops import round_half_away
 
@@ -193,3 +194,29 @@ def test_multi_head_attention_runs_on_the_npu_bit_exact(tmp_path):
     assert plan["cpu_ops"] == 1  # only the input's conversion to codes
     for got, ref in results:
         assert _cosine(got, ref) > 0.99
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("eps", -1), ("eps", 1 << 60), ("out_bits", 12), ("shift", 200), ("m0", 1 << 40)],
+)
+def test_a_forged_layernorm_instruction_is_one_npub_error(field, value):
+    """An .npub is untrusted: a layernorm whose epsilon, width, multiplier or shift the encoder
+    could not have written stops with one NpubError, not garbage codes or a numpy warning."""
+    from npubuild.targets.isa import Instruction
+    from npubuild.targets.npub import NpubError
+    from npubuild.targets.simulator import Simulator
+    from npubuild.targets.spec import BUILTIN_TARGETS
+
+    target = BUILTIN_TARGETS["vnpu-s"]
+    sim = Simulator(target.sram_kib * 1024, 1024, target.model_dump())
+    params = np.array([[1 << 30, 0, 0]] * 4, np.int64)
+    if field in ("shift", "m0"):
+        params[:, {"m0": 0, "shift": 1}[field]] = value
+    sim.sram.write(1024, 64, params.reshape(-1))
+    args = {"src": 0, "rows": 2, "n": 4, "in_bits": 8, "in_zp": 0, "eps": 1, "params": 1024, "dst": 512,
+            "out_bits": 8, "out_zp": 0}  # fmt: skip
+    if field in args:
+        args[field] = value
+    with pytest.raises(NpubError, match="layernorm .* out of range"):
+        sim.execute([Instruction("layernorm", args)])

@@ -31,6 +31,7 @@ EXP_TABLE_MAX = 4096  # entries; a wider input range is looked up at a coarser s
 SOFTMAX_GRID = {8: (1 / 256, -128), 16: (1 / 32768, 0)}  # output (scale, zero point)
 Z_FRACTION_BITS = 12
 _D_LIMIT_BITS = 46  # D << 16 must stay below 2^62
+EPS_CODES_MAX = 1 << 46  # the encoder caps n^2 eps in input codes here; an .npub beyond it is forged
 
 
 def exp_table(in_scale: float, in_bits: int) -> tuple[np.ndarray, int]:

@@ -19,7 +19,7 @@ from npubuild.intmodel.codes import saturate
 from npubuild.intmodel.fixedpoint import ADD_FRACTION_BITS, requantize, rounding_shift
 from npubuild.intmodel.kernels import conv_accumulate, conv_transpose_accumulate, windows
 from npubuild.intmodel.program import ConvGeometry
-from npubuild.intmodel.rowwise import layernorm_rows, softmax_rows
+from npubuild.intmodel.rowwise import EPS_CODES_MAX, layernorm_rows, softmax_rows
 from npubuild.targets.cycles import Timeline
 from npubuild.targets.isa import ENGINES, Instruction
 from npubuild.targets.npub import NpubError
@@ -294,6 +294,12 @@ class Simulator:
     def _layernorm(self, a: dict) -> None:
         x = self.sram.view(a["src"], a["in_bits"], (a["rows"], a["n"])).astype(np.int64)
         params = self.sram.view(a["params"], 64, (a["n"], 3)).astype(np.int64)
+        if not 0 <= a["eps"] <= EPS_CODES_MAX or a["out_bits"] not in (8, 16):
+            raise NpubError("layernorm epsilon or output width out of range")
+        if params.size and not (
+            np.abs(params[:, 0]).max() < 1 << 31 and -31 <= params[:, 1].min() <= params[:, 1].max() <= 31
+        ):
+            raise NpubError("layernorm multiplier or shift out of range")
         y = layernorm_rows(x, a["in_zp"], a["eps"], params, a["out_zp"], a["out_bits"])
         self.sram.write(a["dst"], a["out_bits"], y)
 

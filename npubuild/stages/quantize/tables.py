@@ -14,7 +14,7 @@ from npubuild.intmodel.codes import qrange
 from npubuild.intmodel.fixedpoint import quantize_multiplier
 from npubuild.intmodel.lut import lut_function
 from npubuild.intmodel.ops import LUT_OPS
-from npubuild.intmodel.rowwise import Z_FRACTION_BITS, exp_table
+from npubuild.intmodel.rowwise import EPS_CODES_MAX, Z_FRACTION_BITS, exp_table
 
 
 def data_input(node: onnx.NodeProto, constants: dict) -> str:
@@ -109,7 +109,7 @@ def layernorm_op(enc, node: onnx.NodeProto, n: int) -> dict:
     for i in range(n):
         m0, shift = quantize_multiplier(abs(gamma[i]) / (yp.scale * (1 << Z_FRACTION_BITS)))
         params[i] = (int(math.copysign(m0, gamma[i])), shift, int(np.rint(beta[i] / yp.scale)))
-    eps_codes = int(min(max(round(n * n * eps / (xp.scale * xp.scale)), 1), 2**46))
+    eps_codes = int(min(max(round(n * n * eps / (xp.scale * xp.scale)), 1), EPS_CODES_MAX))
     return {
         "kind": "layernorm",
         "op_type": node.op_type,
