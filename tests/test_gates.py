@@ -82,3 +82,49 @@ def test_html_report_is_self_contained_and_has_every_section(small_ws, tmp_path)
         "layers"
     ]
     assert all(f"{r['node']} ({r['op_type']})"[:48] in page for r in layers)
+
+
+def test_top1_is_measured_on_the_class_axis():
+    """A recogniser's [1, T, classes] Softmax output: top-1 per timestep over the last axis, not
+    over axis 1 (which would compare timesteps); a declared axis wins; 1 when no Softmax says."""
+    import numpy as np
+    import pytest
+    from onnx import TensorProto, helper
+
+    from npubuild.errors import UserError
+    from npubuild.stages.evaluate import _class_axis
+    from npubuild.stages.metrics import Top1
+
+    def out(name, shape):
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+    nodes = [
+        helper.make_node("Softmax", ["x"], ["p"], axis=2),
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("Softmax", ["x"], ["s"], axis=-1),
+        helper.make_node("Reshape", ["s", "shape"], ["flat"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [out("x", [1, 4, 6])], [out("p", [1, 4, 6]), out("r", [1, 4, 6]), out("flat", [4, 6])],
+        [helper.make_tensor("shape", TensorProto.INT64, [2], [4, 6])],
+    )  # fmt: skip
+    graph.value_info.append(out("s", [1, 4, 6]))
+    model = helper.make_model(graph)
+    assert _class_axis(model, "p", {}) == 2
+    assert _class_axis(model, "flat", {}) == -1
+    assert _class_axis(model, "r", {}) == 1
+    assert _class_axis(model, "r", {"r": -1}) == -1
+    with pytest.raises(UserError, match="class_axes names \\['nope'\\]"):
+        _class_axis(model, "r", {"nope": 1})
+    with pytest.raises(UserError, match="but the output has 3 axes"):
+        _class_axis(model, "r", {"r": 3})
+    # classes last: [1, T, C]; the candidate flips one timestep's winner out of 4
+    ref = np.zeros((1, 4, 6))
+    ref[0, np.arange(4), [1, 2, 3, 4]] = 1.0
+    cand = ref.copy()
+    cand[0, 3, 0] = 2.0
+    last, first = Top1(2), Top1(1)
+    last.update(ref, cand)
+    first.update(ref, cand)
+    assert last.result() == {"top1_agreement": 0.75, "top1_axis": 2}
+    assert first.result()["top1_agreement"] == 5 / 6  # over the 6 class columns, comparing timesteps

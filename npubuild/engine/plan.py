@@ -193,7 +193,8 @@ class Planner:
             "qdq": Output(quant, "qdq"),
             "evaluation": Output(evaluation_set, "tensors"),
         }
-        self._step(plan, "evaluate", {"samples": EVALUATION_SAMPLES}, inputs, target)
+        evaluate = {"samples": EVALUATION_SAMPLES, "class_axes": attrs.class_axes}
+        self._step(plan, "evaluate", evaluate, inputs, target)
         if not self._wanted("partition"):
             return
         integer = {"model": optimized, "integer": Output(quant, "integer")}

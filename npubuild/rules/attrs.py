@@ -173,6 +173,9 @@ class NpuModelAttrs(Strict):
         None, description="a hand-written precision table (JSON) of the package"
     )
     gates: Gates = Gates()
+    # output name -> the axis its classes lie on, for top-1 agreement (default: a Softmax's axis
+    # when the output is one, else 1)
+    class_axes: dict[str, int] = {}
 
     @model_validator(mode="after")
     def _one_precision_source(self) -> NpuModelAttrs:

@@ -11,13 +11,29 @@ from pathlib import Path
 
 import numpy as np
 
+from npubuild.errors import UserError
 from npubuild.intmodel.codes import dequantize
 from npubuild.intmodel.interpreter import load_integer_model
 from npubuild.stages.feeds import samples_for, session
-from npubuild.stages.metrics import Agreement, OpAgreement, Top1
+from npubuild.stages.metrics import Agreement, OpAgreement, Top1, class_axis
 from npubuild.stages.onnx_utils import load_model, with_outputs, write_json
 
 OP_BY_OP_SAMPLES = 2
+
+
+def _class_axis(model, output: str, declared: dict[str, int]) -> int:
+    outputs = [o.name for o in model.graph.output]
+    unknown = sorted(set(declared) - set(outputs))
+    if unknown:
+        raise UserError(
+            f"class_axes names {unknown}, which the model does not output (its outputs: {outputs})"
+        )
+    if output not in declared:
+        return class_axis(model, output)
+    rank = next(len(o.type.tensor_type.shape.dim) for o in model.graph.output if o.name == output)
+    if not -rank <= declared[output] < rank:
+        raise UserError(f"class_axes['{output}'] = {declared[output]}, but the output has {rank} axes")
+    return declared[output]
 
 
 def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
@@ -38,7 +54,9 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     op_by_op = OpAgreement()
     fetch = list(dict.fromkeys([o.name for o in model.graph.output] + layer_names))
     outputs = {o.name: Agreement() for o in model.graph.output}
-    top1 = {o.name: Top1() for o in model.graph.output}
+    top1 = {
+        o.name: Top1(_class_axis(model, o.name, params.get("class_axes", {}))) for o in model.graph.output
+    }
     layers = {name: Agreement() for name in layer_names}
     within, total, exact = 0, 0, 0
     for feed in feeds:

@@ -52,22 +52,52 @@ class Agreement:
 
 
 class Top1:
-    """How often the integer model's arg-max over axis 1 (the class axis of NCHW / N x classes
-    outputs) equals the float model's, over every other position."""
+    """How often the integer model's arg-max over the class axis equals the float model's, over
+    every other position (each timestep of a recogniser's [1, T, classes], each pixel of NCHW)."""
 
-    def __init__(self) -> None:
+    def __init__(self, axis: int = 1) -> None:
+        self.axis = axis
         self.agree = self.total = 0
 
     def update(self, ref: np.ndarray, cand: np.ndarray) -> None:
         ref, cand = np.asarray(ref), np.asarray(cand)
-        if ref.ndim < 2 or ref.shape[1] < 2 or ref.shape != cand.shape:
+        if ref.ndim < 2 or ref.shape != cand.shape or not -ref.ndim <= self.axis < ref.ndim:
             return
-        same = np.argmax(ref, axis=1) == np.argmax(cand, axis=1)
+        if ref.shape[self.axis] < 2:
+            return
+        same = np.argmax(ref, axis=self.axis) == np.argmax(cand, axis=self.axis)
         self.agree += int(same.sum())
         self.total += same.size
 
     def result(self) -> dict:
-        return {"top1_agreement": self.agree / self.total} if self.total else {}
+        return {"top1_agreement": self.agree / self.total, "top1_axis": self.axis} if self.total else {}
+
+
+# ops between a Softmax and a network output that keep its last axis the last one
+_KEEPS_LAST_AXIS = {"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze"}
+
+
+def class_axis(model, output: str) -> int:
+    """The axis an output's classes lie on: a Softmax's axis when the output is its result (its
+    last axis also through reshapes that keep the row length: PP-OCRv4 rec's [1, 40, 6625] per
+    timestep), else 1 (N x classes, NCHW score maps)."""
+    producers = {o: n for n in model.graph.node for o in n.output}
+    shapes = {
+        v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+        for v in [*model.graph.input, *model.graph.value_info, *model.graph.output]
+    }
+    name, moved = output, False
+    while (node := producers.get(name)) is not None and node.op_type in _KEEPS_LAST_AXIS:
+        name, moved = node.input[0], True
+    if node is None or node.op_type != "Softmax":
+        return 1
+    rank = len(shapes.get(name, [])) or 1
+    axis = next((a.i for a in node.attribute if a.name == "axis"), -1) % rank
+    if not moved:
+        return axis
+    out_shape, in_shape = shapes.get(output, []), shapes.get(name, [])
+    last = axis == rank - 1 and out_shape and in_shape and out_shape[-1] == in_shape[-1]
+    return -1 if last else 1
 
 
 class OpAgreement:
