@@ -27,8 +27,9 @@ app.add_typer(cache_app, name="cache")
 
 # Wide enough for the summary table when output goes to a file or CI log (rich assumes 80).
 _WIDTH = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "160"))
-out = Console(highlight=False, width=_WIDTH)
-err = Console(stderr=True, highlight=False)
+# emoji=False: "//models:m: ..." in an error line is text, not the emoji code :m:
+out = Console(highlight=False, emoji=False, width=_WIDTH)
+err = Console(stderr=True, highlight=False, emoji=False)
 
 
 class _Options:

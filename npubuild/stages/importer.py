@@ -92,9 +92,13 @@ def _complete_shapes_by_execution(model: onnx.ModelProto) -> int:
                 missing.append(name)
     if not missing:
         return 0
-    if any(n.op_type in _DATA_DEPENDENT_OPS for n in graph.node):
+    culprits = [n for n in graph.node if n.op_type in _DATA_DEPENDENT_OPS]
+    if culprits:
+        first = culprits[0]
         raise UserError(
-            f"shape inference could not derive static shapes for {missing[:3]} (data-dependent ops)"
+            f"shape inference could not derive static shapes for {missing[:3]}: {first.op_type} "
+            f"'{first.name or first.output[0]}' makes shapes depend on data (control flow or "
+            "data-dependent sizes have no fixed NPU schedule)"
         )
     import onnxruntime as ort
 

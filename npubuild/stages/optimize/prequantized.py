@@ -79,9 +79,9 @@ def absorb_qdq(g: Graph) -> int:
                 g.replace_uses(dq.output[0], name)
             g.nodes.remove(dq)
         g.nodes.remove(q)
+        g.qdq[name] = {"scale": scale, "zero_point": zero_point, "bits": bits}
         if zero_point == -(1 << (bits - 1)):
             _keep_clamp_at_zero(g, name)
-        g.qdq[name] = {"scale": scale, "zero_point": zero_point, "bits": bits}
         changed += 1
     return changed
 
@@ -93,13 +93,16 @@ _NON_NEGATIVE = {"Relu", "Sigmoid", "Softmax", "HardSigmoid"}
 def _keep_clamp_at_zero(g: Graph, name: str) -> None:
     """A grid whose lowest code is 0.0 clamps negatives: quantizers fuse a Relu into the grid
     before it (onnxruntime's QOperator and QDQ formats drop Relu/Clip that way). Without the
-    pair the clamp would vanish, so it comes back as a Relu, which the quantizer fuses again."""
+    pair the clamp would vanish, so it comes back as a Relu, which the quantizer fuses again; the
+    unclamped tensor is on the same grid (its negatives saturate to 0.0, as in the QDQ model)."""
     producer = g.producers().get(name)
     if producer is None or producer.op_type in _NON_NEGATIVE:
         return
     before = g.fresh_name(f"{name}_unclamped")
     producer.output[list(producer.output).index(name)] = before
     g.types[before] = g.types.get(name, (0, None))
+    # on the same grid the codes saturate at 0.0 as the QDQ model's do; the Relu changes nothing
+    g.qdq[before] = dict(g.qdq[name])
     g.nodes.insert(
         g.nodes.index(producer) + 1, onnx.helper.make_node("Relu", [before], [name], name=f"{name}_clamp")
     )
@@ -114,3 +117,32 @@ def strip_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
     dequantize_qoperator(g)
     absorb_qdq(g)
     return g.to_model()
+
+
+# ops that move values without changing them: a tensor on one side is on the other's grid
+_MOVES = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity"}
+
+
+def propagate_grids(g: Graph) -> int:
+    """Tensors that passes made after absorb_qdq (the Transposes around a Softmax moved to the
+    last axis, the Reshapes around a 1-D convolution) have no recorded grid; across a data move
+    they take the grid of the tensor on its other side, which is exactly theirs."""
+    if not g.qdq:
+        return 0
+    added = 0
+    changed = True
+    while changed:
+        changed = False
+        for node in g.nodes:
+            if node.op_type not in _MOVES or not node.input or not node.output:
+                continue
+            x, y = node.input[0], node.output[0]
+            if x in g.qdq and y not in g.qdq:
+                g.qdq[y] = dict(g.qdq[x])
+            elif y in g.qdq and x not in g.qdq and g.constant(x) is None:
+                g.qdq[x] = dict(g.qdq[y])
+            else:
+                continue
+            added += 1
+            changed = True
+    return added

@@ -13,7 +13,7 @@ from npubuild.stages.optimize import PASS_NAMES
 from npubuild.stages.optimize.check import compare
 from npubuild.stages.optimize.graph import Graph
 from npubuild.stages.optimize.passes import PASSES
-from npubuild.stages.optimize.prequantized import strip_qdq
+from npubuild.stages.optimize.prequantized import propagate_grids, strip_qdq
 from npubuild.stages.optimize.qoperator import qoperator_ops, qoperator_warning
 
 
@@ -33,6 +33,7 @@ def optimize(model: onnx.ModelProto, disable: list[str], max_iterations: int) ->
         )
         if not any(changes.values()):
             break
+    propagate_grids(graph)
     result = onnx.shape_inference.infer_shapes(graph.to_model(), check_type=True, data_prop=True)
     return result, log
 
