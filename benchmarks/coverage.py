@@ -1,6 +1,7 @@
 """Model coverage: build the conformance corpus (corpus/) on both built-in targets and print one
 table: stages passed, ops on the NPU, NPU/CPU transitions, fallback reasons, int8 accuracy against
-the float model, estimated latency.
+the float model (cos, SQNR: the minimum over outputs), the QDQ export against the integer model
+(QDQ: the minimum output cosine), estimated latency, and whether the simulator was bit-exact.
 
     python benchmarks/coverage.py                       # the whole corpus (long: a benchmark)
     python benchmarks/coverage.py --only squeezenet_m   # some npu_models, by name
@@ -91,9 +92,13 @@ def row(ws: Path, name: str, errors: list[str]) -> dict:
             "reasons": dict(reasons.most_common()),
         }
     if (out / "accuracy.json").exists():
-        outputs = json.loads((out / "accuracy.json").read_text())["outputs"]
+        accuracy = json.loads((out / "accuracy.json").read_text())
+        outputs = accuracy["outputs"]
         result["cosine"] = min(o["cosine"] for o in outputs.values())
         result["sqnr_db"] = min(o["sqnr_db"] for o in outputs.values())
+        export = accuracy["golden_vs_qdq"].get("outputs", {})
+        if export:  # the QDQ export against the integer model, every output
+            result["qdq_cosine"] = min(o.get("cosine", 1.0) for o in export.values())
     if (out / "codegen.json").exists():
         result["latency_ms"] = json.loads((out / "codegen.json").read_text())["estimated_latency_ms"]
     if (out / "simulate.json").exists():
@@ -102,7 +107,8 @@ def row(ws: Path, name: str, errors: list[str]) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    head = f"{'model':<18}{'stages':>7}{'NPU ops':>16}{'trans':>6}{'cos':>8}{'SQNR':>7}{'ms':>8}  exact"
+    head = f"{'model':<18}{'stages':>7}{'NPU ops':>16}{'trans':>6}{'cos':>8}{'SQNR':>7}{'QDQ':>8}{'ms':>8}"
+    head += "  exact"
     lines = [head, "-" * len(head)]
     for r in rows:
         ops = f"{r['npu_ops']}/{r['ops']}" if "ops" in r else "-"
@@ -111,6 +117,7 @@ def table(rows: list[dict]) -> str:
             f"{r['name']:<18}{r['stages']:>5}/{r['of']}{ops + share:>16}{r.get('transitions', '-'):>6}"
             f"{r['cosine'] if 'cosine' not in r else format(r['cosine'], '.4f'):>8}"
             f"{'-' if 'sqnr_db' not in r else format(r['sqnr_db'], '.1f'):>7}"
+            f"{'-' if 'qdq_cosine' not in r else format(r['qdq_cosine'], '.4f'):>8}"
             f"{'-' if 'latency_ms' not in r else format(r['latency_ms'], '.2f'):>8}"
             f"  {r.get('bit_exact', '-')}"
         )

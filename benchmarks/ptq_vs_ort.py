@@ -1,4 +1,4 @@
-"""npubuild's int8 model against onnxruntime's quantize_static on the three real models.
+"""npubuild's int8 model against onnxruntime's quantize_static and NNCF on the three real models.
 
     python benchmarks/ptq_vs_ort.py
 
@@ -7,8 +7,10 @@ npubuild: its own defaults (calibrate + quantize timed from the build's own acti
 accuracy of the golden integer interpreter's outputs against the float model. onnxruntime: the
 imported model (input pinned, opset >= 13, as a user would prepare it), quant_pre_process, then
 quantize_static with QDQ, per-channel int8 weights and int8 activations for MinMax, Entropy and
-Percentile, evaluated in onnxruntime. Accuracy is over the concatenated outputs of all evaluation
-images: cosine and SQNR (dB) against the float model.
+Percentile, evaluated in onnxruntime; NNCF's `nncf.quantize` on the same model and images with
+its performance and mixed presets (a benchmark-only dependency: `pip install -e ".[bench]"`).
+Accuracy is over the concatenated outputs of all evaluation images: cosine and SQNR (dB) against
+the float model; "best other tool" is the one with the highest SQNR.
 """
 
 from __future__ import annotations
@@ -102,6 +104,35 @@ def onnxruntime_rows(canonical: Path, calib: np.ndarray, evaluation: np.ndarray,
     return rows
 
 
+def nncf_rows(canonical: Path, calib: np.ndarray, evaluation: np.ndarray) -> list[tuple]:
+    """NNCF's post-training quantization of the same ONNX model on the same calibration images,
+    both presets (performance: symmetric activations; mixed: asymmetric), evaluated in
+    onnxruntime. NNCF is a benchmark-only dependency (`pip install -e ".[bench]"`)."""
+    try:
+        import nncf
+    except ImportError:
+        return [("NNCF", None, None, None, 'not installed: pip install -e ".[bench]"')]
+    model = onnx.load(canonical)
+    float_session = session(model)
+    name = float_session.get_inputs()[0].name
+    reference = [float_session.run(None, {name: x[None]})[0] for x in evaluation]
+    dataset = nncf.Dataset([x[None] for x in calib], lambda x: {name: x})
+    rows = []
+    for preset in (nncf.QuantizationPreset.PERFORMANCE, nncf.QuantizationPreset.MIXED):
+        start = time.perf_counter()
+        try:
+            quantized = nncf.quantize(model, dataset, preset=preset, subset_size=len(calib))
+        except Exception as exc:
+            rows.append((f"NNCF {preset.value}", None, None, None, f"failed: {type(exc).__name__}: {exc}"))
+            continue
+        seconds = time.perf_counter() - start
+        q = session(quantized)
+        candidate = [q.run(None, {name: x[None]})[0] for x in evaluation]
+        cos, sqnr = accuracy(reference, candidate)
+        rows.append((f"NNCF {preset.value}", cos, sqnr, seconds, ""))
+    return rows
+
+
 def main() -> None:
     import logging
 
@@ -139,6 +170,7 @@ def main() -> None:
             mtmp = tmp / target
             mtmp.mkdir()
             rows += onnxruntime_rows(out / "canonical.onnx", calib, evaluation, mtmp)
+            rows += nncf_rows(out / "canonical.onnx", calib, evaluation)
             print(f"\n{target} ({source}): {len(calib)} calibration, {len(evaluation)} evaluation images")
             print(f"  {'':<24} {'cosine':>8} {'SQNR dB':>8} {'time s':>7}")
             for label, cos, sqnr, t, note in rows:
@@ -147,7 +179,7 @@ def main() -> None:
                 else:
                     print(f"  {label:<24} {cos:>8.4f} {sqnr:>8.2f} {t:>7.2f} {note}")
             ort_rows = [r for r in rows[1:] if r[1] is not None]
-            best = max(ort_rows, key=lambda r: r[1]) if ort_rows else None
+            best = max(ort_rows, key=lambda r: r[2]) if ort_rows else None  # by SQNR
             pct = next((r for r in ort_rows if r[0].endswith("Percentile")), None)
             summary.append((target, rows[0], best, pct))
         print("\nsummary")
@@ -155,7 +187,7 @@ def main() -> None:
             verdict = "yes" if best is None or (ours[1] >= best[1] and ours[2] >= best[2]) else "no"
             ratio = f"{ours[3] / pct[3]:.2f}" if pct else "n/a"
             print(
-                f"  {target:<8} npubuild cos {ours[1]:.4f} / {ours[2]:.2f} dB; best onnxruntime "
+                f"  {target:<8} npubuild cos {ours[1]:.4f} / {ours[2]:.2f} dB; best other tool "
                 f"{best[0] if best else '-'} cos {best[1] if best else float('nan'):.4f} / "
                 f"{best[2] if best else float('nan'):.2f} dB; at least as good: {verdict}; "
                 f"time npubuild/onnxruntime-Percentile: {ratio}"

@@ -35,8 +35,12 @@ def _details(plan, summaries: dict[str, dict]) -> list[str]:
         )
     if "evaluate" in summaries:
         s = summaries["evaluate"]
-        for m in s["outputs"].values():
-            parts.append(f"int8 cos {m['cosine']:.4f} SQNR {m['sqnr_db']:.1f} dB")
+        export = s.get("golden_vs_qdq", {}).get("outputs", {})
+        for name, m in s["outputs"].items():
+            part = f"int8 cos {m['cosine']:.4f} SQNR {m['sqnr_db']:.1f} dB"
+            if "cosine" in export.get(name, {}):
+                part += f" (QDQ export vs integer cos {export[name]['cosine']:.4f})"
+            parts.append(part)
         if s["float_nodes"]:
             parts.append(f"{len(s['float_nodes'])} float ops")
     if "optimize" in summaries:
