@@ -92,16 +92,22 @@ def onnxruntime_rows(canonical: Path, calib: np.ndarray, evaluation: np.ndarray,
                 calibrate_method=method,
             )
         except Exception as exc:
-            rows.append(
-                (f"onnxruntime {method.name}", None, None, None, f"failed: {type(exc).__name__}: {exc}")
-            )
+            rows.append(failed(f"onnxruntime {method.name}", exc))
             continue
-        seconds = time.perf_counter() - start
-        q = session(out)
-        candidate = [q.run(None, {name: x[None]})[0] for x in evaluation]
-        cos, sqnr = accuracy(reference, candidate)
-        rows.append((f"onnxruntime {method.name}", cos, sqnr, seconds, ""))
+        rows.append(scored(f"onnxruntime {method.name}", out, start, name, evaluation, reference))
     return rows
+
+
+def failed(label: str, exc: Exception) -> tuple:
+    return (label, None, None, None, f"failed: {type(exc).__name__}: {exc}")
+
+
+def scored(label: str, quantized, start: float, name: str, evaluation, reference) -> tuple:
+    """A tool's row: its quantized model run in onnxruntime on the evaluation images."""
+    seconds = time.perf_counter() - start
+    q = session(quantized)
+    cos, sqnr = accuracy(reference, [q.run(None, {name: x[None]})[0] for x in evaluation])
+    return (label, cos, sqnr, seconds, "")
 
 
 def nncf_rows(canonical: Path, calib: np.ndarray, evaluation: np.ndarray) -> list[tuple]:
@@ -123,13 +129,9 @@ def nncf_rows(canonical: Path, calib: np.ndarray, evaluation: np.ndarray) -> lis
         try:
             quantized = nncf.quantize(model, dataset, preset=preset, subset_size=len(calib))
         except Exception as exc:
-            rows.append((f"NNCF {preset.value}", None, None, None, f"failed: {type(exc).__name__}: {exc}"))
+            rows.append(failed(f"NNCF {preset.value}", exc))
             continue
-        seconds = time.perf_counter() - start
-        q = session(quantized)
-        candidate = [q.run(None, {name: x[None]})[0] for x in evaluation]
-        cos, sqnr = accuracy(reference, candidate)
-        rows.append((f"NNCF {preset.value}", cos, sqnr, seconds, ""))
+        rows.append(scored(f"NNCF {preset.value}", quantized, start, name, evaluation, reference))
     return rows
 
 
