@@ -7,10 +7,16 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
+
 from conftest import REPO, cli
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from coverage import STAGES, assemble, row  # noqa: E402
+
+# Left out of the quick tier (pytest -m "not slow"): it fetches a light model from its wheel
+# and builds it through every stage
+pytestmark = pytest.mark.slow
 
 
 def test_squeezenet_passes_every_stage_mostly_on_the_npu(tmp_path):

@@ -8,6 +8,9 @@ import pytest
 
 from conftest import cli, run_build
 
+# Left out of the quick tier (pytest -m "not slow"): it runs precision searches on a real model
+pytestmark = pytest.mark.slow
+
 SEARCH = ("search", "//models:cls_npu")
 SENSITIVITY = ("sensitivity", "//models:cls_npu")
 AFTER_SEARCH = {SEARCH} | {

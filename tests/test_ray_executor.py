@@ -14,6 +14,9 @@ from conftest import cli_build, fresh_copy, out_digests, run_build
 from npubuild.cache.remote import RemoteCache, RemoteCacheConfig
 from npubuild.cache.store import Store
 
+# Left out of the quick tier (pytest -m "not slow"): it starts a Ray cluster
+pytestmark = pytest.mark.slow
+
 
 def ray_cli(*args: str, env=None) -> subprocess.CompletedProcess:
     return subprocess.run(

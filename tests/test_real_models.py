@@ -13,6 +13,10 @@ import pytest
 from conftest import EXAMPLE, run_build
 from npubuild.cache.store import Store
 
+# Left out of the quick tier (pytest -m "not slow"): it builds the example workspace's three
+# real models end to end (about 4 minutes)
+pytestmark = pytest.mark.slow
+
 MODELS = ["yolo", "ocr_det", "ocr_cls"]
 
 
