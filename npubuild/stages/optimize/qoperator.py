@@ -48,28 +48,23 @@ _NOT_FLOAT_ATTRS = {"channels_last", "opset"}
 
 
 def qoperator_ops(model: onnx.ModelProto) -> dict[str, int]:
-    """The QOperator ops of a model, by type and count."""
+    """The QOperator ops of a model (any QLinear op, known or not), by type and count."""
     counts: dict[str, int] = {}
     for n in model.graph.node:
-        if (
-            (n.domain or "", n.op_type) in _QLINEAR
-            or (n.domain or "", n.op_type) in _DYNAMIC
-            or (n.op_type.startswith("QLinear"))
-        ):
+        if (n.domain or "", n.op_type) in _DYNAMIC or n.op_type.startswith("QLinear"):
             counts[n.op_type] = counts.get(n.op_type, 0) + 1
     return dict(sorted(counts.items()))
 
 
 def qoperator_warning(counts: dict[str, int]) -> str:
     ops = ", ".join(f"{k} x{v}" for k, v in counts.items())
-    dynamic = any(
-        k in ("DynamicQuantizeLinear", "ConvInteger", "MatMulInteger", "DynamicQuantizeLSTM") for k in counts
-    )
+    static = any(k.startswith("QLinear") for k in counts)
+    dynamic = any(not k.startswith("QLinear") for k in counts)
     return (
         f"the model is quantized in onnxruntime's QOperator format ({ops}): its integer ops were "
         "turned back into float ones and npubuild quantizes them again"
-        + ("; the QLinear ops' activation grids are kept" if not dynamic or len(counts) > 1 else "")
-        + ("; dynamic (run-time) input scales are replaced by calibrated ones" if dynamic else "")
+        + ("; the QLinear ops' activation grids are kept" if static else "")
+        + ("; run-time (dynamic) input scales are replaced by calibrated ones" if dynamic else "")
     )
 
 
@@ -78,8 +73,7 @@ def _operand(node: onnx.NodeProto, k: int) -> str:
 
 
 def _float_attrs(node: onnx.NodeProto) -> dict:
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute if a.name not in _NOT_FLOAT_ATTRS}
-    return attrs
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute if a.name not in _NOT_FLOAT_ATTRS}
 
 
 def _qlinear_to_qdq(g: Graph, node: onnx.NodeProto) -> None:
