@@ -1,4 +1,5 @@
-"""npubuild's int8 model against onnxruntime's quantize_static and NNCF on the three real models.
+"""npubuild's int8 model against onnxruntime's quantize_static and NNCF on the corpus's trained
+image models: the example's three, the orientation classifier and PP-OCRv4 rec.
 
     python benchmarks/ptq_vs_ort.py
 
@@ -29,8 +30,49 @@ import onnxruntime as ort
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _workspace_gen import crop_workspace  # noqa: E402
 
-MODELS = {"yolo": "yolov8n", "ocr_det": "ppocr_det", "ocr_cls": "ppocr_cls"}
-DATA = {"yolo": "yolo", "ocr_det": "ocr_det", "ocr_cls": "ocr_cls"}
+MODELS = {
+    "yolo": "yolov8n",
+    "ocr_det": "ppocr_det",
+    "ocr_cls": "ppocr_cls",
+    "orientation": "orientation",
+    "ocr_rec": "ppocr_rec",
+}
+DATA = {
+    "yolo": "yolo",
+    "ocr_det": "ocr_det",
+    "ocr_cls": "ocr_cls",
+    "orientation": "imagenet",
+    "ocr_rec": "ocr_rec",
+}
+CORPUS = Path(__file__).resolve().parent.parent / "corpus"
+
+
+def add_corpus_models(ws: Path) -> None:
+    """The corpus's other trained image models (orientation classifier, PP-OCRv4 rec) in the crop
+    workspace: their onnx_model blocks and preprocessing copied from corpus/, so the pins live in
+    one place, and npu_models with the defaults on the same crops."""
+    import re
+
+    corpus_models = (CORPUS / "models" / "BUILD").read_text()
+    corpus_data = (CORPUS / "data" / "BUILD").read_text()
+    models, data = [], []
+    for target, source in (("orientation", "orientation"), ("ocr_rec", "ppocr_rec")):
+        block = re.search(rf'onnx_model\(\n    name = "{source}",.*?\n\)\n', corpus_models, re.S)
+        models += [
+            block[0],
+            f'npu_model(name = "{target}", model = ":{source}", '
+            f'calibration = "//data:{DATA[target]}_calib", evaluation = "//data:{DATA[target]}_eval")\n',
+        ]
+        preprocess = {"imagenet": "IMAGENET", "ocr_rec": "OCR_REC"}[DATA[target]]
+        data += [re.search(rf"\n({preprocess} = \{{[^}}]*\}})", corpus_data)[1] + "\n"]
+        for role, files in (("calib", "CALIBRATION"), ("eval", "EVALUATION")):
+            data.append(
+                f'dataset(name = "{DATA[target]}_{role}", srcs = {files}, preprocess = {preprocess})\n'
+            )
+    with open(ws / "models" / "BUILD", "a") as f:
+        f.write("\n" + "\n".join(models))
+    with open(ws / "data" / "BUILD", "a") as f:
+        f.write("\n" + "\n".join(data))
 
 
 def session(model) -> ort.InferenceSession:
@@ -146,9 +188,10 @@ def main() -> None:
     try:
         ws = tmp / "ws"
         n_calib, n_eval = crop_workspace(ws)
+        add_corpus_models(ws)
         print(f"calibration crops: {n_calib}, evaluation crops: {n_eval} (from disjoint photographs)")
         store = Store(tmp / "cache")
-        outcome = build(ws, store, ["//models:yolo", "//models:ocr_det", "//models:ocr_cls"], jobs=1)
+        outcome = build(ws, store, [f"//models:{m}" for m in MODELS], jobs=2)
         assert outcome.ok, outcome.errors
         seconds = {(a.stage, a.owner): outcome.result(a).seconds for a in outcome.actions}
         summary = []
