@@ -34,7 +34,7 @@ MODELS = {
     "yolo": "yolov8n",
     "ocr_det": "ppocr_det",
     "ocr_cls": "ppocr_cls",
-    "orientation": "orientation",
+    "orient": "orientation",  # npu_model names may not repeat the onnx_model's
     "ocr_rec": "ppocr_rec",
 }
 DATA = {
@@ -56,7 +56,7 @@ def add_corpus_models(ws: Path) -> None:
     corpus_models = (CORPUS / "models" / "BUILD").read_text()
     corpus_data = (CORPUS / "data" / "BUILD").read_text()
     models, data = [], []
-    for target, source in (("orientation", "orientation"), ("ocr_rec", "ppocr_rec")):
+    for target, source in (("orient", "orientation"), ("ocr_rec", "ppocr_rec")):
         block = re.search(rf'onnx_model\(\n    name = "{source}",.*?\n\)\n', corpus_models, re.S)
         models += [
             block[0],
