@@ -41,7 +41,7 @@ DATA = {
     "yolo": "yolo",
     "ocr_det": "ocr_det",
     "ocr_cls": "ocr_cls",
-    "orientation": "imagenet",
+    "orient": "imagenet",
     "ocr_rec": "ocr_rec",
 }
 CORPUS = Path(__file__).resolve().parent.parent / "corpus"
