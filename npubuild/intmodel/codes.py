@@ -27,3 +27,10 @@ def saturate(v: np.ndarray, bits: int) -> np.ndarray:
     """Clip to the range of `bits` (the array keeps its dtype)."""
     qmin, qmax = qrange(bits)
     return np.clip(v, qmin, qmax)
+
+
+def fits_integer(array: np.ndarray, dtype: np.dtype) -> bool:
+    """Whether every value of an integer array is one integer `dtype` holds (a cast there and back
+    would not notice a sign wrapped: uint64 2**63 is int64 -2**63)."""
+    info = np.iinfo(dtype)
+    return array.size == 0 or (int(array.min()) >= info.min and int(array.max()) <= info.max)

@@ -7,6 +7,7 @@ import numpy as np
 import onnx
 
 from npubuild.errors import UserError
+from npubuild.intmodel.codes import fits_integer
 from npubuild.stages.onnx_utils import dims
 
 
@@ -50,13 +51,6 @@ def _conform(array: np.ndarray, value: onnx.ValueInfoProto, what: str) -> np.nda
     raise UserError(
         f"{what} is {array.dtype}, but model input '{value.name}' is {want.name} (values would change)"
     )
-
-
-def fits_integer(array: np.ndarray, dtype: np.dtype) -> bool:
-    """Whether every value of an integer array is one `dtype` holds (a cast there and back would
-    not notice a sign wrapped: uint64 2**63 is int64 -2**63)."""
-    info = np.iinfo(dtype)
-    return array.size == 0 or (int(array.min()) >= info.min and int(array.max()) <= info.max)
 
 
 def _named_feeds(model: onnx.ModelProto, records: np.ndarray, count: int) -> list[dict[str, np.ndarray]]:

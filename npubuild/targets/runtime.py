@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import ValidationError
 
-from npubuild.intmodel.codes import dequantize
+from npubuild.intmodel.codes import dequantize, fits_integer
 from npubuild.targets import npub
 from npubuild.targets.isa import decode
 from npubuild.targets.meta import Meta
@@ -31,10 +31,7 @@ _ONNX_DTYPES = {
 
 
 def _fits(value: np.ndarray, want: np.dtype) -> bool:
-    if value.dtype.kind not in "iub" or want.kind not in "iu":
-        return False
-    info = np.iinfo(want)
-    return value.size == 0 or (int(value.min()) >= info.min and int(value.max()) <= info.max)
+    return value.dtype.kind in "iub" and want.kind in "iu" and fits_integer(value, want)
 
 
 def onnx_dtype(code: int) -> np.dtype:
