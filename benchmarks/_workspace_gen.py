@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import shutil
+import statistics
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "workspace_example"
@@ -81,3 +84,15 @@ def crop_workspace(
     text = text.replace('glob(["photos/eval/*"], exclude=["photos/eval/*.md"])', 'glob(["crops/eval/*.png"])')
     build.write_text(text)
     return counts
+
+
+def median_seconds(run: Callable, items: Sequence, rounds: int) -> float:
+    """Median wall time of run(item) over `rounds` passes through `items`, after one warm-up."""
+    run(items[0])
+    times = []
+    for _ in range(rounds):
+        for item in items:
+            started = time.perf_counter()
+            run(item)
+            times.append(time.perf_counter() - started)
+    return statistics.median(times)

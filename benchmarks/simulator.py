@@ -11,14 +11,12 @@ image after one warm-up. Prints the ratio (goal <= 10x).
 from __future__ import annotations
 
 import shutil
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _workspace_gen import EXAMPLE  # noqa: E402
+from _workspace_gen import EXAMPLE, median_seconds  # noqa: E402
 
 ROUNDS = 3
 
@@ -55,22 +53,12 @@ def main() -> None:
         float_model = session(onnx.load(out / "yolo" / "canonical.onnx"))
         name = float_model.get_inputs()[0].name
 
-        def per_image(run) -> float:
-            run(images[0])
-            times = []
-            for _ in range(ROUNDS):
-                for x in images:
-                    started = time.perf_counter()
-                    run(x)
-                    times.append(time.perf_counter() - started)
-            return statistics.median(times)
-
-        ort_s = per_image(lambda x: float_model.run(None, {name: x}))
+        ort_s = median_seconds(lambda x: float_model.run(None, {name: x}), images, ROUNDS)
         print(f"YOLOv8n, {len(images)} images x {ROUNDS} rounds, median per image")
         print(f"  onnxruntime float model: {ort_s * 1000:8.1f} ms")
         for label, target in (("yolo", "vnpu-m"), ("yolo_s", "vnpu-s")):
             runtime = Runtime(load(out / label / "model.npub"))
-            sim_s = per_image(lambda x, r=runtime: r.run({name: x}))
+            sim_s = median_seconds(lambda x, r=runtime: r.run({name: x}), images, ROUNDS)
             print(
                 f"  simulator, {target}:      {sim_s * 1000:8.1f} ms   "
                 f"ratio {sim_s / ort_s:5.1f}x (goal <= 10x)"

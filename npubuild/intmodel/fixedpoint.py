@@ -36,6 +36,8 @@ def rounding_shift(values: np.ndarray, n: np.ndarray | int) -> np.ndarray:
     half = np.where(n > 0, np.left_shift(np.int64(1), np.maximum(n - 1, 0)), 0)
     # -floor((-v + h) / 2^n) == floor((v + h - 1) / 2^n) for v < 0 and h = 2^(n-1): one
     # arithmetic shift instead of abs / shift / negate / select
+    if n.size and n.min() > 0:  # the usual case: (h - 1) + [v >= 0], two passes fewer
+        return np.right_shift(v + (half - 1) + (v >= 0), n)
     return np.right_shift(v + half - ((v < 0) & (n > 0)), n)
 
 

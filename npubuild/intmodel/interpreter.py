@@ -51,9 +51,9 @@ class Interpreter:
     def _is_q(self, name: str) -> bool:
         return name in self.tensors
 
-    def _value(self, op: Op, name: str) -> np.ndarray:
+    def _value(self, op: Op, env: dict, name: str) -> np.ndarray:
         consts = op.constants
-        return self.arrays[consts[name]] if name in consts else self._env[name]
+        return self.arrays[consts[name]] if name in consts else env[name]
 
     # ops --------------------------------------------------------------------------------------
     def _quantize(self, op, env):
@@ -84,11 +84,11 @@ class Interpreter:
         a = op.arrays
         shape = [1] * acc.ndim
         shape[channel_axis] = -1
-        acc = np.rint(acc).astype(np.int64) + self.arrays[a.bias].reshape(shape)
+        acc = acc.astype(np.int64) + self.arrays[a.bias].reshape(shape)  # acc holds exact integers
         y = requantize(acc, self.arrays[a.m0].reshape(shape), self.arrays[a.shift].reshape(shape))
-        out = op.outputs[0]
-        y = y + self.tensors[out].zero_point
-        return np.clip(y, op.attrs.min, op.attrs.max).astype(np.int32)
+        zp = self.tensors[op.outputs[0]].zero_point
+        y = np.clip(y, op.attrs.min - zp, op.attrs.max - zp, out=y)  # in place: one pass fewer
+        return (y + zp).astype(np.int32)
 
     def _conv(self, op, env):
         x = op.inputs[0]
@@ -105,8 +105,7 @@ class Interpreter:
         env[op.outputs[0]] = self._mac_finish(op, acc, acc.ndim - 1)
 
     def _operands(self, op, env):
-        self._env = env
-        return [self._value(op, n).astype(np.int64) for n in op.inputs]
+        return [self._value(op, env, n).astype(np.int64) for n in op.inputs]
 
     def _add(self, op, env):
         a, b = self._operands(op, env)
@@ -178,7 +177,7 @@ class Interpreter:
     def _lut(self, op, env):
         x = env[op.inputs[0]]
         table = self.arrays[op.arrays.table]
-        env[op.outputs[0]] = table[x.astype(np.int64) + op.attrs.offset]
+        env[op.outputs[0]] = np.take(table, x + op.attrs.offset)
 
     def _softmax(self, op, env):
         x = env[op.inputs[0]].astype(np.int64)
@@ -200,7 +199,6 @@ class Interpreter:
         env[op.outputs[0]] = np.clip(env[op.inputs[0]], op.attrs.min, op.attrs.max)
 
     def _move(self, op, env):
-        self._env = env
         x = env[op.inputs[0]]
         at = op.attrs
         consts = [self.arrays[op.constants[i]] if i in op.constants else None for i in op.inputs[1:]]

@@ -17,6 +17,7 @@ from npubuild.intmodel.interpreter import load_integer_model
 from npubuild.stages.feeds import samples_for, session
 from npubuild.stages.metrics import Agreement, OpAgreement, Top1, class_axis
 from npubuild.stages.onnx_utils import load_model, with_outputs, write_json
+from npubuild.stages.parallel import in_order, sample_workers
 
 OP_BY_OP_SAMPLES = 2
 EXPORT_COSINE = 0.999  # below this the QDQ export is a different model (issue 16)
@@ -63,25 +64,35 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     # deploys the export gets, measured rather than assumed
     export = {o.name: Agreement() for o in model.graph.output}
     within, total, exact = 0, 0, 0
-    for feed in feeds:
+
+    def measure(feed: dict) -> tuple:
+        """One sample through the three models; the layers' codes dequantized here, in the worker."""
         reference = dict(zip(fetch, float_session.run(fetch, feed)))
         result, env = interpreter.run(feed, keep=True)
+        qdq_out = dict(zip(qdq_fetch, qdq_session.run(qdq_fetch, feed)))
+        layer_terms = {
+            name: Agreement.terms(reference[name], dequantize(env[name], program.tensors[name]))
+            for name in layers
+        }
+        codes = {name: env[name] for name in program.outputs if name in program.tensors}
+        return reference, result, layer_terms, codes, qdq_out
+
+    # Samples run in threads (numpy, BLAS and onnxruntime release the GIL); every sum below takes
+    # them in sample order, so the report does not depend on the worker count.
+    for reference, result, layer_terms, codes, qdq_out in in_order(measure, feeds, sample_workers()):
         for name, agreement in outputs.items():
             agreement.update(reference[name], result[name])
             top1[name].update(reference[name], result[name])
         for name, agreement in layers.items():
-            agreement.update(reference[name], dequantize(env[name], program.tensors[name]))
-        qdq_out = dict(zip(qdq_fetch, qdq_session.run(qdq_fetch, feed)))
+            agreement.add(layer_terms[name])
         for name, agreement in export.items():
             agreement.update(result[name], qdq_out[name])
         if op_by_op.samples < OP_BY_OP_SAMPLES:
             op_by_op.update(interpreter, program, {t: qdq_out[f"{t}__q"] for t in program.tensors})
-        for name in program.outputs:
-            t = program.tensors.get(name)
-            if t is None:
-                continue
-            codes = np.rint(qdq_out[name].astype(np.float64) / t.scale) + t.zero_point
-            diff = np.abs(codes - env[name])
+        for name, value in codes.items():
+            t = program.tensors[name]
+            expected = np.rint(qdq_out[name].astype(np.float64) / t.scale) + t.zero_point
+            diff = np.abs(expected - value)
             within += int((diff <= 1).sum())
             exact += int((diff == 0).sum())
             total += diff.size

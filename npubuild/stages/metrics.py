@@ -22,19 +22,39 @@ class Agreement:
         self.nonfinite = 0
 
     def update(self, ref: np.ndarray, cand: np.ndarray) -> None:
-        r = np.asarray(ref, np.float64).reshape(-1)
-        c = np.asarray(cand, np.float64).reshape(-1)
-        finite = np.isfinite(r) & np.isfinite(c)
-        if not finite.all():  # NaN/Inf (e.g. log of 0) cannot be compared; count them instead
-            self.nonfinite += int((~finite).sum())
+        self.add(Agreement.terms(ref, cand))
+
+    @staticmethod
+    def terms(ref: np.ndarray, cand: np.ndarray) -> tuple:
+        """One sample's sums (dot, |r|^2, |c|^2, |r-c|^2, max|r-c|, elements, non-finite): the
+        heavy part, computed wherever the sample is; `add` takes them in sample order."""
+        # float32 tensors stay float32 here: every product, sum and difference is taken in float64
+        # (dot, np.subtract below) from the exact float64 value of each element
+        r = np.asarray(ref).reshape(-1)
+        c = np.asarray(cand).reshape(-1)
+        # a sum of squares of float32-range values is finite exactly when every value is: the
+        # usual case costs no extra pass
+        r2, c2 = dot(r, r), dot(c, c)
+        nonfinite = 0
+        if not (np.isfinite(r2) and np.isfinite(c2)):
+            # NaN/Inf (e.g. log of 0) cannot be compared; count them instead
+            finite = np.isfinite(r) & np.isfinite(c)
+            nonfinite = int((~finite).sum())
             r, c = r[finite], c[finite]
-        d = r - c
-        self.dot += dot(r, c)
-        self.ref2 += dot(r, r)
-        self.cand2 += dot(c, c)
-        self.err2 += dot(d, d)
-        self.max_abs = max(self.max_abs, float(np.max(np.abs(d))) if d.size else 0.0)
-        self.count += r.size
+            r2, c2 = dot(r, r), dot(c, c)
+        d = np.subtract(r, c, dtype=np.float64)
+        max_abs = float(np.max(np.abs(d))) if d.size else 0.0
+        return dot(r, c), r2, c2, dot(d, d), max_abs, r.size, nonfinite
+
+    def add(self, terms: tuple) -> None:
+        rc, r2, c2, d2, max_abs, count, nonfinite = terms
+        self.dot += rc
+        self.ref2 += r2
+        self.cand2 += c2
+        self.err2 += d2
+        self.max_abs = max(self.max_abs, max_abs)
+        self.count += count
+        self.nonfinite += nonfinite
 
     def result(self) -> dict:
         denom = math.sqrt(self.ref2 * self.cand2)

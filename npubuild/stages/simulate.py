@@ -37,11 +37,22 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     for feed in iterate_feeds(model, tensors, params["samples"]):
         samples += 1
         golden_out, env = interpreter.run(feed, keep=True)
+        runtime.sim.counts.clear()
+        runtime.sim.sram.high_water = 0
+        values: dict[str, np.ndarray] = {}
+        result = runtime.run(feed, values)
+        if counters is None:
+            counters = dict(runtime.sim.counts)
+            counters["sram_peak_bytes"] = runtime.sim.sram.high_water
         for k, sg in enumerate(runtime.subgraphs):
             if sg["device"] != "npu":
                 continue
-            local = {s["name"]: env[s["name"]] for s in sg["inputs"]}
-            runtime.run_npu(k, local)
+            golden_in = {s["name"]: env[s["name"]] for s in sg["inputs"]}
+            if all(np.array_equal(values[name], value) for name, value in golden_in.items()):
+                local = values  # the end-to-end run fed this subgraph the golden inputs already
+            else:  # a CPU part before it computed in onnxruntime: feed the golden values
+                local = dict(golden_in)
+                runtime.run_npu(k, local)
             for s in sg["outputs"]:
                 got = local[s["name"]].astype(np.int64).reshape(-1)
                 want = np.asarray(env[s["name"]]).astype(np.int64).reshape(-1)
@@ -50,12 +61,6 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
                 exact += same
                 if same != want.size and len(mismatches) < 10:
                     mismatches.append(f"subgraph {k}: {s['name']}: {want.size - same} of {want.size} differ")
-        runtime.sim.counts.clear()
-        runtime.sim.sram.high_water = 0
-        result = runtime.run(feed)
-        if counters is None:
-            counters = dict(runtime.sim.counts)
-            counters["sram_peak_bytes"] = runtime.sim.sram.high_water
         reference = dict(zip(outputs, float_session.run(outputs, feed)))
         qdq_out = dict(zip(outputs, qdq_session.run(outputs, feed)))
         for o in outputs:

@@ -172,10 +172,12 @@ class Runtime:
         for spec, value in zip(sg["outputs"], results):
             env[spec["name"]] = value
 
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, feeds: dict[str, np.ndarray], env: dict | None = None) -> dict[str, np.ndarray]:
+        """The outputs for `feeds`; a given `env` is filled with every subgraph's values."""
         self.check_inputs(feeds)
         dtypes = {spec["name"]: spec["dtype"] for spec in self.inputs}
-        env: dict[str, np.ndarray] = {k: np.asarray(v, dtypes.get(k, "float32")) for k, v in feeds.items()}
+        env = {} if env is None else env
+        env.update({k: np.asarray(v, dtypes.get(k, "float32")) for k, v in feeds.items()})
         for k, sg in enumerate(self.subgraphs):
             try:
                 with np.errstate(all="ignore"):  # a forged binary's NaNs are its own business
