@@ -350,3 +350,48 @@ def test_quantize_float_matches_onnx_quantizelinear():
         quantize_float(x, TensorQuant(**t(0.05, 3))).tolist()
         == sess.run(None, {"x": x})[0].astype(np.int32).tolist()
     )
+
+
+@pytest.mark.parametrize(
+    "shape, kernel, group, stride, dilation, limit",
+    [
+        ((2, 64, 9, 11), 3, 1, 1, 1, 255),  # 576 terms of 255 x 127: past float32's exact range
+        ((1, 8, 10, 10), 3, 1, 2, 1, 255),  # few terms: float32
+        ((1, 32, 12, 12), 3, 32, 1, 2, 32767),  # depthwise, int16 inputs
+        ((1, 48, 7, 7), 1, 1, 1, 1, 32767),  # 1x1 on the input itself, int16 inputs
+        ((1, 24, 9, 9), 3, 4, 2, 1, 32767),  # grouped
+    ],
+)
+def test_conv_accumulate_is_exact_in_float32_and_float64(shape, kernel, group, stride, dilation, limit):
+    """Against the same convolution summed in int64 by explicit windows: the float type the kernel
+    picks must hold every partial sum exactly."""
+    from npubuild.intmodel.kernels import conv_accumulate
+    from npubuild.intmodel.program import ConvGeometry
+
+    rng = np.random.default_rng(7)
+    n, c, h, w = shape
+    cout = c * 2 if group == c else 16
+    x = rng.integers(-limit, limit + 1, shape).astype(np.float64)
+    wt = rng.integers(-127, 128, (cout, c // group, kernel, kernel)).astype(np.int8)
+    # one output far from 0 and odd: above 2^24 float32 holds only even integers
+    x[0] = limit
+    x[0, 0, 1, 1] = limit - 1
+    wt[0] = 127
+    attrs = ConvGeometry(strides=[stride] * 2, pads=[1] * 4, dilations=[dilation] * 2, group=group)
+    got = conv_accumulate(x, wt, attrs)
+    xp = np.pad(x.astype(np.int64), [(0, 0), (0, 0), (1, 1), (1, 1)])
+    oh, ow = got.shape[2:]
+    cg, og = c // group, cout // group
+    want = np.zeros(got.shape, np.int64)
+    for o in range(cout):
+        g = o // og
+        for i in range(kernel):
+            for j in range(kernel):
+                patch = xp[
+                    :,
+                    g * cg : (g + 1) * cg,
+                    i * dilation : i * dilation + (oh - 1) * stride + 1 : stride,
+                    j * dilation : j * dilation + (ow - 1) * stride + 1 : stride,
+                ]
+                want[:, o] += np.einsum("nchw,c->nhw", patch, wt[o, :, i, j].astype(np.int64))
+    assert np.array_equal(got.astype(np.int64), want)

@@ -260,3 +260,44 @@ def test_int16_layers_keep_large_biases_exact(tmp_path):
     (out,) = report["outputs"].values()
     assert out["sqnr_db"] > 60
     assert report["golden_vs_qdq"]["op_by_op"]["within_1_lsb"] == 1.0
+
+
+def test_evaluate_report_does_not_depend_on_the_sample_threads(tmp_path, monkeypatch):
+    """Samples run in threads; every sum takes them in sample order, so one thread and three give
+    the same bytes (and the threads do run: each sample is measured on a different thread)."""
+    import threading
+
+    from npubuild.stages import parallel
+
+    samples = RNG.normal(size=(7, 3, 8, 8)).astype(np.float32) * 3
+    model = small_model()
+    reports, threads = [], set()
+    original = parallel.in_order
+
+    def spying(work, items, workers):
+        def traced(item):
+            threads.add(threading.get_ident())
+            return work(item)
+
+        return original(traced, items, workers)
+
+    monkeypatch.setattr("npubuild.stages.evaluate.in_order", spying)
+    for count in ("1", "3"):
+        monkeypatch.setenv("NPUBUILD_SAMPLE_THREADS", count)
+        (tmp_path / count).mkdir()
+        pipeline(tmp_path / count, model, samples=samples)
+        reports.append((tmp_path / count / "e" / "accuracy.json").read_bytes())
+    assert reports[0] == reports[1]
+    assert len(threads) >= 2
+
+
+def test_in_order_yields_in_item_order_whatever_finishes_first():
+    import time
+
+    from npubuild.stages.parallel import in_order
+
+    def slow_first(i: int) -> int:
+        time.sleep(0.05 if i % 3 == 0 else 0.0)
+        return i * i
+
+    assert list(in_order(slow_first, range(10), 3)) == [i * i for i in range(10)]
