@@ -301,3 +301,30 @@ def test_in_order_yields_in_item_order_whatever_finishes_first():
         return i * i
 
     assert list(in_order(slow_first, range(10), 3)) == [i * i for i in range(10)]
+
+
+def test_an_int8_only_probe_measures_int8_tables_as_the_full_one_and_refuses_int16(tmp_path):
+    """The sensitivity pass's probe leaves out the int16 pairs when the settings plan none: the
+    same metrics for every int8/float table, and a table that needs int16 is an error, not a
+    silently wrong measurement."""
+    from npubuild.stages.feeds import iterate_feeds
+    from npubuild.stages.quantize.probe import PrecisionProbe
+
+    model = small_model()
+    cal, _, _, _ = pipeline(tmp_path, model)
+    arrays, stats = tensorfile.load(cal["stats"])
+    samples = RNG.normal(size=(5, 3, 8, 8)).astype(np.float32)
+    feeds = list(iterate_feeds(model, samples, 5))
+    settings = {**SETTINGS, "overrides": []}
+    assert PrecisionProbe.planned_widths(model, stats["tensors"], arrays, settings) == (8,)
+    full = PrecisionProbe(model, stats["tensors"], arrays, settings, feeds)
+    narrow = PrecisionProbe(model, stats["tensors"], arrays, settings, feeds, (8,))
+    units = full.layers.units
+    assert len(narrow.switchable.graph.node) < len(full.switchable.graph.node)
+    all_float = {u: "float" for u in units}
+    tables = [{}, {units[0]: "float"}, all_float, {**all_float, units[1]: "int8"}]
+    for table in tables:
+        assert narrow.run(table) == full.run(table)
+    assert full.run({units[0]: "int16"}) != full.run({})
+    with pytest.raises(ValueError, match="widths"):
+        narrow.run({units[0]: "int16"})

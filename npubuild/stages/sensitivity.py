@@ -22,7 +22,10 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     model = load_model(inputs["model"], "the optimized model")
     stats_arrays, stats = tensorfile.load(inputs["stats"])
     feeds = list(iterate_feeds(model, SampleFile(inputs["evaluation"]), params["samples"]))
-    probe = PrecisionProbe(model, stats["tensors"], stats_arrays, params["quantize"], feeds)
+    # int8 tables only: a probe without the int16 pairs, unless the settings themselves plan
+    # 16-bit tensors (activation_bits 16, a Softmax output's grid)
+    planned = PrecisionProbe.planned_widths(model, stats["tensors"], stats_arrays, params["quantize"])
+    probe = PrecisionProbe(model, stats["tensors"], stats_arrays, params["quantize"], feeds, planned)
     units = probe.layers.units
     all_int8 = probe.run({})
     all_float = {u: "float" for u in units}

@@ -18,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from npubuild.intmodel.ops import MAC_OPS
 from npubuild.stages.feeds import session
 from npubuild.stages.metrics import Agreement
+from npubuild.stages.parallel import in_order, sample_workers
 from npubuild.stages.quantize.integer_model import build_integer_model
 from npubuild.stages.quantize.planning import Planner, node_label
 from npubuild.stages.quantize.precision import Layers, precision_overrides
@@ -33,8 +34,12 @@ class PrecisionProbe:
         stats_arrays: dict,
         settings: dict,
         feeds: list[dict[str, np.ndarray]],
+        widths: tuple[int, ...] = (8, 16),
     ):
+        """`widths`: the activation widths a run may ask for; a pass that never asks for int16
+        (the sensitivity pass of int8 tables) builds a graph with half the Q/DQ pairs."""
         self.model = model
+        self.widths = tuple(sorted(widths))
         self.stats_meta, self.stats_arrays = stats_meta, stats_arrays
         self.settings = settings
         self.feeds = feeds
@@ -46,6 +51,12 @@ class PrecisionProbe:
         self.runs = 0
         float_session = session(model)
         self.references = [float_session.run(self.outputs, f) for f in feeds]
+
+    @staticmethod
+    def planned_widths(model, stats_meta: dict, stats_arrays: dict, settings: dict) -> tuple[int, ...]:
+        """The activation widths the quantizer plans with these settings and no precision table."""
+        plan = Planner(model, stats_meta, stats_arrays, {"overrides": [], **settings}).build()
+        return tuple(sorted({8} | {t["bits"] for t in plan.tensors.values()}))
 
     def _planner(self, settings: dict | None = None) -> Planner:
         """The quantizer's planner over this model, sharing the range cache across every use."""
@@ -64,16 +75,17 @@ class PrecisionProbe:
         initializers = {t.name: t for t in g.initializer}
         new_nodes: list[onnx.NodeProto] = []
         new_inits: list[onnx.TensorProto] = []
-        self.tensor_switches: dict[str, tuple[str, str]] = {}
+        self.tensor_switches: dict[str, dict[int, str]] = {}
         self.weight_switches: dict[str, str] = {}
         rename: dict[str, str] = {}
         graph_outputs = {o.name for o in g.output}
 
         def switch_tensor(name: str, source: str | None = None) -> list[onnx.NodeProto]:
-            """Where(on16, QDQ16(x), Where(on8, QDQ8(x), x)) with `name`'s parameters, reading `source`."""
+            """Where(on16, QDQ16(x), Where(on8, QDQ8(x), x)) with `name`'s parameters, reading `source`
+            (one Where per width the probe was built for)."""
             source = source or name
-            nodes, variants = [], {}
-            for bits in (8, 16):
+            nodes, flags, selected = [], {}, source
+            for bits in self.widths:
                 p = self._params(name, bits)
                 dtype = TensorProto.INT8 if bits == 8 else TensorProto.INT16
                 domain = "" if bits == 8 else "com.microsoft"
@@ -83,13 +95,12 @@ class PrecisionProbe:
                 q, dq = f"{name}__q{bits}", f"{name}__dq{bits}"
                 nodes.append(helper.make_node("QuantizeLinear", [source, s, z], [q], domain=domain))
                 nodes.append(helper.make_node("DequantizeLinear", [q, s, z], [dq], domain=domain))
-                variants[bits] = dq
-            on8, on16 = f"{name}__on8", f"{name}__on16"
-            mid, out = f"{name}__sel8", f"{name}__probe"
-            nodes.append(helper.make_node("Where", [on8, variants[8], source], [mid]))
-            nodes.append(helper.make_node("Where", [on16, variants[16], mid], [out]))
-            self.tensor_switches[name] = (on8, on16)
-            rename[name] = out
+                flags[bits] = f"{name}__on{bits}"
+                out = f"{name}__sel{bits}" if bits != self.widths[-1] else f"{name}__probe"
+                nodes.append(helper.make_node("Where", [flags[bits], dq, selected], [out]))
+                selected = out
+            self.tensor_switches[name] = flags
+            rename[name] = selected
             return nodes
 
         for value in g.input:
@@ -155,8 +166,9 @@ class PrecisionProbe:
         g.node.extend(new_nodes)
         g.initializer.extend(new_inits)
         del g.value_info[:]
-        switches = [*self.tensor_switches.values(), *self.constant_switches.values()]
-        for flag in [f for pair in switches for f in pair] + list(self.weight_switches.values()):
+        flags = [f for by_width in self.tensor_switches.values() for f in by_width.values()]
+        flags += [f for pair in self.constant_switches.values() for f in pair]
+        for flag in flags + list(self.weight_switches.values()):
             g.input.append(helper.make_tensor_value_info(flag, TensorProto.BOOL, []))
         if not any(o.domain == "com.microsoft" for o in model.opset_import):
             model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
@@ -278,32 +290,43 @@ class PrecisionProbe:
         opset = next((o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx")), 13)
         program = parse(meta, "the integer model of a precision table")
         interpreter = Interpreter(program, arrays, list(self.model.functions), {"": opset, "npubuild": 1})
-        agreement = Agreement()
-        for feed, reference in zip(self.feeds, self.references):
+        def measure(sample: tuple) -> list[tuple]:
+            feed, reference = sample
             outputs, _ = interpreter.run(feed)
-            for name, r in zip(self.outputs, reference):
-                agreement.update(r, outputs[name])
+            return [Agreement.terms(r, outputs[name]) for name, r in zip(self.outputs, reference)]
+
         self.runs += 1
-        return agreement.result()
+        return self._agreement(measure)
 
     def run(self, table: dict[str, str]) -> dict:
         bits, integer_nodes = self.plan(table)
         flags = {}
         true, false = np.array(True), np.array(False)
-        for name, (on8, on16) in self.tensor_switches.items():
+        for name, by_width in self.tensor_switches.items():
             b = bits.get(name)
-            flags[on8] = true if b == 8 else false
-            flags[on16] = true if b == 16 else false
+            if b is not None and b not in by_width:
+                raise ValueError(f"the probe was built for widths {self.widths}; '{name}' needs {b}")
+            for width, flag in by_width.items():
+                flags[flag] = true if b == width else false
         for label, flag in self.weight_switches.items():
             flags[flag] = true if label in integer_nodes else false
         for label, (on8, on16) in self.constant_switches.items():
             b = self.constant_bits.get(label) if label in integer_nodes else None
             flags[on8] = true if b == 8 else false
             flags[on16] = true if b == 16 else false
-        agreement = Agreement()
-        for feed, reference in zip(self.feeds, self.references):
+        def measure(sample: tuple) -> list[tuple]:
+            feed, reference = sample
             result = self.session.run(self.outputs, {**feed, **flags})
-            for r, c in zip(reference, result):
-                agreement.update(r, c)
+            return [Agreement.terms(r, c) for r, c in zip(reference, result)]
+
         self.runs += 1
+        return self._agreement(measure)
+
+    def _agreement(self, measure) -> dict:
+        """The outputs' agreement over the samples, each measured in a thread, summed in order."""
+        agreement = Agreement()
+        samples = list(zip(self.feeds, self.references))
+        for terms in in_order(measure, samples, sample_workers()):
+            for t in terms:
+                agreement.add(t)
         return agreement.result()
