@@ -97,7 +97,6 @@ def conv_accumulate(xc: np.ndarray, w: np.ndarray, attrs: ConvGeometry) -> np.nd
         cols = np.empty((n, c, taps, size), dtype)
         for k, tap in enumerate(np.ndindex(*kernel)):
             cols[:, :, k] = x[tap_slice(tap)].reshape(n, c, size)
-        cols = cols.reshape(n, group, cg * taps, size)
     cols = cols.reshape(n, group, cg * taps, size)
     wmat = wf.reshape(group, og, cg * taps)
     out = np.matmul(wmat[None], cols)  # [N, group, og, size]
