@@ -96,3 +96,17 @@ def median_seconds(run: Callable, items: Sequence, rounds: int) -> float:
             run(item)
             times.append(time.perf_counter() - started)
     return statistics.median(times)
+
+
+def onnxruntime_baselines(model_path: Path) -> dict[str, object]:
+    """Two onnxruntime sessions of the float model, the baselines a speed ratio is taken against:
+    "default" as a user runs it (every graph rewrite, onnxruntime's own thread count) and
+    "reference" as npubuild's stages run it (one thread, no rewrites: stages/feeds.session)."""
+    import onnx
+    import onnxruntime as ort
+
+    from npubuild.stages.feeds import session
+
+    model = onnx.load(model_path)
+    default = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return {"default": default, "reference": session(model)}

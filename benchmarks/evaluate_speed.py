@@ -5,13 +5,16 @@ detectors: YOLOv8n (320x320), PP-OCRv4 det (480x480) and YOLOv8n pinned at 640x6
 
 Builds the three npu_models from the example workspace's photos, then times, in the same run and
 on the same evaluation images (each after one warm-up):
-- onnxruntime on the imported float model, one image at a time (its default threads);
+- onnxruntime on the imported float model, one image at a time, twice: as a user runs it (every
+  graph rewrite, its default threads: the ratios' baseline) and as npubuild's stages run it (one
+  thread, no rewrites: the "ref" columns);
 - the golden interpreter one image at a time (what one sample costs);
 - the golden interpreter as the evaluate stage runs it: samples in threads (stages/parallel.py,
   BLAS at one thread each), total time over the images (what a user waits for per image);
 - the evaluate stage's own wall time from the build, per image (it also runs the float and QDQ
   models with every layer exposed and compares every layer).
-Prints each as a ratio to onnxruntime (issue 17's bar: the golden interpreter <= 5x).
+Prints each as a ratio to onnxruntime's default session (issue 17's bar: the golden interpreter
+<= 5x) and, after the slash, to the one-thread reference session.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _workspace_gen import EXAMPLE, median_seconds  # noqa: E402
+from _workspace_gen import EXAMPLE, median_seconds, onnxruntime_baselines  # noqa: E402
 
 ROUNDS = 2
 EXTRA = """
@@ -57,7 +60,7 @@ def main() -> None:
     from npubuild.cache.store import Store
     from npubuild.engine.run import build
     from npubuild.intmodel.interpreter import load_integer_model
-    from npubuild.stages.feeds import samples_for, session
+    from npubuild.stages.feeds import samples_for
     from npubuild.stages.parallel import in_order, sample_workers
 
     tmp = Path(tempfile.mkdtemp(prefix="npubuild-evalspeed-"))
@@ -76,28 +79,33 @@ def main() -> None:
         workers = sample_workers()
         print(f"golden interpreter vs onnxruntime float, per image; {workers} sample threads")
         print(
-            f"  {'model':<9} {'images':>6} {'ORT ms':>8} {'golden 1 ms':>12} {'ratio':>6} "
-            f"{'golden stage ms':>16} {'ratio':>6} {'evaluate ms':>12} {'ratio':>6}"
+            f"  {'model':<9} {'images':>6} {'ORT ms':>7} {'ref ms':>7} {'golden 1 ms':>12} {'ratio':>11} "
+            f"{'golden stage ms':>16} {'ratio':>11} {'evaluate ms':>12} {'ratio':>11}"
         )
         for label, data in MODELS.items():
             out = ws / "npubuild-out" / "models" / label
             model = onnx.load(out / "optimized.onnx")
             tensors = np.load(ws / "npubuild-out" / "data" / data / "tensors.npy")
             feeds = samples_for(model, tensors, len(tensors))
-            float_model = session(onnx.load(out / "canonical.onnx"))
+            baselines = onnxruntime_baselines(out / "canonical.onnx")
             _, _, interpreter = load_integer_model(out / "quantized.npq")
 
-            ort_s = median_seconds(partial(float_model.run, None), feeds, ROUNDS)
+            ort_s = median_seconds(partial(baselines["default"].run, None), feeds, ROUNDS)
+            ref_s = median_seconds(partial(baselines["reference"].run, None), feeds, ROUNDS)
             golden_s = median_seconds(interpreter.run, feeds, ROUNDS)
             started = time.perf_counter()
             for _ in in_order(interpreter.run, feeds, workers):
                 pass
             stage_s = (time.perf_counter() - started) / len(feeds)
             evaluate_s = stage_seconds[("evaluate", f"//models:{label}")] / len(feeds)
+
+            def ratios(seconds: float, ort_s: float = ort_s, ref_s: float = ref_s) -> str:
+                return f"{seconds / ort_s:5.1f}x/{seconds / ref_s:4.1f}x"
+
             print(
-                f"  {label:<9} {len(feeds):>6} {ort_s * 1e3:>8.1f} {golden_s * 1e3:>12.1f} "
-                f"{golden_s / ort_s:>5.1f}x {stage_s * 1e3:>16.1f} {stage_s / ort_s:>5.1f}x "
-                f"{evaluate_s * 1e3:>12.1f} {evaluate_s / ort_s:>5.1f}x"
+                f"  {label:<9} {len(feeds):>6} {ort_s * 1e3:>7.1f} {ref_s * 1e3:>7.1f} "
+                f"{golden_s * 1e3:>12.1f} {ratios(golden_s)} {stage_s * 1e3:>16.1f} {ratios(stage_s)} "
+                f"{evaluate_s * 1e3:>12.1f} {ratios(evaluate_s)}"
             )
         store.close()
     finally:

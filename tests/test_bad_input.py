@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from conftest import CLS, cli, write
+from conftest import CLS, cli, make_small_ws, write
 from npubuild.cache.store import Store
 
 
@@ -34,13 +34,22 @@ def ac_entries(cache) -> int:
         store.close()
 
 
-@pytest.fixture
-def built(small_ws, tmp_path):
-    """The small workspace, built once through the CLI; returns (workspace, cache)."""
-    cache = tmp_path / "cache"
-    proc = cli(["build", "//...", "-j", "1"], small_ws, cache)
+@pytest.fixture(scope="module")
+def built_once(tmp_path_factory, cls_model):
+    """The small workspace, built once per module through the CLI."""
+    root = tmp_path_factory.mktemp("built")
+    ws, cache = make_small_ws(root / "ws", cls_model), root / "cache"
+    proc = cli(["build", "//...", "-j", "1"], ws, cache)
     assert proc.returncode == 0, proc.stderr
-    return small_ws, cache
+    return ws, cache
+
+
+@pytest.fixture
+def built(built_once, tmp_path):
+    """A private copy of the built workspace and its cache (each test edits and rebuilds its own);
+    returns (workspace, cache)."""
+    ws, cache = (shutil.copytree(src, tmp_path / src.name, symlinks=True) for src in built_once)
+    return ws, cache
 
 
 def edit(path, old, new):

@@ -31,14 +31,27 @@ def quantize_multiplier(m: float) -> tuple[int, int]:
 
 def rounding_shift(values: np.ndarray, n: np.ndarray | int) -> np.ndarray:
     """values / 2^n rounded half away from zero (int64 in, int64 out); n >= 0."""
-    v = np.asarray(values, dtype=np.int64)
+    return _rounding_shift_in_place(np.array(values, dtype=np.int64), n)
+
+
+def _rounding_shift_in_place(v: np.ndarray, n: np.ndarray | int) -> np.ndarray:
+    """rounding_shift of an int64 array the caller owns, overwriting it: the golden interpreter's
+    tensors are large and memory-bound, so every temporary of their size costs a pass."""
     n = np.asarray(n, dtype=np.int64)
+    if np.broadcast_shapes(v.shape, n.shape) != v.shape:  # n has axes v lacks
+        v = np.array(np.broadcast_to(v, np.broadcast_shapes(v.shape, n.shape)))
     half = np.where(n > 0, np.left_shift(np.int64(1), np.maximum(n - 1, 0)), 0)
     # -floor((-v + h) / 2^n) == floor((v + h - 1) / 2^n) for v < 0 and h = 2^(n-1): one
     # arithmetic shift instead of abs / shift / negate / select
-    if n.size and n.min() > 0:  # the usual case: (h - 1) + [v >= 0], two passes fewer
-        return np.right_shift(v + (half - 1) + (v >= 0), n)
-    return np.right_shift(v + half - ((v < 0) & (n > 0)), n)
+    if n.size and n.min() > 0:  # the usual case: v + (h - 1) + [v >= 0]
+        nonnegative = v >= 0
+        v += half - 1
+        v += nonnegative
+    else:
+        negative_and_shifted = (v < 0) & (n > 0)
+        v += half
+        v -= negative_and_shifted
+    return np.right_shift(v, n, out=v)
 
 
 def requantize(acc: np.ndarray, m0: np.ndarray | int, shift: np.ndarray | int) -> np.ndarray:
@@ -49,7 +62,7 @@ def requantize(acc: np.ndarray, m0: np.ndarray | int, shift: np.ndarray | int) -
     left = np.maximum(-total, 0)
     right = np.maximum(total, 0)
     scaled = np.left_shift(acc, left) * m0 if left.any() else acc * m0
-    return rounding_shift(scaled, right)
+    return _rounding_shift_in_place(scaled, right)
 
 
 # Element-wise adds rescale both sides to a common fixed-point grid with this many fraction bits.
@@ -58,3 +71,23 @@ ADD_FRACTION_BITS = 20
 
 def add_multiplier(ratio: float) -> int:
     return int(round(ratio * (1 << ADD_FRACTION_BITS)))
+
+
+def add_rescaled(a: np.ndarray, za: int, ma: int, b: np.ndarray, zb: int, mb: int) -> np.ndarray:
+    """The element-wise add's sum before its zero point: both sides on the common grid of
+    ADD_FRACTION_BITS fraction bits, added and rounded back (int64; a and b broadcast)."""
+    x = np.subtract(a, za, dtype=np.int64)
+    x *= ma
+    y = np.subtract(b, zb, dtype=np.int64)
+    y *= mb
+    total = np.add(x, y, out=x) if x.shape == np.broadcast_shapes(x.shape, y.shape) else x + y
+    return _rounding_shift_in_place(total, ADD_FRACTION_BITS)
+
+
+def multiply_requantized(a: np.ndarray, za: int, b: np.ndarray, zb: int, m0: int, shift: int) -> np.ndarray:
+    """The element-wise product (a - za) * (b - zb) requantised by (m0, shift), before its zero
+    point (int64; a and b broadcast)."""
+    x = np.subtract(a, za, dtype=np.int64)
+    y = np.subtract(b, zb, dtype=np.int64)
+    product = np.multiply(x, y, out=x) if x.shape == np.broadcast_shapes(x.shape, y.shape) else x * y
+    return requantize(product, m0, shift)

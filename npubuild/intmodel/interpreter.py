@@ -15,7 +15,7 @@ import onnx
 
 from npubuild.intmodel import tensorfile
 from npubuild.intmodel.codes import dequantize, qrange, quantize_float, saturate
-from npubuild.intmodel.fixedpoint import ADD_FRACTION_BITS, requantize, rounding_shift
+from npubuild.intmodel.fixedpoint import add_rescaled, multiply_requantized, requantize
 from npubuild.intmodel.kernels import (
     conv_accumulate,
     conv_transpose_accumulate,
@@ -86,9 +86,8 @@ class Interpreter:
         shape[channel_axis] = -1
         acc = acc.astype(np.int64) + self.arrays[a.bias].reshape(shape)  # acc holds exact integers
         y = requantize(acc, self.arrays[a.m0].reshape(shape), self.arrays[a.shift].reshape(shape))
-        zp = self.tensors[op.outputs[0]].zero_point
-        y = np.clip(y, op.attrs.min - zp, op.attrs.max - zp, out=y)  # in place: one pass fewer
-        return (y + zp).astype(np.int32)
+        y += self.tensors[op.outputs[0]].zero_point
+        return np.clip(y, op.attrs.min, op.attrs.max, out=y).astype(np.int32)  # in place: a pass fewer
 
     def _conv(self, op, env):
         x = op.inputs[0]
@@ -108,20 +107,16 @@ class Interpreter:
         return [self._value(op, env, n).astype(np.int64) for n in op.inputs]
 
     def _add(self, op, env):
-        a, b = self._operands(op, env)
+        a, b = (self._value(op, env, n) for n in op.inputs)
         at = op.attrs
-        acc = (a - at.za) * at.ma + (b - at.zb) * at.mb
         out = op.outputs[0]
-        t = self.tensors[out]
-        env[out] = _saturate32(rounding_shift(acc, ADD_FRACTION_BITS) + t.zero_point, t.bits)
+        env[out] = _codes(add_rescaled(a, at.za, at.ma, b, at.zb, at.mb), self.tensors[out])
 
     def _mul(self, op, env):
-        a, b = self._operands(op, env)
+        a, b = (self._value(op, env, n) for n in op.inputs)
         at = op.attrs
         out = op.outputs[0]
-        t = self.tensors[out]
-        y = requantize((a - at.za) * (b - at.zb), at.m0, at.shift) + t.zero_point
-        env[out] = _saturate32(y, t.bits)
+        env[out] = _codes(multiply_requantized(a, at.za, b, at.zb, at.m0, at.shift), self.tensors[out])
 
     def _batch_matmul(self, op, env):
         a, b = self._operands(op, env)
@@ -253,6 +248,12 @@ class Interpreter:
         qmin = qrange(self.tensors[op.inputs[0]].bits)[0]
         win = windows(x, kernel, attrs.strides, attrs.dilations, pads, qmin)
         return win.max(axis=tuple(range(-nd, 0))).astype(np.int32)
+
+
+def _codes(v: np.ndarray, t) -> np.ndarray:
+    """int32 codes of an int64 result before its zero point (v is overwritten: one pass fewer)."""
+    v += t.zero_point
+    return np.clip(v, *qrange(t.bits), out=v).astype(np.int32)
 
 
 def _saturate32(v: np.ndarray, bits: int) -> np.ndarray:

@@ -16,7 +16,7 @@ from collections import Counter, OrderedDict
 import numpy as np
 
 from npubuild.intmodel.codes import saturate
-from npubuild.intmodel.fixedpoint import ADD_FRACTION_BITS, requantize, rounding_shift
+from npubuild.intmodel.fixedpoint import add_rescaled, multiply_requantized, requantize
 from npubuild.intmodel.kernels import conv_accumulate, conv_transpose_accumulate, windows
 from npubuild.intmodel.program import ConvGeometry
 from npubuild.intmodel.rowwise import EPS_CODES_MAX, layernorm_rows, softmax_rows
@@ -244,8 +244,8 @@ class Simulator:
 
     # --- vector unit ----------------------------------------------------------------------------
     def _operands(self, a: dict):
-        x = self.sram.view(a["a"], a["a_bits"], [a[f"a{i}"] for i in range(4)]).astype(np.int64)
-        y = self.sram.view(a["b"], a["b_bits"], [a[f"b{i}"] for i in range(4)]).astype(np.int64)
+        x = self.sram.view(a["a"], a["a_bits"], [a[f"a{i}"] for i in range(4)])
+        y = self.sram.view(a["b"], a["b_bits"], [a[f"b{i}"] for i in range(4)])
         shape = tuple(a[f"o{i}"] for i in range(4))
         try:
             if np.broadcast_shapes(x.shape, y.shape) != shape:
@@ -256,13 +256,12 @@ class Simulator:
 
     def _add(self, a: dict) -> None:
         x, y = self._operands(a)
-        acc = (x - a["za"]) * a["ma"] + (y - a["zb"]) * a["mb"]
-        out = saturate(rounding_shift(acc, ADD_FRACTION_BITS) + a["out_zp"], a["out_bits"])
-        self.sram.write(a["dst"], a["out_bits"], out)
+        out = add_rescaled(x, a["za"], a["ma"], y, a["zb"], a["mb"]) + a["out_zp"]
+        self.sram.write(a["dst"], a["out_bits"], saturate(out, a["out_bits"]))
 
     def _mul(self, a: dict) -> None:
         x, y = self._operands(a)
-        out = requantize((x - a["za"]) * (y - a["zb"]), a["m0"], a["shift"]) + a["out_zp"]
+        out = multiply_requantized(x, a["za"], y, a["zb"], a["m0"], a["shift"]) + a["out_zp"]
         self.sram.write(a["dst"], a["out_bits"], saturate(out, a["out_bits"]))
 
     def _requant(self, a: dict) -> None:

@@ -290,6 +290,7 @@ class PrecisionProbe:
         opset = next((o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx")), 13)
         program = parse(meta, "the integer model of a precision table")
         interpreter = Interpreter(program, arrays, list(self.model.functions), {"": opset, "npubuild": 1})
+
         def measure(sample: tuple) -> list[tuple]:
             feed, reference = sample
             outputs, _ = interpreter.run(feed)
@@ -314,6 +315,7 @@ class PrecisionProbe:
             b = self.constant_bits.get(label) if label in integer_nodes else None
             flags[on8] = true if b == 8 else false
             flags[on16] = true if b == 16 else false
+
         def measure(sample: tuple) -> list[tuple]:
             feed, reference = sample
             result = self.session.run(self.outputs, {**feed, **flags})
