@@ -116,11 +116,31 @@ class Workspace:
             if target.attrs.evaluation:
                 found.append(self.dep(target, "evaluation", ("dataset",)))
             if target.attrs.target not in BUILTIN_TARGETS:
-                found.append(self.dep(target, "target", ("npu_target",)))
+                found.append(self.hardware(target, "target"))
             return found
         if target.kind == "npu_target" and target.attrs.base not in BUILTIN_TARGETS:
-            return [self.dep(target, "base", ("npu_target",))]
+            return [self.hardware(target, "base")]
         return []
+
+    def hardware(self, owner: Target, attr: str) -> Target:
+        """The npu_target that `target` (of an npu_model) or `base` (of an npu_target) names when it
+        is not a built-in; a bare name that is neither is taken for a mistyped built-in."""
+        text = getattr(owner.attrs, attr)
+        try:
+            return self.dep(owner, attr, ("npu_target",))
+        except UserError as exc:
+            if ":" in text or "/" in text or not exc.message.startswith("no target"):
+                raise
+            import difflib
+
+            known = sorted(BUILTIN_TARGETS)
+            close = difflib.get_close_matches(text, known, n=1)
+            hint = f"did you mean '{close[0]}'? " if close else ""
+            raise UserError(
+                f"{owner.kind} {owner.label}: attribute '{attr}': no built-in target '{text}' ({hint}"
+                f"built-in targets: {', '.join(known)}; or the label of an npu_target, e.g. ':my_npu')",
+                owner.where(attr),
+            ) from None
 
     def check_acyclic(self, roots: list[Target]) -> None:
         state: dict[Label, int] = {}  # 1 visiting, 2 done
@@ -145,12 +165,12 @@ class Workspace:
             name = target.attrs.target
             if name in BUILTIN_TARGETS:
                 return BUILTIN_TARGETS[name]
-            return self.target_spec(self.dep(target, "target", ("npu_target",)))
+            return self.target_spec(self.hardware(target, "target"))
         base_name = target.attrs.base
         base = (
             BUILTIN_TARGETS[base_name]
             if base_name in BUILTIN_TARGETS
-            else self.target_spec(self.dep(target, "base", ("npu_target",)))
+            else self.target_spec(self.hardware(target, "base"))
         )
         fields = dict(target.attrs.model_extra or {})
         from pydantic import ValidationError

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,12 +109,27 @@ def package_builtins(
     def pypi_file(args: list[Any], kwargs: dict[str, Arg], location: Location) -> PypiFile:
         if args:
             raise UserError("pypi_file() takes keyword arguments only", location)
+        if "sha256" not in kwargs:
+            raise UserError(_missing_sha256(kwargs), location)
         return validate(PypiFile, "pypi_file", kwargs, location)  # type: ignore[return-value]
 
     builtins: dict[str, Builtin] = {kind: make_rule(kind, schema) for kind, schema in RULES.items()}
     builtins["glob"] = glob
     builtins["pypi_file"] = pypi_file
     return builtins
+
+
+def _missing_sha256(kwargs: dict[str, Arg]) -> str:
+    """The error for a pypi_file without its pin, with the commands that print the digest."""
+    value = {k: a.value if isinstance(a.value, str) else "" for k, a in kwargs.items()}
+    package, version = value.get("package") or "PACKAGE", value.get("version") or "VERSION"
+    path = value.get("path") or "PATH/IN/WHEEL"
+    wheel = f"{re.sub(r'[-.]+', '_', package)}-{version}-*.whl"
+    return (
+        "pypi_file: missing required attribute 'sha256' (the SHA-256 of the file itself, which pins it); "
+        f"print it with: pip download {package}=={version} --no-deps -d wheels && "
+        f"unzip -p wheels/{wheel} {path} | sha256sum"
+    )
 
 
 RuleFunction = Callable[[list[Any], dict[str, Arg], Location], Any]
