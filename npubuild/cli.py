@@ -141,7 +141,7 @@ def test(
     from npubuild.gates import junit as junit_xml
     from npubuild.labels import parse_label
     from npubuild.layout import OUT_DIR
-    from npubuild.report import summary_of
+    from npubuild.report import plural, summary_of
 
     root, store = _root(), _store()
     progress = _LiveProgress()
@@ -174,7 +174,7 @@ def test(
     path.write_text(junit_xml(results, build_errors, outcome.seconds))
     gate_failed = any(not r.ok for rows in results.values() for r in rows)
     tally = sum(len(rows) for rows in results.values())
-    out.print(f"{tally} gates on {len(results)} targets; JUnit XML: {path}")
+    out.print(f"{plural(tally, 'gate')} on {plural(len(results), 'target')}; JUnit XML: {path}")
     if build_code or build_errors:
         raise typer.Exit(1)
     if gate_failed:

@@ -11,6 +11,11 @@ from npubuild.cache.store import CorruptBlob, Store
 from npubuild.engine.run import BuildOutcome
 
 
+def plural(n: int, noun: str) -> str:
+    """'1 float op', '3 float ops'."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def summary_of(store: Store, outcome: BuildOutcome, action) -> dict[str, Any] | None:
     result = outcome.result(action)
     outputs = result.outputs if result.ok else {}
@@ -36,13 +41,15 @@ def _details(plan, summaries: dict[str, dict]) -> list[str]:
     if "evaluate" in summaries:
         s = summaries["evaluate"]
         export = s.get("golden_vs_qdq", {}).get("outputs", {})
+        widths = {layer["bits"] for layer in s["layers"] if "bits" in layer}
+        kind = "int8" if widths <= {8} else "mixed " + "/".join(f"int{b}" for b in sorted(widths))
         for name, m in s["outputs"].items():
-            part = f"int8 cos {m['cosine']:.4f} SQNR {m['sqnr_db']:.1f} dB"
+            part = f"{kind} cos {m['cosine']:.4f} SQNR {m['sqnr_db']:.1f} dB"
             if "cosine" in export.get(name, {}):
                 part += f" (QDQ export vs integer cos {export[name]['cosine']:.4f})"
             parts.append(part)
         if s["float_nodes"]:
-            parts.append(f"{len(s['float_nodes'])} float ops")
+            parts.append(plural(len(s["float_nodes"]), "float op"))
     if "optimize" in summaries:
         s = summaries["optimize"]
         c = s["check"]
@@ -65,6 +72,34 @@ def _details(plan, summaries: dict[str, dict]) -> list[str]:
             else:
                 parts.append(f"{role} {s['count']}x{s['sample_shape']}")
     return parts
+
+
+# Below this cosine to float on any output, a model without a min_cosine gate gets a warning: a
+# detector or classifier that keeps its rankings sits well above it, a collapsed one far below.
+LOW_COSINE = 0.98
+
+
+def _verdicts(plan, summaries: dict[str, dict]) -> list[str]:
+    """Warnings a user must not miss: a failed gate, or no gate and an output far from float."""
+    from npubuild.gates import check
+
+    evaluate = summaries.get("evaluate")
+    if evaluate is None:
+        return []
+    found = [
+        f"{plan.label} fails its gate {r.describe()}; 'npubuild test' exits 3"
+        for r in check(str(plan.label), plan.gates, summaries)
+        if not r.ok
+    ]
+    if "min_cosine" not in plan.gates:
+        found += [
+            f"{plan.label} output '{name}': cosine {m['cosine']:.4f} to the float model is below "
+            f"{LOW_COSINE}; the integer model does not compute what the float one does on these "
+            f"evaluation images (see 'npubuild report {plan.label}', or declare gates)"
+            for name, m in evaluate["outputs"].items()
+            if m.get("cosine", 1.0) < LOW_COSINE
+        ]
+    return found
 
 
 def render_build(console, store: Store, outcome: BuildOutcome) -> None:
@@ -94,6 +129,7 @@ def _rendering_key(console, outcome: BuildOutcome) -> str:
         for step, action in plan.steps:
             result = outcome.result(action)
             steps.append([str(plan.label), step, result.status, result.outputs if result.ok else None])
+        steps.append([plan.notes, plan.gates])
     terminal = [console.width, console.color_system, console.is_terminal]
     return sha256_json([terminal, steps])
 
@@ -105,7 +141,7 @@ def _render_build(console, store: Store, outcome: BuildOutcome) -> None:
     table = Table(title="npubuild", title_justify="left", pad_edge=False, box=None, header_style="bold")
     for col in ("target", "ran", "cached", "details"):
         table.add_column(col, no_wrap=col != "details")
-    warnings: list[str] = []
+    warnings: list[str] = [note for plan in outcome.plans for note in plan.notes]
     for plan in outcome.plans:
         ran, cached, failed = [], [], []
         summaries: dict[str, dict] = {}
@@ -116,6 +152,7 @@ def _render_build(console, store: Store, outcome: BuildOutcome) -> None:
             if summary is not None:
                 summaries[step.replace(" dataset", "")] = summary
                 warnings += [f"{plan.label} {step}: {w}" for w in summary.get("warnings", [])]
+        warnings += _verdicts(plan, summaries)
         details = ", ".join(_details(plan, summaries)) or plan.kind
         if failed:
             details = f"[red]not built: {escape(', '.join(failed))}[/]; " + escape(details)

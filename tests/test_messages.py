@@ -107,3 +107,30 @@ def test_a_pypi_file_without_sha256_says_how_to_get_it(built, tmp_path):
     line = one_error(cli(["build", "//models:p"], bad, tmp_path / "cache"))
     assert "models/BUILD:" in line and "missing required attribute 'sha256'" in line
     assert "pip download nudenet==3.4.2 --no-deps" in line and "nudenet/320n.onnx | sha256sum" in line
+
+
+def test_no_evaluation_set_and_a_failed_gate_are_warnings(built, tmp_path):
+    ws, _, printed = built
+    assert "declares no evaluation" not in printed and "fails its gate" not in printed
+    bad = shutil.copytree(ws, tmp_path / "ws", ignore=shutil.ignore_patterns("npubuild-out"))
+    text = (bad / "models" / "BUILD").read_text()
+    text = text.replace('    evaluation = "//data:eval",\n', '    gates = {"min_cosine": 0.999999},\n')
+    write(bad / "models" / "BUILD", text)
+    proc = cli(["build", "//models:m"], bad, tmp_path / "cache")
+    assert proc.returncode == 0, proc.stderr
+    warnings = [ln for ln in proc.stdout.splitlines() if ln.startswith("warning:")]
+    assert any("//models:m declares no evaluation data set" in w and "//data:calib" in w for w in warnings)
+    assert any("//models:m fails its gate min_cosine" in w for w in warnings), proc.stdout
+
+
+def test_an_output_far_from_float_is_a_warning_unless_gates_decide():
+    from npubuild.engine.actions import TargetPlan
+    from npubuild.labels import Label
+    from npubuild.report import _verdicts
+
+    evaluate = {"outputs": {"maps": {"cosine": 0.2488, "sqnr_db": -0.3}, "ok": {"cosine": 0.999}}}
+    plan = TargetPlan(Label("models", "det"), "npu_model")
+    (warning,) = _verdicts(plan, {"evaluate": evaluate})
+    assert "//models:det output 'maps': cosine 0.2488" in warning
+    plan.gates = {"min_cosine": 0.2}  # the user's own bar, met: no warning
+    assert _verdicts(plan, {"evaluate": evaluate}) == []

@@ -81,3 +81,5 @@ class TargetPlan:
     kind: str
     steps: list[tuple[str, Action]] = field(default_factory=list)  # (step name, action), pipeline order
     outputs: list[tuple[Action, str, str]] = field(default_factory=list)  # (action, output, file name)
+    notes: list[str] = field(default_factory=list)  # what the BUILD file left to a default a user should know
+    gates: dict[str, float] = field(default_factory=dict)  # an npu_model's declared gates (npubuild test)

@@ -136,6 +136,12 @@ class Planner:
             return
         calib = self._prepare(calibration, plan, "calibration") if calibration is not None else None
         evaluation_set = self._prepare(evaluation, plan, "evaluation") if evaluation is not None else calib
+        plan.gates = {k: v for k, v in attrs.gates.model_dump().items() if v is not None}
+        if evaluation is None and calibration is not None:
+            plan.notes.append(
+                f"{target.label} declares no evaluation data set, so its accuracy is measured on its "
+                f"calibration images ({attrs.calibration}), which flatters it; declare a disjoint one"
+            )
         # without a calibration set (a pre-quantized model), the evaluation set checks optimize
         calib = calib or evaluation_set
         opt = self._step(
