@@ -133,7 +133,9 @@ def test(
     junit: Annotated[
         Path | None, typer.Option(help="JUnit XML report (default npubuild-out/testlogs/junit.xml).")
     ] = None,
-    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1)] = os.cpu_count() or 1,
+    jobs: Annotated[
+        int | None, typer.Option("--jobs", "-j", min=1, help="Actions run in parallel (default: CPUs).")
+    ] = None,
 ) -> None:
     """Build, then check every npu_model's gates. Exit 0: all passed; 3: a gate failed; 1: build error."""
     from npubuild.engine.run import build as run_build
@@ -146,7 +148,9 @@ def test(
     root, store = _root(), _store()
     progress = _LiveProgress()
     try:
-        outcome = run_build(root, store, patterns, jobs=jobs, keep_going=True, progress=progress)
+        outcome = run_build(
+            root, store, patterns, jobs=jobs or os.cpu_count() or 1, keep_going=True, progress=progress
+        )
     finally:
         progress.stop()
     build_code = _finish_build(store, outcome)
@@ -257,8 +261,10 @@ def query(
             for step, action in plan.steps:
                 out.print(f"  step {step}: {action.stage} for {action.owner}")
         return
-    for t in ws.resolve(patterns or ["//..."]):
-        out.print(f"{t.label}\t{t.kind}\t{t.location}")
+    rows = [(str(t.label), t.kind, str(t.location)) for t in ws.resolve(patterns or ["//..."])]
+    widths = [max((len(r[i]) for r in rows), default=0) for i in range(2)]
+    for label, kind, where in rows:
+        out.print(f"{escape(label):<{widths[0]}}  {kind:<{widths[1]}}  {escape(where)}", soft_wrap=True)
 
 
 @app.command()

@@ -11,6 +11,24 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+
+def _hide_flag_types() -> None:
+    """Show flags as flags: typer 0.29's help prints '<bool>' after every on/off option (as if it
+    took a value), including --help itself. Kept only where typer has the method we override."""
+    from typer.core import TyperOption
+
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is None:
+        return
+
+    def display_type_rich(self, ctx):
+        return None if getattr(self, "is_flag", False) else shown(self, ctx)
+
+    TyperOption.display_type_rich = display_type_rich
+
+
+_hide_flag_types()
+
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,

@@ -109,9 +109,9 @@ def test_explain_names_the_input_that_changed(small_ws, tmp_path):
     assert proc.returncode == 0
     lines = proc.stdout.splitlines()
     text = "\n".join(lines)
-    assert "setting preprocess.mean changed" in text
     settings = {ln.strip() for ln in lines if ln.strip().startswith("setting ")}
-    assert settings == {"setting preprocess.mean changed"}  # only what changed: not resize, std, ...
+    # only what changed (not resize, std, ...), with its old and new value
+    assert settings == {"setting preprocess.mean changed: [0.5] -> [0.4]"}
     assert "input //data:calib prepare.tensors changed" in text
     import_line = next(ln for ln in lines if ln.strip().startswith("import"))
     assert "cached" in import_line
@@ -119,6 +119,13 @@ def test_explain_names_the_input_that_changed(small_ws, tmp_path):
     assert cli(["build", "//models:cls_npu"], small_ws, cache).returncode == 0
     again = cli(["explain", "//models:cls_npu"], small_ws, cache).stdout
     assert "changed" not in again and "ran" not in again
+    # another hardware target: one line naming both, not one per field of the target's description
+    models = small_ws / "models" / "BUILD"
+    models.write_text(models.read_text().replace("    optimize =", '    target = "vnpu-s",\n    optimize ='))
+    assert cli(["build", "//models:cls_npu"], small_ws, cache).returncode == 0
+    moved = cli(["explain", "//models:cls_npu"], small_ws, cache).stdout.splitlines()
+    target_lines = {ln.strip() for ln in moved if "target" in ln and ("->" in ln or "setting" in ln)}
+    assert target_lines == {"target: vnpu-m -> vnpu-s"}, moved
 
 
 def test_query_and_cache_stats(small_ws, tmp_path):
@@ -131,6 +138,9 @@ def test_query_and_cache_stats(small_ws, tmp_path):
         "//models:cls",
         "//models:cls_npu",
     ]
+    lines = listing.stdout.splitlines()
+    assert len({ln.index(ln.split()[1]) for ln in lines}) == 1, lines  # the kinds line up
+    assert len({ln.index(ln.split()[2]) for ln in lines}) == 1, lines  # and the locations
     deps = cli(["query", "--deps", "//models:cls_npu"], small_ws, cache)
     assert "depends on //models:cls (onnx_model)" in deps.stdout
     assert "step optimize: optimize for //models:cls_npu" in deps.stdout

@@ -134,3 +134,11 @@ def test_an_output_far_from_float_is_a_warning_unless_gates_decide():
     assert "//models:det output 'maps': cosine 0.2488" in warning
     plan.gates = {"min_cosine": 0.2}  # the user's own bar, met: no warning
     assert _verdicts(plan, {"evaluate": evaluate}) == []
+
+
+def test_help_shows_flags_as_flags(tmp_path):
+    for command in ("build", "test", "report", "clean"):
+        proc = cli([command, "--help"], tmp_path, tmp_path / "cache")
+        assert proc.returncode == 0 and "--help" in proc.stdout, proc.stderr
+        assert "<bool>" not in proc.stdout, proc.stdout
+    assert "default: CPUs" in cli(["test", "--help"], tmp_path, tmp_path / "cache").stdout

@@ -9,13 +9,25 @@ from npubuild.engine.actions import Input, SourceFile, TargetPlan
 from npubuild.engine.build import ActionResult
 
 
+def _shown(value: Any) -> str:
+    """A setting's value as the BUILD file would spell it, cut short when long."""
+    import json
+
+    text = "unset" if value is None else json.dumps(value, sort_keys=True)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _param_diff(old: Any, new: Any, path: str = "") -> list[str]:
+    """One line per changed setting, with its old and new value. A named whole (a hardware
+    target) that changed its name is one line, not one per field that differs with it."""
     if isinstance(old, dict) and isinstance(new, dict):
+        if "name" in old and "name" in new and old["name"] != new["name"]:
+            return [f"{path or 'params'}: {old['name']} -> {new['name']}"]
         out: list[str] = []
         for k in sorted(set(old) | set(new)):
             out += _param_diff(old.get(k), new.get(k), f"{path}.{k}" if path else str(k))
         return out
-    return [] if old == new else [path or "params"]
+    return [] if old == new else [f"setting {path or 'params'} changed: {_shown(old)} -> {_shown(new)}"]
 
 
 def changes(previous: dict | None, current: dict) -> list[str]:
@@ -34,8 +46,7 @@ def changes(previous: dict | None, current: dict) -> list[str]:
                 f"input {current.get('input_names', {}).get(name, name)} changed "
                 f"({(old or 'none')[:10]} -> {(new or 'none')[:10]})"
             )
-    for field in _param_diff(previous.get("params"), current["params"]):
-        why.append(f"setting {field} changed")
+    why += _param_diff(previous.get("params"), current["params"])
     return why or ["key changed"]
 
 
