@@ -20,6 +20,11 @@ STATUS_COLOURS = {"ran": "#2e7d32", "cached": "#1565c0", "failed": "#c62828", "c
 BITS_COLOURS = {8: "#5b8def", 16: "#f0a030"}
 
 
+def layer_name(row: dict) -> str:
+    """A per-layer report row's name: its node, and which output for a node with several (Split)."""
+    return row["node"] + (f" [output {row['output']}]" if "output" in row else "")
+
+
 def _card(title: str, value: str) -> str:
     return f'<div class="card"><span class="muted">{escape(title)}</span><b>{escape(value)}</b></div>'
 
@@ -191,7 +196,7 @@ def render(label: str, steps: list[dict], data: dict[str, dict]) -> str:
             '<span style="background:#f0a030"></span>int16</div>'
         )
         rows = [
-            (f"{r['node']} ({r['op_type']})", max(r["sqnr_db"], 0.0), BITS_COLOURS.get(r["bits"], "#999"))
+            (f"{layer_name(r)} ({r['op_type']})", max(r["sqnr_db"], 0.0), BITS_COLOURS.get(r["bits"], "#999"))
             for r in accuracy["layers"]
         ]
         body.append(_bars(rows, "dB"))

@@ -9,6 +9,7 @@ from rich.markup import escape
 from npubuild.cache.digest import sha256_json
 from npubuild.cache.store import CorruptBlob, Store
 from npubuild.engine.run import BuildOutcome
+from npubuild.html_report import layer_name
 
 
 def plural(n: int, noun: str) -> str:
@@ -316,7 +317,7 @@ def render_accuracy(console, label: str, report: dict) -> None:
         style = "[red]" if row["tensor"] in worst else ""
         end = "[/]" if style else ""
         table.add_row(
-            f"{style}{escape(row['node'])}{end}",
+            f"{style}{escape(layer_name(row))}{end}",
             row["op_type"],
             str(row["bits"]),
             f"{row['cosine']:.5f}",

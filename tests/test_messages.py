@@ -142,3 +142,23 @@ def test_help_shows_flags_as_flags(tmp_path):
         assert proc.returncode == 0 and "--help" in proc.stdout, proc.stderr
         assert "<bool>" not in proc.stdout, proc.stdout
     assert "default: CPUs" in cli(["test", "--help"], tmp_path, tmp_path / "cache").stdout
+
+
+def test_report_rows_follow_the_graph_and_name_each_layer_once(built):
+    import json
+
+    import onnx
+
+    ws, cache, _ = built
+    out = ws / "npubuild-out" / "models" / "m"
+    graph = onnx.load(out / "optimized.onnx").graph
+    position = {o: k for k, n in enumerate(graph.node) for o in n.output}
+    rows = json.loads((out / "accuracy.json").read_text())["layers"]
+    assert len(rows) > 10
+    order = [position[r["tensor"]] for r in rows]
+    assert order == sorted(order)  # graph order, not name order ('model.10' before 'model.2')
+    names = [r["node"] + str(r.get("output", "")) for r in rows]
+    assert len(names) == len(set(names))
+    printed = cli(["report", "//models:m"], ws, cache).stdout
+    first, last = rows[0]["node"], rows[-1]["node"]
+    assert printed.index(first) < printed.index(last)

@@ -45,8 +45,9 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     tensors = np.load(inputs["evaluation"], mmap_mode="r", allow_pickle=False)
     feeds = samples_for(model, tensors, params["samples"])
     # Layers to compare: every quantized tensor the float model also has (not its inputs).
-    produced = {o for n in model.graph.node for o in n.output}
-    layer_names = [t for t in program.tensors if t in produced]
+    # in graph order (the order a user reads the network in), not the tensors' name order
+    position = {o: (k, j) for k, n in enumerate(model.graph.node) for j, o in enumerate(n.output)}
+    layer_names = sorted((t for t in program.tensors if t in position), key=position.__getitem__)
     probe = with_outputs(model, layer_names)
     # The QDQ model with every quantized tensor's integer codes (the QuantizeLinear outputs) exposed.
     code_names = [f"{t}__q" for t in program.tensors]
@@ -100,10 +101,13 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     layer_rows = []
     for name, agreement in layers.items():
         node = producers[name]
+        # a node with several outputs (Split) is one row per output: say which
+        which = {"output": list(node.output).index(name)} if len(node.output) > 1 else {}
         layer_rows.append(
             {
                 "tensor": name,
                 "node": node.name or name,
+                **which,
                 "op_type": node.op_type,
                 "bits": program.tensors[name].bits,
                 **agreement.result(),
