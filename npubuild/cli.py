@@ -30,6 +30,9 @@ class _LiveProgress:
         return f"[bold]building[/] {names}  [dim]({self.done} done)[/]"
 
     def started(self, action) -> None:
+        if not err.is_terminal:  # a log or a pipe: no spinner, so say what started and when
+            err.print(f"  started {action.stage} {escape(action.owner)}", highlight=False)
+            return
         if self.status is None:
             self.status = err.status(self._text())
             self.status.start()
@@ -41,7 +44,7 @@ class _LiveProgress:
         self.running.pop(name, None)
         self.done += 1
         mark = {"ran": "[green]ran[/]", "failed": "[red]FAILED[/]"}.get(result.status, result.status)
-        err.print(f"  {mark} {name} [dim]{result.seconds:.1f}s[/]")
+        err.print(f"  {mark} {escape(name)} [dim]{result.seconds:.1f}s[/]", highlight=False)
         if self.status is not None:
             self.status.update(self._text())
 

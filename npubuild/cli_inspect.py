@@ -4,6 +4,7 @@ so a user can paste either."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -70,58 +71,140 @@ def _binary_path(what: str, command: str) -> tuple[Path, object | None]:
     return found, target
 
 
+# The summary each stage's report reads, by the name of its output.
+_SUMMARIES = {
+    "optimize": "summary",
+    "evaluate": "report",
+    "sensitivity": "report",
+    "search": "summary",
+    "partition": "plan",
+    "codegen": "summary",
+    "simulate": "report",
+}
+
+
+def _last_build(store, label: str) -> tuple[list[dict], dict[str, dict]]:
+    """The steps of LABEL's last build and each stage's summary, read (and checked) from the cache."""
+    from npubuild.cache.store import CorruptBlob
+    from npubuild.engine import history
+
+    record = history.last(store, label) or {"steps": []}
+    summaries = {}
+    for step in record["steps"]:
+        name = _SUMMARIES.get(step["stage"])
+        entry = store.get_action(step["key"]) if name and step.get("key") else None
+        if entry is not None and name in entry["outputs"]:
+            try:
+                summaries[step["stage"]] = store.read_json(entry["outputs"][name])
+            except (CorruptBlob, KeyError):
+                pass  # evicted or damaged: that column shows '-'
+    return record["steps"], summaries
+
+
+def _is_pattern(text: str) -> bool:
+    return text.endswith("...") or text.endswith(":all") or text.endswith(":*")
+
+
 @app.command()
 def report(
     label: Annotated[
-        str, typer.Argument(help="An npu_model label, or a file in its npubuild-out/ directory.")
+        str,
+        typer.Argument(
+            help="An npu_model label or a file in its npubuild-out/ directory; or a pattern "
+            "(//..., //pkg:all) for one line per npu_model."
+        ),
     ],
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     html: Annotated[
         bool,
-        typer.Option("--html", help="Write one self-contained HTML page (npubuild-out/.../report.html)."),
+        typer.Option("--html", help="Write self-contained HTML (npubuild-out/.../report.html)."),
     ] = False,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Where --html writes.")] = None,
 ) -> None:
     """The report of LABEL's last build: accuracy per layer, mixed precision, and with --html everything."""
     import json
 
-    from npubuild.engine import history
-    from npubuild.report import render_accuracy, render_search
+    from npubuild.report import render_accuracy, render_details, render_search
 
     ws, store = _workspace(), _store()
+    if _is_pattern(label):
+        _overview(ws, store, label, as_json, html, output)
+        return
     target = _model_target(ws, label, "report")
-    record = history.last(store, str(target.label)) or {"steps": []}
-
-    def stage_output(stage: str, name: str) -> dict | None:
-        step = next((s for s in record["steps"] if s["stage"] == stage and s.get("key")), None)
-        entry = store.get_action(step["key"]) if step else None
-        return store.read_json(entry["outputs"][name]) if entry is not None else None
-
-    data = stage_output("evaluate", "report")
+    steps, summaries = _last_build(store, str(target.label))
+    data = summaries.get("evaluate")
     if data is None:
         raise UserError(f"no accuracy report for {target.label}; run 'npubuild build {target.label}' first")
-    extra = {
-        stage: found
-        for stage, name in (("sensitivity", "report"), ("search", "summary"))
-        if (found := stage_output(stage, name)) is not None
-    }
+    extra = {k: summaries[k] for k in ("sensitivity", "search") if k in summaries}
     if html:
-        from npubuild.html_report import render
-        from npubuild.layout import OUT_DIR
-
-        pages = {"evaluate": data, **extra, "target": ws.target_spec(target).model_dump()}
-        for stage, name in (("partition", "plan"), ("codegen", "summary"), ("simulate", "report")):
-            if (found := stage_output(stage, name)) is not None:
-                pages[stage] = found
-        path = output or ws.root / OUT_DIR / target.label.package / target.label.name / "report.html"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(render(str(target.label), record["steps"], pages))
+        path = output or _model_page(ws, target)
+        _write_model_page(ws, target, steps, summaries, path)
         out.print(f"wrote {path}")
     elif as_json:
         out.print_json(json.dumps({"accuracy": data, **extra}))
     else:
         render_search(out, extra.get("sensitivity"), extra.get("search"))
         render_accuracy(out, str(target.label), data)
+        render_details(out, str(target.label), summaries)
+
+
+def _model_page(ws, target) -> Path:
+    from npubuild.layout import OUT_DIR
+
+    return ws.root / OUT_DIR / target.label.package / target.label.name / "report.html"
+
+
+def _write_model_page(ws, target, steps: list[dict], summaries: dict[str, dict], path: Path) -> None:
+    from npubuild.html_report import render
+
+    pages = {**summaries, "target": ws.target_spec(target).model_dump()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render(str(target.label), steps, pages))
+
+
+def _overview(ws, store, pattern: str, as_json: bool, html: bool, output: Path | None) -> None:
+    """`report //...`: one line per npu_model from the cache alone (no build), and with --html a
+    dashboard page linking each model's own page."""
+    import json
+
+    from npubuild.layout import OUT_DIR
+    from npubuild.overview import COLUMNS, model_figures, print_rows
+
+    models = [t for t in ws.resolve([pattern]) if t.kind == "npu_model"]
+    if not models:
+        raise UserError(f"pattern '{pattern}' matches no npu_model")
+    rows = []
+    for target in models:
+        steps, summaries = _last_build(store, str(target.label))
+        gates = {k: v for k, v in target.attrs.gates.model_dump().items() if v is not None}
+        statuses = {s["status"] for s in steps}
+        if not steps:
+            state = "never built"
+        elif statuses - {"ran", "cached"}:
+            state = "FAILED"
+        else:
+            state = "rebuilt" if "ran" in statuses else "cached"
+        rows.append({"label": str(target.label), "last build": state, **model_figures(summaries, gates)})
+        if html and "evaluate" in summaries:
+            _write_model_page(ws, target, steps, summaries, _model_page(ws, target))
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    if html:
+        from npubuild.html_report import render_dashboard
+
+        path = output or ws.root / OUT_DIR / "report.html"
+        pages = {str(t.label): _model_page(ws, t) for t in models}
+        links = {
+            label: os.path.relpath(page, path.parent.resolve()) if page.is_file() else None
+            for label, page in pages.items()
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(render_dashboard(rows, links))
+        out.print(f"wrote {path}")
+        return
+    cells = [[escape(r[c]) for c in ("label", "last build", *COLUMNS)] for r in rows]
+    print_rows(out, ["npu_model", "last build", *COLUMNS], cells)
 
 
 def _read_input(file: str):

@@ -15,6 +15,9 @@ h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px;border-bot
 .card b{display:block;font-size:20px} table{border-collapse:collapse;margin:6px 0} td,th{padding:3px 10px;text-align:left;border-bottom:1px solid #eef1f5}
 th{background:#f5f7fa} .ok{color:#1a7f37} .bad{color:#c62828} svg text{font:11px system-ui,sans-serif;fill:#333}
 .legend span{display:inline-block;width:10px;height:10px;margin:0 4px 0 12px;border-radius:2px}
+.scroll{overflow-x:auto;max-width:100%}
+.pipeline{display:flex;flex-wrap:wrap;gap:8px;margin:6px 0} .step{color:#fff;border-radius:6px;padding:4px 12px;text-align:center;opacity:.9}
+svg{max-width:100%;height:auto}
 """
 STATUS_COLOURS = {"ran": "#2e7d32", "cached": "#1565c0", "failed": "#c62828", "corrupt": "#c62828"}
 BITS_COLOURS = {8: "#5b8def", 16: "#f0a030"}
@@ -29,22 +32,22 @@ def _card(title: str, value: str) -> str:
     return f'<div class="card"><span class="muted">{escape(title)}</span><b>{escape(value)}</b></div>'
 
 
+def goal_text(goal: dict) -> str:
+    """A precision goal as a user writes it: 'cosine >= 0.99'."""
+    return ", ".join(f"{k} >= {v:g}" for k, v in goal.items() if v is not None) or "none"
+
+
 def _pipeline(steps: list[dict]) -> str:
-    x, parts = 0, []
-    for s in steps:
-        label = s["step"]
-        width = max(70, 7 * len(label) + 16)
-        colour = STATUS_COLOURS.get(s["status"], "#9e9e9e")
-        parts.append(
-            f'<rect x="{x}" y="4" width="{width}" height="34" rx="6" fill="{colour}" opacity="0.9"/>'
-            f'<text x="{x + width / 2}" y="19" text-anchor="middle" style="fill:#fff">{escape(label)}</text>'
-            f'<text x="{x + width / 2}" y="32" text-anchor="middle" style="fill:#fff">{escape(s["status"])}</text>'
-        )
-        x += width + 8
+    """The steps as boxes in a row that wraps (a long pipeline must not widen the page)."""
+    boxes = "".join(
+        f'<div class="step" style="background:{STATUS_COLOURS.get(s["status"], "#9e9e9e")}">'
+        f"{escape(s['step'])}<br><small>{escape(s['status'])}</small></div>"
+        for s in steps
+    )
     legend = "".join(
         f'<span style="background:{c}"></span>{k}' for k, c in STATUS_COLOURS.items() if k != "corrupt"
     )
-    return f'<svg width="{x}" height="42">{"".join(parts)}</svg><div class="legend muted">{legend}</div>'
+    return f'<div class="pipeline">{boxes}</div><div class="legend muted">{legend}</div>'
 
 
 def _bars(rows: list[tuple[str, float, str]], unit: str, width: int = 1050, row_h: int = 14) -> str:
@@ -220,7 +223,7 @@ def render(label: str, steps: list[dict], data: dict[str, dict]) -> str:
     if search:
         verdict = "reached" if search["reached"] else "NOT reached"
         body.append(
-            f"<h2>Precision search: goal {escape(str(search['goal']))} {verdict}, "
+            f"<h2>Precision search: goal {escape(goal_text(search['goal']))} {verdict}, "
             f"{search['int8_mac_share']:.1%} of MACs in int8</h2>"
         )
         body.append(_line([(p["step"], p["cosine"], bool(p["goal_met"])) for p in search["path"]], "cosine"))
@@ -270,3 +273,24 @@ def _offsets(subgraphs: list[dict]):
     for sg in subgraphs:
         yield at, sg
         at += len(sg["ops"])
+
+
+def render_dashboard(rows: list[dict[str, str]], links: dict[str, str | None]) -> str:
+    """`report //... --html`: one row per npu_model (the build summary's columns), each label a
+    link to that model's own page where it has one. Self-contained like the model pages."""
+    columns = [c for c in rows[0] if c != "label"] if rows else []
+    head = "".join(f"<th>{escape(c)}</th>" for c in ["npu_model", *columns])
+    body = []
+    for r in rows:
+        link = links.get(r["label"])
+        name = f'<a href="{escape(link)}">{escape(r["label"])}</a>' if link else escape(r["label"])
+        cells = []
+        for c in columns:
+            bad = r[c].startswith(("FAIL", "DIFFERS", "never")) or r[c] == "FAILED"
+            cells.append(f'<td class="{"bad" if bad else ""}">{escape(r[c])}</td>')
+        body.append(f"<tr><td>{name}</td>{''.join(cells)}</tr>")
+    table = f'<div class="scroll"><table><tr>{head}</tr>{"".join(body)}</table></div>'
+    return (
+        '<!doctype html><html><head><meta charset="utf-8"><title>npubuild: models</title>'
+        f"<style>{CSS}</style></head><body><h1>npubuild: {len(rows)} npu_models</h1>{table}</body></html>\n"
+    )

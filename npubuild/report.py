@@ -9,7 +9,7 @@ from rich.markup import escape
 from npubuild.cache.digest import sha256_json
 from npubuild.cache.store import CorruptBlob, Store
 from npubuild.engine.run import BuildOutcome
-from npubuild.html_report import layer_name
+from npubuild.html_report import goal_text, layer_name
 
 
 def plural(n: int, noun: str) -> str:
@@ -29,52 +29,6 @@ def summary_of(store: Store, outcome: BuildOutcome, action) -> dict[str, Any] | 
         return None
 
 
-def _details(plan, summaries: dict[str, dict]) -> list[str]:
-    """The facts a user scans for: node counts, the numeric check, data-set sizes."""
-    parts = []
-    if "search" in summaries:
-        s = summaries["search"]
-        promoted = sum(1 for v in s["precision"].values() if v != "int8")
-        verdict = "goal met" if s["reached"] else "goal NOT met"
-        parts.append(
-            f"mixed precision {verdict}: {promoted} layers above int8, {s['int8_mac_share']:.1%} MACs int8"
-        )
-    if "evaluate" in summaries:
-        s = summaries["evaluate"]
-        export = s.get("golden_vs_qdq", {}).get("outputs", {})
-        widths = {layer["bits"] for layer in s["layers"] if "bits" in layer}
-        kind = "int8" if widths <= {8} else "mixed " + "/".join(f"int{b}" for b in sorted(widths))
-        for name, m in s["outputs"].items():
-            part = f"{kind} cos {m['cosine']:.4f} SQNR {m['sqnr_db']:.1f} dB"
-            if "cosine" in export.get(name, {}):
-                part += f" (QDQ export vs integer cos {export[name]['cosine']:.4f})"
-            parts.append(part)
-        if s["float_nodes"]:
-            parts.append(plural(len(s["float_nodes"]), "float op"))
-    if "optimize" in summaries:
-        s = summaries["optimize"]
-        c = s["check"]
-        tol = min(o["tolerance"] for o in c["outputs"].values())
-        verdict = "ok" if c["passed"] else "FAILED"
-        parts.append(f"nodes {s['nodes_before']} -> {s['nodes_after']}")
-        parts.append(
-            f"check {verdict} max|diff| {c['max_abs_diff']:.2g} (tol {tol:.2g}, {c['samples']} samples)"
-        )
-    elif "import" in summaries:
-        s = summaries["import"]
-        parts.append(
-            f"{s['nodes']} nodes, opset {s['opset_before']}->{s['opset']}, {s['parameters']:,} params"
-        )
-    for step, s in summaries.items():
-        if step.startswith("prepare"):
-            role = step.split(" ", 1)[1] if " " in step else "data"
-            if "inputs" in s:  # named feeds of a model with several inputs
-                parts.append(f"{role} {s['count']} feeds of {', '.join(s['inputs'])}")
-            else:
-                parts.append(f"{role} {s['count']}x{s['sample_shape']}")
-    return parts
-
-
 # Below this cosine to float on any output, a model without a min_cosine gate gets a warning: a
 # detector or classifier that keeps its rankings sits well above it, a collapsed one far below.
 LOW_COSINE = 0.98
@@ -84,10 +38,17 @@ def _verdicts(plan, summaries: dict[str, dict]) -> list[str]:
     """Warnings a user must not miss: a failed gate, or no gate and an output far from float."""
     from npubuild.gates import check
 
+    found = []
+    optimize = summaries.get("optimize")
+    if optimize and not optimize["check"]["passed"]:
+        found.append(
+            f"{plan.label}: the optimized graph differs from the imported one beyond tolerance "
+            f"(max|diff| {optimize['check']['max_abs_diff']:.2g}); see 'npubuild report {plan.label}'"
+        )
     evaluate = summaries.get("evaluate")
     if evaluate is None:
-        return []
-    found = [
+        return found
+    found += [
         f"{plan.label} fails its gate {r.describe()}; 'npubuild test' exits 3"
         for r in check(str(plan.label), plan.gates, summaries)
         if not r.ok
@@ -131,17 +92,19 @@ def _rendering_key(console, outcome: BuildOutcome) -> str:
             result = outcome.result(action)
             steps.append([str(plan.label), step, result.status, result.outputs if result.ok else None])
         steps.append([plan.notes, plan.gates])
+    from npubuild.stages.codeversion import current_stamp
+
     terminal = [console.width, console.color_system, console.is_terminal]
-    return sha256_json([terminal, steps])
+    return sha256_json([current_stamp(), terminal, steps])  # this code's rendering of these steps
 
 
 def _render_build(console, store: Store, outcome: BuildOutcome) -> None:
-    """One row per requested target: which steps ran, which came from the cache, what they found."""
-    from rich.table import Table
+    """One line per requested target: which steps ran, how many came from the cache, and the
+    figures of overview.py; then the warnings. The details are in `npubuild report LABEL`."""
 
-    table = Table(title="npubuild", title_justify="left", pad_edge=False, box=None, header_style="bold")
-    for col in ("target", "ran", "cached", "details"):
-        table.add_column(col, no_wrap=col != "details")
+    from npubuild.overview import COLUMNS, model_figures, other_figures, print_rows
+
+    rows: list[list[str]] = []
     warnings: list[str] = [note for plan in outcome.plans for note in plan.notes]
     for plan in outcome.plans:
         ran, cached, failed = [], [], []
@@ -154,38 +117,44 @@ def _render_build(console, store: Store, outcome: BuildOutcome) -> None:
                 summaries[step.replace(" dataset", "")] = summary
                 warnings += [f"{plan.label} {step}: {w}" for w in summary.get("warnings", [])]
         warnings += _verdicts(plan, summaries)
-        details = ", ".join(_details(plan, summaries)) or plan.kind
-        if failed:
-            details = f"[red]not built: {escape(', '.join(failed))}[/]; " + escape(details)
+        if plan.kind == "npu_model":
+            figures = list(model_figures(summaries, plan.gates).values())
         else:
-            details = escape(details)
+            figures = [other_figures(plan.kind, summaries)] + [""] * (len(COLUMNS) - 1)
+        if failed:
+            figures[0] = f"[red]not built: {escape(', '.join(failed))}[/]"
         shown = f"all {len(ran)} steps" if len(ran) > 4 and not cached and not failed else " ".join(ran)
-        table.add_row(
-            str(plan.label),
-            f"[green]{escape(shown)}[/]" if ran else "-",
-            f"[cyan]{len(cached)}[/]" if cached else "-",
-            details,
+        rows.append(
+            [
+                escape(str(plan.label)),
+                f"[green]{escape(shown)}[/]" if ran else "-",
+                f"[cyan]{len(cached)}[/]" if cached else "-",
+                *(f if f.startswith("[red]") else escape(f) for f in figures),
+            ]
         )
-    console.print(table)
-    for plan in outcome.plans:
-        evaluate = [a for step, a in plan.steps if step == "evaluate"]
-        report = summary_of(store, outcome, evaluate[0]) if evaluate else None
-        if report:
-            worst = {r["tensor"]: r for r in report["layers"]}
-            rows = ", ".join(
-                f"{escape(worst[t]['node'])} ({worst[t]['op_type']}) {worst[t]['sqnr_db']:.1f} dB"
-                for t in report["worst_layers"]
-            )
-            console.print(f"{plan.label} five worst layers: {rows}", highlight=False)
-    for plan in outcome.plans:
-        backend = {step: summary_of(store, outcome, a) for step, a in plan.steps}
-        if backend.get("partition") and backend.get("codegen"):
-            for line in _back_end(
-                plan.label, backend["partition"], backend["codegen"], backend.get("simulate")
-            ):
-                console.print(line, highlight=False)
+    print_rows(console, ["target", "ran", "cached", *COLUMNS], rows, title="npubuild")
     for w in dict.fromkeys(warnings):
-        console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
+        console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)
+
+
+def render_details(console, label: str, summaries: dict[str, dict]) -> None:
+    """`npubuild report LABEL`'s lines about the build beyond accuracy: the float model's check,
+    the data, what runs where, the binary and the simulator (what the build summary leaves out)."""
+    optimize = summaries.get("optimize")
+    if optimize:
+        c = optimize["check"]
+        tol = min(o["tolerance"] for o in c["outputs"].values())
+        console.print(
+            f"{escape(label)}: optimized graph {optimize['nodes_before']} -> "
+            f"{optimize['nodes_after']} nodes, "
+            f"check {'ok' if c['passed'] else 'FAILED'} max|diff| {c['max_abs_diff']:.2g} "
+            f"(tol {tol:.2g}, {c['samples']} samples)",
+            highlight=False,
+        )
+    part, gen = summaries.get("partition"), summaries.get("codegen")
+    if part and gen:
+        for line in _back_end(label, part, gen, summaries.get("simulate")):
+            console.print(line, highlight=False)
 
 
 def _back_end(label, part: dict, gen: dict, sim: dict | None) -> list[str]:
@@ -265,7 +234,7 @@ def render_search(console, sensitivity: dict | None, search: dict | None) -> Non
         console.print(table)
     if search:
         table = Table(
-            title=f"precision search, goal {search['goal']}",
+            title=f"precision search, goal {goal_text(search['goal'])}",
             title_justify="left",
             box=None,
             pad_edge=False,
@@ -328,6 +297,12 @@ def render_accuracy(console, label: str, report: dict) -> None:
         console.print(
             f"  float: {escape(f['node'])} ({f['op_type']}): {escape(f['reason'])}", highlight=False
         )
+    for name, m in report["golden_vs_qdq"].get("outputs", {}).items():
+        if "cosine" in m:
+            console.print(
+                f"  QDQ export vs integer model, output {escape(name)}: cosine {m['cosine']:.5f}",
+                highlight=False,
+            )
     g = report["golden_vs_qdq"]["op_by_op"]
     if g["elements"]:
         console.print(

@@ -162,3 +162,21 @@ def test_report_rows_follow_the_graph_and_name_each_layer_once(built):
     printed = cli(["report", "//models:m"], ws, cache).stdout
     first, last = rows[0]["node"], rows[-1]["node"]
     assert printed.index(first) < printed.index(last)
+
+
+def test_report_of_a_pattern_is_one_line_per_model_from_the_cache_alone(built, tmp_path):
+    ws, cache, _ = built
+    bare = shutil.copytree(ws, tmp_path / "ws", ignore=shutil.ignore_patterns("npubuild-out"))
+    proc = cli(["report", "//..."], bare, cache)
+    assert proc.returncode == 0, proc.stderr
+    (row,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("//models:m ")]
+    simulated = (ws / "npubuild-out" / "models" / "m" / "simulate.json").read_text()
+    assert ("bit-exact" in row) == ('"ok": true' in simulated), row
+    assert "cos 0." in row and "ms vnpu-m" in row and "none" in row  # no gates declared
+    page = cli(["report", "//...", "--html"], bare, cache)
+    assert page.returncode == 0, page.stderr
+    dashboard = (bare / "npubuild-out" / "report.html").read_text()
+    assert '<a href="models/m/report.html">//models:m</a>' in dashboard
+    assert "//models:m" in (bare / "npubuild-out" / "models" / "m" / "report.html").read_text()
+    line = one_error(cli(["report", "//data:all"], bare, cache))
+    assert "matches no npu_model" in line

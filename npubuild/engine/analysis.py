@@ -97,6 +97,8 @@ def _encode(
                 "kind": p.kind,
                 "steps": [[step, index[a.identity]] for step, a in p.steps],
                 "outputs": [[index[a.identity], output, filename] for a, output, filename in p.outputs],
+                "notes": p.notes,
+                "gates": p.gates,
             }
             for p in plans
         ],
@@ -118,6 +120,8 @@ def _decode(record: dict) -> tuple[list[TargetPlan], list[Action]]:
             p["kind"],
             [(step, actions[i]) for step, i in p["steps"]],
             [(actions[i], output, filename) for i, output, filename in p["outputs"]],
+            list(p.get("notes", [])),
+            dict(p.get("gates", {})),
         )
         for p in record["plans"]
     ]
