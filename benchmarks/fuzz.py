@@ -252,7 +252,7 @@ def fuzz_build(cases: int, seed: int, deadline_s: float = 10.0) -> Tally:
             source = _mutate_build(rng, seeds)
 
             def body(source=source) -> None:
-                evaluate(source, "pkg/BUILD", package_builtins("pkg", package, {}))
+                evaluate(source, "pkg/BUILD", package_builtins("pkg", package, {}), Path(tmp), package)
 
             _run_case(tally, case, deadline_s, (UserError,), body)
     return tally

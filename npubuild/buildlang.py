@@ -1,39 +1,39 @@
-"""A safe evaluator for BUILD files: a Starlark subset walked from Python's AST, never exec/eval.
+"""BUILD files are Starlark (starlark-rust through starlark-pyo3): `def` macros, comprehensions,
+`load("//tools:defs.bzl", "name")` across packages, and the rules, `glob` and `pypi_file`.
 
-Supported: rule calls with keyword arguments, literals, lists, tuples, dicts, variables, `+`
-(strings and lists), `*` (string/list repetition, numbers), `%` and `.format()` string formatting,
-f-strings, `.join()`, indexing with a constant, unary minus, and the built-ins the rule set provides
-(`glob`, `pypi_file`, ...). Everything else is an error at its file:line:col.
+A BUILD file is untrusted input, so it is evaluated in a child process (`python -m
+npubuild.buildlang`) with an address-space limit (`MAX_MEMORY`) and a wall-time budget
+(`MAX_SECONDS`: Starlark checks a cancellation flag every ~1000 instructions): an endless loop or a
+billion-element list is one error, never a hung or swapping machine. Starlark itself has no I/O
+and no imports; `load` reads only `.bzl` files inside the workspace. The child only records the
+calls the file makes (rule, glob, pypi_file, with the file:line:col of each and of its keyword
+arguments); this process replays them through the rule functions, which validate the attributes.
+A BUILD file is evaluated only when it changed (the analysis cache, engine/analysis.py).
 
-A BUILD file is untrusted input, so evaluation is a sandbox with budgets: formatting is our own
-(fields name an argument, never an attribute or an item of one, and widths are small), integers
-stay within 64 bits, every string and list within `MAX_LENGTH`, all of them together within
-`MAX_ALLOCATED`, expressions within `MAX_DEPTH` levels, and a file within `MAX_STEPS` evaluation
-steps and `MAX_SECONDS`. Each limit is checked before the value is made, so memory stays bounded,
-and each breach is one error at its file:line:col.
+Locations: the child evaluates the file one top-level statement at a time, so every call knows
+the statement it came from; a rule written in the BUILD file itself points at its own keyword
+arguments, a rule a macro makes points at the macro's call.
 """
 
 from __future__ import annotations
 
-import ast
-import re
-import string
-import time
-import warnings
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from npubuild.errors import Location, UserError
 
+MAX_SECONDS = 4.0  # Starlark's own check; the child is killed half a second after it
+MAX_MEMORY = 1 << 30  # bytes of address space for the child evaluating one BUILD file
+MAX_OUTPUT = 64 << 20  # bytes of recorded calls the child may hand back
 MAX_SOURCE_BYTES = 1 << 20
-MAX_DEPTH = 100  # nesting of expressions; Python's own parser stops at 200 parentheses
-MAX_STEPS = 1_000_000
-MAX_SECONDS = 5.0
-MAX_INT = (1 << 63) - 1
-MAX_LENGTH = 1_000_000  # characters of a string, elements of a list
-MAX_ALLOCATED = 20_000_000  # characters and elements made by one file, all values together
-MAX_WIDTH = 1000  # of a formatted field
+MAX_LOAD_DEPTH = 32
+BZL_SUFFIX = ".bzl"
 
 
 @dataclass(frozen=True)
@@ -47,362 +47,386 @@ class Arg:
 # A builtin receives (positional values, keyword Args, location of the call) and returns a value.
 Builtin = Callable[[list[Any], dict[str, Arg], Location], Any]
 
-_STR_METHODS = {"format", "join", "upper", "lower", "replace", "strip", "startswith", "endswith", "split"}
-_FORMAT_SPEC = re.compile(r"^(?:.?[<>^=])?[-+ ]?0?(?P<width>\d*)(?:\.(?P<precision>\d+))?[bdeEfFgGosxX%]?$")
-_PERCENT_SPEC = re.compile(
-    r"%(?:\((?P<key>\w*)\))?[-+ #0]*(?P<width>\*|\d+)?(?:\.(?P<precision>\*|\d+))?(?P<kind>.?)"
-)
+
+# --- this process: run the child, replay its calls ----------------------------------------------
 
 
-class _Evaluator:
-    def __init__(self, path: str, builtins: dict[str, Builtin]):
-        self.path = path
-        self.builtins = builtins
-        self.variables: dict[str, Any] = {}
-        self.steps = 0
-        self.allocated = 0
-        self.deadline = time.monotonic() + MAX_SECONDS
+def evaluate(
+    source: str, path: str, builtins: dict[str, Builtin], root: Path, package_dir: Path
+) -> list[str]:
+    """Evaluate one BUILD file (`path` relative to the workspace `root`) and replay its calls
+    through `builtins`; returns the workspace-relative .bzl files it loaded."""
+    if len(source.encode()) > MAX_SOURCE_BYTES:
+        raise UserError(f"BUILD file larger than {MAX_SOURCE_BYTES} bytes", Location(path))
+    request = {
+        "source": source,
+        "path": path,
+        "root": str(root),
+        "package_dir": str(package_dir),
+        "names": sorted(builtins),
+    }
+    reply = _run_child(request, path)
+    if reply.get("error"):
+        e = reply["error"]
+        raise UserError(e["message"], Location(e["path"], e.get("line") or 0, e.get("col") or 0))
+    results: list[Any] = []
+    for event in reply["events"]:
+        loc = Location(path, *event["loc"])
+        kwlocs = event.get("kwlocs", {})
+        kwargs = {
+            k: Arg(_restore(v, results), Location(path, *kwlocs[k]) if k in kwlocs else loc)
+            for k, v in event["kwargs"].items()
+        }
+        args = [_restore(v, results) for v in event["args"]]
+        results.append(builtins[event["call"]](args, kwargs, loc))
+    return reply["loaded"]
 
-    def loc(self, node: ast.AST) -> Location:
-        return Location(self.path, getattr(node, "lineno", 0), getattr(node, "col_offset", -1) + 1)
 
-    def fail(self, node: ast.AST, message: str) -> UserError:
-        return UserError(message, self.loc(node))
+def _restore(value: Any, results: list[Any]) -> Any:
+    """A recorded value with each call's result put back where the file used it (pypi_file)."""
+    if isinstance(value, dict):
+        if set(value) == {"__npubuild_call__"}:
+            return results[value["__npubuild_call__"]]
+        return {k: _restore(v, results) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_restore(v, results) for v in value]
+    return value
 
-    # statements -------------------------------------------------------------------------------
-    def run(self, module: ast.Module) -> None:
-        for stmt in module.body:
-            if isinstance(stmt, ast.Expr):
-                if isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str):
-                    continue  # a docstring
-                if not isinstance(stmt.value, ast.Call):
-                    raise self.fail(stmt, "a statement must be a rule call or an assignment")
-                self.expr(stmt.value)
-            elif isinstance(stmt, ast.Assign):
-                if len(stmt.targets) != 1 or not isinstance(stmt.targets[0], ast.Name):
-                    raise self.fail(stmt, "only simple assignments 'NAME = value' are allowed")
-                name = stmt.targets[0].id
-                if name in self.builtins:
-                    raise self.fail(stmt, f"cannot assign to built-in '{name}'")
-                self.variables[name] = self.expr(stmt.value)
-            elif isinstance(stmt, ast.Pass):
-                continue
-            else:
-                kind = type(stmt).__name__.lower()
-                raise self.fail(stmt, f"'{kind}' statements are not allowed in BUILD files")
 
-    # budgets ----------------------------------------------------------------------------------
-    def step(self, node: ast.AST) -> None:
-        self.steps += 1
-        if self.steps > MAX_STEPS:
-            raise self.fail(node, f"evaluation takes more than {MAX_STEPS:,} steps")
-        if self.steps % 1024 == 0 and time.monotonic() > self.deadline:
-            raise self.fail(node, f"evaluation takes more than {MAX_SECONDS:g} seconds")
+def _limits(extra_address_space: int = 0) -> None:
+    """In the child, before it evaluates: bounded memory and CPU, no core file."""
+    import resource
 
-    def make(self, node: ast.AST, length: int, what: str = "value too large") -> None:
-        """Account for a string or list of `length` about to be made; refuse it over budget."""
-        if length > MAX_LENGTH:
-            raise self.fail(node, f"{what}: {length:,} characters or elements (at most {MAX_LENGTH:,})")
-        self.allocated += length
-        if self.allocated > MAX_ALLOCATED:
-            raise self.fail(node, f"the file makes more than {MAX_ALLOCATED:,} characters and elements")
+    def lower(kind: int, wanted: int) -> None:  # never above a limit already set
+        _, hard = resource.getrlimit(kind)
+        value = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        resource.setrlimit(kind, (value, value))
 
-    def number(self, node: ast.AST, value: Any) -> Any:
-        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
-            raise self.fail(node, "integer overflow (BUILD integers are 64-bit)")
-        return value
+    lower(resource.RLIMIT_AS, MAX_MEMORY + extra_address_space)
+    lower(resource.RLIMIT_CPU, int(MAX_SECONDS) + 2)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
-    # expressions ------------------------------------------------------------------------------
-    def expr(self, node: ast.expr) -> Any:
-        self.step(node)
-        method = getattr(self, f"_{type(node).__name__}", None)
-        if method is None:
-            raise self.fail(node, f"{type(node).__name__} expressions are not allowed in BUILD files")
-        return method(node)
 
-    def _Constant(self, node: ast.Constant) -> Any:
-        if isinstance(node.value, (str, int, float, bool)) or node.value is None:
-            return self.number(node, node.value)
-        raise self.fail(node, f"unsupported literal {node.value!r}")
+def _address_space() -> int:
+    """This process's address space now (a forked child starts with all of it)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 4 << 30  # not Linux: a generous allowance instead
 
-    def _List(self, node: ast.List) -> list:
-        return [self.expr(e) for e in node.elts]
 
-    def _Tuple(self, node: ast.Tuple) -> tuple:
-        return tuple(self.expr(e) for e in node.elts)
+def _forked(request: dict) -> tuple[bytes, str, str | None]:
+    """(reply, progress, why it stopped) from a forked child: no interpreter to start, so a BUILD
+    file costs milliseconds; the child inherits this process and gets MAX_MEMORY beyond it."""
+    import select
+    import signal
+    import time
 
-    def _Dict(self, node: ast.Dict) -> dict:
-        out: dict = {}
-        for k, v in zip(node.keys, node.values):
-            if k is None:
-                raise self.fail(v, "'**' unpacking is not allowed in BUILD files")
-            key = self.expr(k)
-            if not isinstance(key, (str, int)):
-                raise self.fail(k, "dict keys must be strings or integers")
-            if key in out:
-                raise self.fail(k, f"duplicate key {key!r} in dict")
-            out[key] = self.expr(v)
-        return out
-
-    def _Name(self, node: ast.Name) -> Any:
-        if node.id in self.variables:
-            return self.variables[node.id]
-        if node.id in self.builtins:
-            raise self.fail(node, f"'{node.id}' is a function; call it")
-        raise self.fail(node, f"name '{node.id}' is not defined")
-
-    def _UnaryOp(self, node: ast.UnaryOp) -> Any:
-        value = self.expr(node.operand)
-        if (
-            isinstance(node.op, (ast.USub, ast.UAdd))
-            and isinstance(value, (int, float))
-            and not isinstance(value, bool)
-        ):
-            return -value if isinstance(node.op, ast.USub) else value
-        if isinstance(node.op, ast.Not):
-            return not value
-        raise self.fail(node, "unsupported unary operator")
-
-    def _BinOp(self, node: ast.BinOp) -> Any:
-        left, right = self.expr(node.left), self.expr(node.right)
-        op = node.op
+    extra = _address_space()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: evaluate, write "at N" lines and then "=" + the reply, exit
+        os.close(read_end)
+        code = 0
         try:
-            if isinstance(op, ast.Add) and type(left) is type(right) and isinstance(left, (str, list)):
-                self.make(node, len(left) + len(right))
-                return left + right
-            if isinstance(op, ast.Add) and _is_number(left) and _is_number(right):
-                return self.number(node, left + right)
-            if isinstance(op, (ast.Sub, ast.Div)) and _is_number(left) and _is_number(right):
-                return self.number(node, left - right if isinstance(op, ast.Sub) else left / right)
-            if isinstance(op, ast.Mult):
-                if _is_number(left) and _is_number(right):
-                    if isinstance(left, int) and isinstance(right, int):
-                        if left.bit_length() + right.bit_length() > 64:
-                            raise self.fail(node, "integer overflow (BUILD integers are 64-bit)")
-                    return self.number(node, left * right)
-                seq, count = (left, right) if isinstance(right, int) else (right, left)
-                if isinstance(seq, (str, list)) and isinstance(count, int) and not isinstance(count, bool):
-                    self.make(node, max(count, 0) * len(seq), "repetition too large")
-                    return seq * count
-            if isinstance(op, ast.Mod) and isinstance(left, str):
-                return self.percent(node, left, right)
-        except UserError:
-            raise
-        except (TypeError, ValueError, KeyError, ZeroDivisionError, OverflowError) as exc:
-            raise self.fail(node, f"cannot apply operator: {exc}") from None
-        raise self.fail(
-            node, f"unsupported operand types for {type(op).__name__}: {_tname(left)} and {_tname(right)}"
+            import faulthandler
+
+            faulthandler.disable()  # a crash here is reported by the parent, in one line
+            quiet = os.open(os.devnull, os.O_WRONLY)  # a Rust panic's backtrace is not the user's
+            os.dup2(quiet, 1)
+            os.dup2(quiet, 2)
+            _limits(extra)
+            reply = _evaluate_in_child(request, lambda line: os.write(write_end, f"at {line}\n".encode()))
+            data = b"=" + json.dumps(reply).encode() + b"\n"
+            for k in range(0, len(data), 1 << 16):
+                os.write(write_end, data[k : k + 1 << 16])
+        except MemoryError:
+            code = 75
+        except BaseException:
+            code = 70
+        os._exit(code)
+    os.close(write_end)
+    chunks, deadline, stopped = [], time.monotonic() + MAX_SECONDS + 0.5, None
+    size = 0
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([read_end], [], [], left)[0]:
+                os.kill(pid, signal.SIGKILL)
+                stopped = "time"
+                break
+            chunk = os.read(read_end, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > MAX_OUTPUT + (1 << 20):
+                os.kill(pid, signal.SIGKILL)
+                stopped = "output"
+                break
+    finally:
+        os.close(read_end)
+        _, status = os.waitpid(pid, 0)
+    text = b"".join(chunks)
+    reply_at = text.find(b"\n=")
+    reply = text[reply_at + 2 :] if reply_at >= 0 else (text[1:] if text.startswith(b"=") else b"")
+    progress = text[: reply_at + 1 if reply_at >= 0 else len(text)].decode(errors="replace")
+    if stopped is None and os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGSEGV:
+        stopped = "crash"  # the evaluator's own stack: deeply nested source
+    elif stopped is None and (not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0 or not reply):
+        stopped = "memory"
+    return reply, progress, stopped
+
+
+def _spawned(request: dict) -> tuple[bytes, str, str | None]:
+    """The same through a new interpreter, where fork is not available."""
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "npubuild.buildlang"],
+            input=json.dumps(request).encode(),
+            capture_output=True,
+            timeout=MAX_SECONDS + 0.5,  # one operation (a huge integer product) can outlast the check
+            preexec_fn=_limits if os.name == "posix" else None,
         )
-
-    def _JoinedStr(self, node: ast.JoinedStr) -> str:
-        parts = []
-        for value in node.values:
-            if isinstance(value, ast.Constant):
-                parts.append(str(value.value))
-            elif isinstance(value, ast.FormattedValue):
-                if value.format_spec is not None or value.conversion != -1:
-                    raise self.fail(value, "f-string conversions and format specs are not supported")
-                parts.append(_to_str(self.expr(value.value)))
-        self.make(node, sum(len(p) for p in parts))
-        return "".join(parts)
-
-    def _Subscript(self, node: ast.Subscript) -> Any:
-        container = self.expr(node.value)
-        index = self.expr(node.slice)
-        try:
-            return container[index]
-        except (KeyError, IndexError, TypeError) as exc:
-            raise self.fail(node, f"bad index {index!r}: {exc}") from None
-
-    def _Call(self, node: ast.Call) -> Any:
-        if isinstance(node.func, ast.Attribute):
-            return self._method_call(node, node.func)
-        if not isinstance(node.func, ast.Name):
-            raise self.fail(node, "only named functions can be called")
-        name = node.func.id
-        builtin = self.builtins.get(name)
-        if builtin is None:
-            if name in self.variables:
-                raise self.fail(node, f"'{name}' is not a function")
-            raise self.fail(node, f"unknown rule or function '{name}'")
-        args = []
-        for a in node.args:
-            if isinstance(a, ast.Starred):
-                raise self.fail(a, "'*' unpacking is not allowed in BUILD files")
-            args.append(self.expr(a))
-        kwargs: dict[str, Arg] = {}
-        for kw in node.keywords:
-            if kw.arg is None:
-                raise self.fail(kw, "'**' unpacking is not allowed in BUILD files")
-            if kw.arg in kwargs:
-                raise self.fail(kw, f"attribute '{kw.arg}' given twice")
-            kwargs[kw.arg] = Arg(self.expr(kw.value), self.loc(kw))
-        return builtin(args, kwargs, self.loc(node))
-
-    def _method_call(self, node: ast.Call, func: ast.Attribute) -> Any:
-        target = self.expr(func.value)
-        if not isinstance(target, str) or func.attr not in _STR_METHODS:
-            raise self.fail(node, f"method '{func.attr}' is not available on {_tname(target)}")
-        args = [self.expr(a) for a in node.args]
-        kwargs = {kw.arg: self.expr(kw.value) for kw in node.keywords if kw.arg}
-        if any(kw.arg is None for kw in node.keywords):
-            raise self.fail(node, "'**' unpacking is not allowed in BUILD files")
-        try:
-            if func.attr == "format":
-                return self.format(node, target, args, kwargs)
-            if func.attr == "join":
-                (items,) = args
-                if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
-                    raise TypeError("join() takes a list of strings")
-                self.make(node, sum(len(i) for i in items) + len(target) * max(len(items) - 1, 0))
-            elif func.attr == "replace":
-                old, new = args[0], args[1]
-                if not isinstance(old, str) or not isinstance(new, str):
-                    raise TypeError("replace() takes two strings")
-                self.make(node, len(target) + (target.count(old) + 1) * max(len(new) - len(old), 0))
-            elif func.attr == "split":
-                self.make(node, len(target) + 1)
-            else:
-                self.make(node, len(target) * 3)  # upper() of some characters is three of them
-            return getattr(target, func.attr)(*args, **kwargs)
-        except UserError:
-            raise
-        except (TypeError, ValueError, KeyError, IndexError) as exc:
-            raise self.fail(node, f"{func.attr}() failed: {exc}") from None
-
-    # formatting: our own, so a format string can reach nothing but the values it is given -------
-    def format(self, node: ast.AST, template: str, args: list, kwargs: dict) -> str:
-        parts: list[str] = []
-        auto = 0
-        for literal, field, spec, conversion in string.Formatter().parse(template):
-            parts.append(literal)
-            if field is None:
-                continue
-            if field == "":
-                key: int | str = auto
-                auto += 1
-            elif field.isdigit():
-                key = int(field)
-            elif field.isidentifier():
-                key = field
-            else:
-                raise self.fail(node, f"format field '{{{field}}}' must be empty, a number or a name")
-            try:
-                value = args[key] if isinstance(key, int) else kwargs[key]
-            except (IndexError, KeyError):
-                raise self.fail(node, f"format() has no argument for '{{{field}}}'") from None
-            if conversion == "r":
-                value = repr(value) if isinstance(value, str) else _to_str(value)
-            elif conversion not in (None, "s"):
-                raise self.fail(node, f"format conversion '!{conversion}' is not supported")
-            parts.append(self.field(node, value, spec or ""))
-            self.make(node, sum(len(p) for p in parts))
-        return "".join(parts)
-
-    def field(self, node: ast.AST, value: Any, spec: str) -> str:
-        """One formatted value: a plain string, number or bool, with a small width and precision."""
-        if not spec:
-            return _to_str(value)
-        found = _FORMAT_SPEC.match(spec)
-        if found is None or not isinstance(value, (str, int, float)):
-            raise self.fail(node, f"format spec ':{spec}' is not supported for {_tname(value)}")
-        for part in ("width", "precision"):
-            if len(found[part] or "") > 4 or int(found[part] or 0) > MAX_WIDTH:
-                raise self.fail(node, f"format {part} {found[part]} is larger than {MAX_WIDTH}")
-        try:
-            return format(value, spec)
-        except (TypeError, ValueError) as exc:
-            raise self.fail(node, f"format spec ':{spec}': {exc}") from None
-
-    def percent(self, node: ast.AST, template: str, values: Any) -> str:
-        """printf-style `%` formatting with bounded widths and precisions, and no `*`."""
-        for found in _PERCENT_SPEC.finditer(template):
-            for part in ("width", "precision"):
-                text = found[part]
-                if text == "*":
-                    raise self.fail(node, "'*' widths are not supported in % formatting")
-                if text and (len(text) > 4 or int(text) > MAX_WIDTH):
-                    raise self.fail(node, f"% format width {text} is larger than {MAX_WIDTH}")
-        if isinstance(values, list):
-            values = tuple(values)
-        elif not isinstance(values, (tuple, dict)):
-            values = (values,)
-        if isinstance(values, tuple):
-            values = tuple(v if isinstance(v, (str, int, float)) else _to_str(v) for v in values)
-        try:
-            result = template % values
-        except (TypeError, ValueError, KeyError) as exc:
-            raise self.fail(node, f"% formatting failed: {exc}") from None
-        self.make(node, len(result))
-        return result
+    except subprocess.TimeoutExpired as exc:
+        return b"", (exc.stderr or b"").decode(errors="replace"), "time"
+    stopped = None if proc.returncode == 0 else "memory"
+    return proc.stdout, proc.stderr.decode(errors="replace"), stopped
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _tname(value: Any) -> str:
-    return {str: "string", list: "list", dict: "dict", tuple: "tuple", bool: "bool"}.get(
-        type(value), type(value).__name__
+def _run_child(request: dict, path: str) -> dict:
+    """The child's reply; a child that ran out of time or memory is one error at the line of the
+    top-level statement it was evaluating (it reports each one as it starts it)."""
+    reply, progress, stopped = (_forked if hasattr(os, "fork") else _spawned)(request)
+    if stopped is None and len(reply) > MAX_OUTPUT:
+        stopped = "output"
+    if stopped is None:
+        return json.loads(reply)
+    starts = [int(ln[3:]) for ln in progress.splitlines() if ln.startswith("at ") and ln[3:].isdigit()]
+    where = Location(path, starts[-1]) if starts else Location(path)
+    if stopped == "time":
+        raise UserError(f"evaluation took longer than {MAX_SECONDS:g} s (an endless or long loop?)", where)
+    if stopped == "crash":
+        raise UserError("evaluation ran out of stack (an expression nested too deeply?)", where)
+    if stopped == "output":
+        raise UserError(f"the file's targets take more than {MAX_OUTPUT >> 20} MiB", where)
+    raise UserError(
+        f"evaluation needed more than {MAX_MEMORY >> 20} MiB of memory (or too large a value); stopped",
+        where,
     )
 
 
-def _to_str(value: Any) -> str:
-    return value if isinstance(value, str) else repr(value)
+# --- the child: evaluate with starlark-rust, record the calls -----------------------------------
 
 
-def _longest_line(source: str) -> int:
-    """Where the statement with the most tokens starts: the one Python's parser choked on."""
-    import io
-    import tokenize
+class _Stop(Exception):
+    """An error the child reports as one line at a location."""
 
-    best, best_count, start, count = 0, -1, 1, 0
+    def __init__(self, message: str, path: str, line: int | None = None, col: int | None = None):
+        super().__init__(message)
+        self.where = (path, line, col)
+
+
+def _statements(source: str) -> list[tuple[int, int, dict[str, list[dict]]]]:
+    """(first line, last line, the calls it spells by name) of each top-level statement, from
+    Python's parser (Starlark's syntax is Python's); empty when Python cannot parse it."""
+    import ast
+
     try:
-        for token in tokenize.generate_tokens(io.StringIO(source).readline):
-            if count == 0:
-                start = token.start[0]
-            count += 1
-            if token.type in (tokenize.NEWLINE, tokenize.ENDMARKER):
-                if count > best_count:
-                    best, best_count = start, count
-                count = 0
-    except (tokenize.TokenError, SyntaxError):
-        pass
-    return best
+        module = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    spans: list[tuple[int, int, dict[str, list[dict]]]] = []
+    for stmt in module.body:
+        calls: dict[str, list[dict]] = {}
+        nodes = sorted(
+            (n for n in ast.walk(stmt) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)),
+            key=lambda n: (n.lineno, n.col_offset),
+        )
+        for node in nodes:
+            calls.setdefault(node.func.id, []).append(
+                {
+                    "loc": [node.lineno, node.col_offset + 1],
+                    "kwlocs": {
+                        k.arg: [k.value.lineno, k.value.col_offset + 1] for k in node.keywords if k.arg
+                    },
+                }
+            )
+        first, last = stmt.lineno, stmt.end_lineno or stmt.lineno
+        if spans and first <= spans[-1][1]:  # two statements on one line (a; b): one chunk
+            merged = spans[-1][2]
+            for name, found in calls.items():
+                merged.setdefault(name, []).extend(found)
+            spans[-1] = (spans[-1][0], max(last, spans[-1][1]), merged)
+        else:
+            spans.append((first, last, calls))
+    return spans
 
 
-def _check_depth(module: ast.Module, path: str) -> None:
-    """Refuse expressions nested deeper than MAX_DEPTH before evaluating (which recurses)."""
-    todo: list[tuple[ast.AST, int, Location]] = [(module, 0, Location(path))]
-    while todo:
-        node, depth, where = todo.pop()
-        if hasattr(node, "lineno"):
-            where = Location(path, node.lineno, node.col_offset + 1)
-        if depth > MAX_DEPTH:
-            raise UserError(f"expression nested more than {MAX_DEPTH} levels deep", where)
-        todo.extend((child, depth + 1, where) for child in ast.iter_child_nodes(node))
+def _error(exc: Exception, fallback: str) -> _Stop:
+    """One line from a Starlark error: its message and the first file:line:col it points at."""
+    import re
+
+    text = str(exc)
+    message = next((ln[len("error: ") :] for ln in text.splitlines() if ln.startswith("error: ")), text)
+    message = re.sub(r"^(StarlarkError|UserError|ValueError|TypeError|_Stop): ", "", message.strip())
+    if "Evaluation cancelled" in message:
+        message = f"evaluation took longer than {MAX_SECONDS:g} s (an endless or long loop?)"
+    unknown = re.match(r"Variable `(\w+)` not found(.*)", message)
+    if unknown:  # a call of a name nothing defines is most often a misspelt rule
+        name, hint = unknown.groups()
+        kind = "rule or function" if re.search(rf"\b{name}\s*\(", text) else "name"
+        message = f"unknown {kind} '{name}'{hint.replace('`', chr(39))}"
+    if message.startswith("Parse error: "):
+        detail = message[len("Parse error: ") :]
+        message = "syntax error: " + (detail if len(detail) <= 120 else detail[:117] + "...")
+    where = re.search(r"--> (\S+?):(\d+):(\d+)", text)
+    if where:
+        return _Stop(message, where.group(1), int(where.group(2)), int(where.group(3)))
+    return _Stop(message, fallback)
 
 
-def evaluate(source: str, path: str, builtins: dict[str, Builtin]) -> dict[str, Any]:
-    """Evaluate one BUILD file; rule builtins record targets as a side effect. Returns its variables."""
-    if len(source) > MAX_SOURCE_BYTES:
-        raise UserError(f"BUILD file larger than {MAX_SOURCE_BYTES:,} characters", Location(path))
+class _Recorder:
+    """The child's builtins: rules and pypi_file record their call; glob lists files (in the
+    package, as the file's own glob would) and records its call too."""
+
+    def __init__(self, request: dict):
+        self.path = request["path"]
+        self.package_dir = Path(request["package_dir"])
+        self.events: list[dict] = []
+        self.site: tuple[list[int], dict[str, list[dict]]] = ([1, 1], {})
+        self.used: dict[str, int] = {}
+
+    def at(self, first_line: int, calls: dict[str, list[dict]]) -> None:
+        self.site = ([first_line, 1], calls)
+        self.used = {}
+
+    def _where(self, name: str) -> tuple[list[int], dict[str, list[int]]]:
+        statement, calls = self.site
+        spelled = calls.get(name, [])
+        if not spelled:  # made by a macro: the macro's call in this file
+            return statement, {}
+        k = min(self.used.get(name, 0), len(spelled) - 1)
+        self.used[name] = k + 1
+        return spelled[k]["loc"], spelled[k]["kwlocs"]
+
+    def callable(self, name: str):
+        def call(*args, **kwargs):
+            loc, kwlocs = self._where(name)
+            if name == "glob":
+                return self._glob(args, kwargs, loc)
+            self.events.append(
+                {"call": name, "args": list(args), "kwargs": kwargs, "loc": loc, "kwlocs": kwlocs}
+            )
+            return {"__npubuild_call__": len(self.events) - 1} if name == "pypi_file" else None
+
+        return call
+
+    def _glob(self, args, kwargs, loc):
+        from npubuild.layout import glob_files
+
+        include = args[0] if args else kwargs.get("include")
+        exclude = kwargs.get("exclude", args[1] if len(args) > 1 else [])
+        lists = isinstance(include, list) and isinstance(exclude, list)
+        if set(kwargs) - {"include", "exclude"} or not lists:
+            raise _Stop("glob(include, exclude=[]) takes two lists of patterns", self.path, *loc)
+        try:
+            found = glob_files(self.package_dir, include, exclude)
+        except UserError as exc:
+            raise _Stop(exc.message, self.path, *loc) from None
+        self.events.append({"call": "glob", "args": [include, exclude], "kwargs": {}, "loc": loc})
+        return found
+
+
+def _evaluate_in_child(request: dict, progress: Callable[[int], Any]) -> dict:
+    import time
+
+    import starlark as sl
+
+    root = Path(request["root"])
+    path, source = request["path"], request["source"]
+    recorder = _Recorder(request)
+    dialect = sl.Dialect.extended()
+    base = sl.Globals.standard()
+    started = time.monotonic()
+    options = sl.EvalOptions(check_cancelled=lambda: time.monotonic() - started > MAX_SECONDS)
+    loaded: list[str] = []
+    loading: list[str] = []
+    modules: dict[str, Any] = {}
+
+    def new_module():
+        module = sl.Module()
+        for name in request["names"]:
+            module.add_callable(name, recorder.callable(name))
+        return module
+
+    def load(label: str):
+        rel = _bzl_path(label, path)
+        if rel in modules:
+            return modules[rel]
+        if rel in loading or len(loading) >= MAX_LOAD_DEPTH:
+            raise _Stop(f"load cycle or depth: {' -> '.join([*loading, rel])}", path)
+        file = (root / rel).resolve()
+        if not file.is_relative_to(root.resolve()) or not file.is_file():
+            raise _Stop(f"load('{label}'): no file {rel} in the workspace", path)
+        text = file.read_text(encoding="utf-8")
+        if len(text.encode()) > MAX_SOURCE_BYTES:
+            raise _Stop(f"{rel}: larger than {MAX_SOURCE_BYTES} bytes", rel)
+        loading.append(rel)
+        module = new_module()
+        sl.eval_with(options, module, sl.parse(rel, text, dialect), base, sl.FileLoader(load))
+        loading.pop()
+        loaded.append(rel)
+        modules[rel] = module.freeze()
+        return modules[rel]
+
+    module = new_module()
     try:
-        with warnings.catch_warnings():  # SyntaxWarnings would print to stderr: errors are ours
-            warnings.simplefilter("ignore")
-            module = ast.parse(source, filename=path)
-    except SyntaxError as exc:
-        raise UserError(
-            f"syntax error: {exc.msg}", Location(path, exc.lineno or 0, exc.offset or 0)
-        ) from None
-    except ValueError as exc:  # e.g. null bytes
-        raise UserError(f"cannot parse: {exc}", Location(path)) from None
-    except (RecursionError, MemoryError):
-        where = Location(path, _longest_line(source))
-        raise UserError(
-            f"expression nested too deeply to parse (at most {MAX_DEPTH} levels)", where
-        ) from None
-    _check_depth(module, path)
-    evaluator = _Evaluator(path, builtins)
-    evaluator.run(module)
-    return evaluator.variables
+        sl.parse(path, source, dialect)  # syntax errors first, with Starlark's own message
+        spans = _statements(source) or [(1, source.count("\n") + 1, {})]
+        lines = source.splitlines(keepends=True)
+        for first, last, calls in spans:
+            recorder.at(first, calls)
+            progress(first)  # where the parent says a killed evaluation stopped
+            chunk = "\n" * (first - 1) + "".join(lines[first - 1 : last])
+            sl.eval_with(options, module, sl.parse(path, chunk, dialect), base, sl.FileLoader(load))
+    except _Stop as stop:
+        return {"error": dict(zip(("path", "line", "col"), stop.where), message=str(stop))}
+    except sl.StarlarkError as exc:
+        stop = exc.__cause__ if isinstance(exc.__cause__, _Stop) else _error(exc, path)
+        return {"error": dict(zip(("path", "line", "col"), stop.where), message=str(stop))}
+    except (OSError, UnicodeDecodeError) as exc:
+        return {"error": {"path": path, "message": f"cannot read a loaded file ({exc})"}}
+    return {"events": recorder.events, "loaded": sorted(set(loaded))}
+
+
+def _bzl_path(label: str, current: str) -> str:
+    """The workspace-relative file a load() label names: //pkg:file.bzl, or :file.bzl in the
+    loading file's package."""
+    if not isinstance(label, str) or not label.endswith(BZL_SUFFIX):
+        raise _Stop(f"load('{label}'): only .bzl files can be loaded", current)
+    if label.startswith("//"):
+        package, _, name = label[2:].partition(":")
+    elif label.startswith(":"):
+        package, name = os.path.dirname(current), label[1:]
+    else:
+        raise _Stop(f"load('{label}'): expected '//package:file.bzl' or ':file.bzl'", current)
+    parts = [p for p in [*package.split("/"), *name.split("/")] if p]
+    if not name or any(p in (".", "..") for p in parts):
+        raise _Stop(f"load('{label}'): the file must stay inside the workspace", current)
+    return "/".join(parts)
+
+
+def _child_main() -> None:
+    request = json.loads(sys.stdin.buffer.read())
+
+    def progress(line: int) -> None:
+        sys.stderr.write(f"at {line}\n")
+        sys.stderr.flush()
+
+    sys.stdout.write(json.dumps(_evaluate_in_child(request, progress)))
+
+
+if __name__ == "__main__":
+    _child_main()

@@ -51,7 +51,8 @@ class Workspace:
         targets: dict[str, Target] = {}
         self.loaded_build_files.append(self.build_file(package))
         builtins = package_builtins(package, self.package_dir(package), targets, self.globs)
-        evaluate(source, self.build_file(package), builtins)
+        loaded = evaluate(source, self.build_file(package), builtins, self.root, self.package_dir(package))
+        self.loaded_build_files += [rel for rel in loaded if rel not in self.loaded_build_files]
         self._packages[package] = targets
         return targets
 

@@ -1,4 +1,7 @@
-"""The BUILD evaluator: what it accepts, what it computes, and that it refuses everything else."""
+"""The BUILD evaluator (Starlark): what it computes, where each call was written, and that it
+refuses what Starlark refuses, each at its line."""
+
+from pathlib import Path
 
 import pytest
 
@@ -10,68 +13,89 @@ def record_calls():
     calls = []
 
     def rule(args, kwargs, location):
-        calls.append(({k: a.value for k, a in kwargs.items()}, location))
+        calls.append(
+            ({k: a.value for k, a in kwargs.items()}, location, {k: a.location for k, a in kwargs.items()})
+        )
 
     return calls, {"rule": rule}
 
 
-def test_literals_variables_and_operators():
+def run(tmp_path: Path, source: str, builtins) -> list[str]:
+    return evaluate(source, "pkg/BUILD", builtins, tmp_path, tmp_path / "pkg")
+
+
+def test_values_operators_and_locations(tmp_path):
     calls, builtins = record_calls()
-    variables = evaluate(
+    run(
+        tmp_path,
         'A = [1, 2]\nB = A + [3]\nS = "x" + "y"\nF = "%s-%d" % ("a", 4)\n'
-        'G = "{}/{}".format("p", "q")\nH = f"v{S}"\nD = {"k": -1.5, "n": None}\nT = (True, False)\n'
-        'J = ",".join(["a", "b"])\nK = D["k"] * 2\nrule(name = "n", v = B, s = S)\n',
-        "BUILD",
+        'G = "{}/{}".format("p", "q")\nD = {"k": -1.5, "n": None}\nT = (True, False)\n'
+        'J = ",".join(["a", "b"])\nK = D["k"] * 2\nrule(name = "n", v = B, s = S,\n'
+        "     f = F, g = G, j = J, k = K, t = T, d = D, q = 1 / 4)\n",
         builtins,
     )
-    assert variables["B"] == [1, 2, 3]
-    assert variables["F"] == "a-4"
-    assert variables["G"] == "p/q"
-    assert variables["H"] == "vxy"
-    assert variables["J"] == "a,b"
-    assert variables["K"] == -3.0
-    assert calls[0][0] == {"name": "n", "v": [1, 2, 3], "s": "xy"}
-    assert (calls[0][1].line, calls[0][1].col) == (11, 1)
+    (values, where, at) = calls[0]
+    assert values == {
+        "name": "n",
+        "v": [1, 2, 3],
+        "s": "xy",
+        "f": "a-4",
+        "g": "p/q",
+        "j": "a,b",
+        "k": -3.0,
+        "t": [True, False],
+        "d": {"k": -1.5, "n": None},
+        "q": 0.25,
+    }
+    assert (where.line, where.col) == (10, 1)
+    assert (at["s"].line, at["s"].col) == (10, 29) and at["k"].line == 11
 
 
-def test_comments_and_formatting_do_not_matter():
+def test_comments_and_formatting_do_not_matter(tmp_path):
     a_calls, a = record_calls()
     b_calls, b = record_calls()
-    evaluate('rule(name="x", v=[1,2])', "BUILD", a)
-    evaluate(
+    run(tmp_path, 'rule(name="x", v=[1,2])', a)
+    run(
+        tmp_path,
         '# comment\n\nrule(\n    name = "x",  # why\n    v = [\n        1,\n        2,\n    ],\n)\n',
-        "BUILD",
         b,
     )
     assert a_calls[0][0] == b_calls[0][0]
 
 
+def test_macros_loops_and_comprehensions_make_rules(tmp_path):
+    calls, builtins = record_calls()
+    run(
+        tmp_path,
+        "def pair(name, n):\n    for i in range(n):\n        rule(name = name + str(i))\n"
+        'pair("a", 2)\n[rule(name = "c%d" % i) for i in [7, 8] if i > 7]\n',
+        builtins,
+    )
+    assert [c[0]["name"] for c in calls] == ["a0", "a1", "c8"]
+    assert [c[1].line for c in calls] == [4, 4, 5]  # a macro's rules point at the macro's call
+
+
 @pytest.mark.parametrize(
     "source, message, line",
     [
-        ("import os", "'import' statements are not allowed", 1),
-        ("x = 1\ndef f():\n    pass", "'functiondef' statements are not allowed", 2),
+        ("import os", "syntax error", 1),
         ("x = __import__('os')", "unknown rule or function '__import__'", 1),
-        ("x = (1).real", "Attribute expressions are not allowed", 1),
-        ("x = [i for i in [1]]", "ListComp expressions are not allowed", 1),
-        ("x = lambda: 1", "Lambda expressions are not allowed", 1),
-        ("y = x", "name 'x' is not defined", 1),
+        ("x = (1).real", "real", 1),
+        ("y = x", "unknown name 'x'", 1),
         ("rule(name = 'a', name = 'b')", "", 1),
-        ('"a" * 10000000', "a statement must be a rule call", 1),
-        ('x = "a" * 10000000', "repetition too large", 1),
         ("x = 1 +", "syntax error", 1),
-        ("x = {'a': 1, 'a': 2}", "duplicate key", 1),
-        ("x = 'abc'.__class__", "Attribute expressions are not allowed", 1),
-        ("x = 'a'.zfill(3)", "method 'zfill' is not available", 1),
-        ("x = 1\n\nrule(**{'name': 'a'})", "'**' unpacking is not allowed", 3),
-        ("for i in []:\n    pass", "'for' statements are not allowed", 1),
+        ("x = 'abc'.__class__", "__class__", 1),
+        ("x = 'a'.zfill(3)", "zfill", 1),
+        ("x = 1\n\nrule(name = 1 // 0)", "division by zero", 3),
+        ("while True:\n    pass", "syntax error", 1),
+        ('x = f"{1}"', "f-strings", 1),
     ],
 )
-def test_refused_constructs_name_their_line(source, message, line):
+def test_refused_constructs_name_their_line(tmp_path, source, message, line):
     _, builtins = record_calls()
     with pytest.raises(UserError) as info:
-        evaluate(source, "pkg/BUILD", builtins)
-    assert message in info.value.message
+        run(tmp_path, source, builtins)
+    assert message in info.value.message, info.value.message
     assert info.value.location.path == "pkg/BUILD"
     assert info.value.location.line == line
     assert str(info.value).startswith(f"pkg/BUILD:{line}")

@@ -71,6 +71,27 @@ def test_d_dataset_preprocessing_reruns_only_its_prepare_and_readers(small_ws, s
     assert run_build(small_ws, store).executed() == {PREPARE_CALIB, OPTIMIZE} | QUANTIZED
 
 
+def test_d_a_loaded_macro_is_a_build_input_its_comments_are_not(small_ws, store):
+    """data/BUILD made by a macro of tools/defs.bzl: the .bzl file is read like a BUILD file."""
+    (small_ws / "tools").mkdir()
+    defs = small_ws / "tools" / "defs.bzl"
+    defs.write_text(
+        'def sets(pre):\n    dataset(name = "calib", srcs = glob(["calib/*.png"]), preprocess = pre)\n'
+    )
+    edit(
+        small_ws / "data" / "BUILD",
+        'dataset(name = "calib", srcs = glob(["calib/*.png"]), preprocess = PRE)',
+        "sets(PRE)",
+    )
+    build = small_ws / "data" / "BUILD"
+    build.write_text('load("//tools:defs.bzl", "sets")\n' + build.read_text())
+    assert run_build(small_ws, store).executed() == EVERYTHING
+    defs.write_text("# The data sets.\n\n" + defs.read_text().replace(" = ", "="))
+    assert run_build(small_ws, store).executed() == set()
+    edit(defs, "preprocess=pre)", "preprocess=dict(pre, mean = [0.45]))")
+    assert run_build(small_ws, store).executed() == {PREPARE_CALIB, OPTIMIZE} | QUANTIZED
+
+
 def test_e_optimize_option_reruns_only_that_optimize(small_ws, store):
     run_build(small_ws, store)
     build = small_ws / "models" / "BUILD"

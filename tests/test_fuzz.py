@@ -1,6 +1,6 @@
 """The fuzzers of benchmarks/fuzz.py in the suite: only the project's own errors escape, no case
-hangs, memory stays under a cap. The benchmark runs 2,000 cases of each; here BUILD files get the
-same 2,000 and binaries a seeded 300 (each one is simulated)."""
+hangs, memory stays under a cap. The benchmark runs 2,000 cases of each; here BUILD files get a
+seeded 300 (each evaluated in a child process) and binaries a seeded 300 (each one is simulated)."""
 
 from __future__ import annotations
 
@@ -23,11 +23,12 @@ def capped_memory():
     resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
+@pytest.mark.slow
 def test_build_file_fuzzer(capped_memory):
-    tally = fuzz.fuzz_build(2000, seed=7)
-    assert tally.cases == 2000
+    tally = fuzz.fuzz_build(300, seed=7)  # each case is a child process; the benchmark runs 2,000
+    assert tally.cases == 300
     assert not tally.crashes and not tally.hangs, (tally.crashes[:5], tally.hangs[:5])
-    assert tally.ok > 50 and tally.clean > 1000  # it reaches both the evaluator and the rules
+    assert tally.ok > 8 and tally.clean > 150  # it reaches both the evaluator and the rules
 
 
 @pytest.mark.slow

@@ -181,3 +181,51 @@ def test_an_npz_zip_bomb_is_refused_before_it_unpacks(tmp_path):
     with pytest.raises(UserError, match="more than 1,073,741,824 bytes"):
         prepared(tmp_path, {"bomb.npz": bomb})
     assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024 < 256  # MiB
+
+
+def _wide_photo() -> Image.Image:
+    """A real photograph cropped to 2:1, so the aspect-keeping modes have something to keep."""
+    im = Image.open(PHOTO).convert("RGB")
+    w, h = im.size
+    return im.crop((0, 0, w, w // 2)) if h > w // 2 else im.crop((0, 0, 2 * h, h))
+
+
+def test_letterbox_keeps_the_aspect_and_pads_with_the_pad_value(tmp_path):
+    photo = encoded(_wide_photo())
+    centred, _ = prepared(
+        tmp_path, {"a.png": photo}, resize=[64, 64], resize_mode="letterbox", pad_value=114, dtype="uint8"
+    )
+    rows = centred[0].transpose(1, 2, 0)  # [64, 64, 3]
+    padded = np.all(rows == 114, axis=(1, 2))
+    assert padded[:16].all() and padded[-16:].all()  # a 2:1 photo fills the middle 32 rows
+    assert not padded[16:48].any()
+    left, _ = prepared(
+        tmp_path,
+        {"a.png": photo},
+        resize=[64, 64],
+        resize_mode="letterbox",
+        pad_value=0,
+        pad_align="top_left",
+        dtype="uint8",
+    )
+    assert np.all(left[0][:, 32:] == 0) and not np.all(left[0][:, :32] == 0)
+    np.testing.assert_array_equal(left[0][:, :32], centred[0][:, 16:48])  # the same picture, moved
+
+
+def test_short_side_scales_then_crops_the_centre(tmp_path):
+    photo = _wide_photo()
+    out, _ = prepared(
+        tmp_path,
+        {"a.png": encoded(photo)},
+        resize=[32, 32],
+        resize_mode="short_side",
+        short_side=32,
+        dtype="uint8",
+    )
+    # scaled to 64x32 then cropped to the middle 32 columns: Pillow's own resize, then the slice
+    whole, _ = prepared(tmp_path, {"a.png": encoded(photo)}, resize=[32, 64], dtype="uint8")
+    np.testing.assert_array_equal(out[0], whole[0][:, :, 16:48])
+    with pytest.raises(Exception, match="needs resize"):
+        from npubuild.rules.attrs import Preprocess
+
+        Preprocess(resize_mode="letterbox")

@@ -69,6 +69,13 @@ class OnnxModelAttrs(Strict):
 
 class Preprocess(Strict):
     resize: tuple[PositiveInt, PositiveInt] | None = Field(None, description="(height, width)")
+    # How the photo becomes (height, width): "stretch" ignores its aspect; "short_side" scales its
+    # short side to `short_side` and crops the centre (ImageNet classifiers: 256 then 224);
+    # "letterbox" fits it inside and pads with `pad_value` (YOLO: centred, 114; PP-OCR rec: top_left)
+    resize_mode: Literal["stretch", "short_side", "letterbox"] = "stretch"
+    short_side: PositiveInt | None = Field(None, description="default: the larger of resize / 0.875")
+    pad_value: int = Field(114, ge=0, le=255, description="a pixel value, before scale/mean/std")
+    pad_align: Literal["center", "top_left"] = "center"
     layout: Literal["NCHW", "NHWC"] = "NCHW"
     color: Literal["RGB", "BGR", "GRAY"] = "RGB"
     scale: float = 1 / 255
@@ -79,6 +86,8 @@ class Preprocess(Strict):
 
     @model_validator(mode="after")
     def _channels(self) -> Preprocess:
+        if self.resize_mode != "stretch" and self.resize is None:
+            raise ValueError(f"resize_mode {self.resize_mode} needs resize = [height, width]")
         channels = 1 if self.color == "GRAY" else 3
         for field in ("mean", "std"):
             if len(getattr(self, field)) not in (1, channels):

@@ -40,8 +40,7 @@ def _image(path: Path, rel: str, pp: dict) -> np.ndarray:
                 im = Image.alpha_composite(background, im)
             im = im.convert(mode)
             if pp["resize"]:
-                height, width = pp["resize"]
-                im = im.resize((width, height), Image.BILINEAR)
+                im = _resized(im, pp)
             pixels = np.asarray(im, dtype=np.uint8)
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
         raise UserError(f"{rel}: cannot decode image ({type(exc).__name__}: {exc})") from None
@@ -62,6 +61,31 @@ def _image(path: Path, rel: str, pp: dict) -> np.ndarray:
     if pp["layout"] == "NCHW":
         array = array.transpose(2, 0, 1)
     return np.ascontiguousarray(array)
+
+
+def _resized(im, pp: dict):
+    """The photo at (height, width) by the declared resize_mode (docs/build-language.md)."""
+    from PIL import Image
+
+    height, width = pp["resize"]
+    mode = pp.get("resize_mode", "stretch")
+    if mode == "stretch":
+        return im.resize((width, height), Image.BILINEAR)
+    w0, h0 = im.size
+    if mode == "short_side":
+        short = pp.get("short_side") or round(max(height, width) / 0.875)
+        scale = short / min(w0, h0)
+        nw, nh = max(width, round(w0 * scale)), max(height, round(h0 * scale))
+        im = im.resize((nw, nh), Image.BILINEAR)
+        left, top = (nw - width) // 2, (nh - height) // 2
+        return im.crop((left, top, left + width, top + height))
+    scale = min(width / w0, height / h0)  # letterbox: fit inside, pad the rest
+    nw, nh = min(width, max(1, round(w0 * scale))), min(height, max(1, round(h0 * scale)))
+    pad = pp.get("pad_value", 114)
+    canvas = Image.new(im.mode, (width, height), pad if im.mode == "L" else (pad, pad, pad))
+    at = ((width - nw) // 2, (height - nh) // 2) if pp.get("pad_align", "center") == "center" else (0, 0)
+    canvas.paste(im.resize((nw, nh), Image.BILINEAR), at)
+    return canvas
 
 
 # What one data file may unpack to: far more than a calibration set needs, far less than the machine.
