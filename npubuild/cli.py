@@ -293,9 +293,6 @@ def explain(label: Annotated[str, typer.Argument(help="The target to explain.")]
             out.print(f"      [red]{escape(s['message'])}[/]")
 
 
-import npubuild.cli_inspect  # noqa: E402, F401  (registers report, run and disasm, in this order)
-
-
 @app.command()
 def clean(expunge: Annotated[bool, typer.Option(help="Also delete the whole cache.")] = False) -> None:
     """Remove npubuild-out/ (and with --expunge the cache)."""
@@ -376,6 +373,8 @@ def main() -> None:
         code = _noop_build(sys.argv[1:])
         if code is None:
             options.cache_dir = options.workspace = None
+            import npubuild.cli_inspect  # noqa: F401  (registers report, run, disasm: not on the no-op path)
+
             code = app(standalone_mode=False)
         if code == 130:  # typer's click turns Ctrl-C into this return value
             err.print("[red]interrupted[/]")

@@ -9,7 +9,18 @@ from rich.markup import escape
 from npubuild.cache.digest import sha256_json
 from npubuild.cache.store import CorruptBlob, Store
 from npubuild.engine.run import BuildOutcome
-from npubuild.html_report import goal_text, layer_name
+
+
+def _goal_text(goal: dict) -> str:
+    from npubuild.html_report import goal_text  # the page's module: not on the no-op path
+
+    return goal_text(goal)
+
+
+def _layer_name(row: dict) -> str:
+    from npubuild.html_report import layer_name
+
+    return layer_name(row)
 
 
 def plural(n: int, noun: str) -> str:
@@ -234,7 +245,7 @@ def render_search(console, sensitivity: dict | None, search: dict | None) -> Non
         console.print(table)
     if search:
         table = Table(
-            title=f"precision search, goal {goal_text(search['goal'])}",
+            title=f"precision search, goal {_goal_text(search['goal'])}",
             title_justify="left",
             box=None,
             pad_edge=False,
@@ -286,7 +297,7 @@ def render_accuracy(console, label: str, report: dict) -> None:
         style = "[red]" if row["tensor"] in worst else ""
         end = "[/]" if style else ""
         table.add_row(
-            f"{style}{escape(layer_name(row))}{end}",
+            f"{style}{escape(_layer_name(row))}{end}",
             row["op_type"],
             str(row["bits"]),
             f"{row['cosine']:.5f}",
