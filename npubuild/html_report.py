@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 from html import escape
 
+from npubuild.stages.goal import goal_text
+
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1100px;color:#1d2330}
 h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #dde2ea;padding-bottom:4px}
@@ -30,11 +32,6 @@ def layer_name(row: dict) -> str:
 
 def _card(title: str, value: str) -> str:
     return f'<div class="card"><span class="muted">{escape(title)}</span><b>{escape(value)}</b></div>'
-
-
-def goal_text(goal: dict) -> str:
-    """A precision goal as a user writes it: 'cosine >= 0.99'."""
-    return ", ".join(f"{k} >= {v:g}" for k, v in goal.items() if v is not None) or "none"
 
 
 def _pipeline(steps: list[dict]) -> str:

@@ -39,6 +39,9 @@ def model_figures(summaries: dict[str, dict], gates: dict[str, float]) -> dict[s
     figures = dict.fromkeys(COLUMNS, "-")
     if "evaluate" in summaries:
         figures["accuracy"] = _accuracy(summaries["evaluate"])
+        if "search" in summaries:  # a precision goal: met or not is the first thing to know
+            verdict = "goal met" if summaries["search"]["reached"] else "goal NOT met"
+            figures["accuracy"] = f"{verdict}, {figures['accuracy']}"
         figures["int8 MACs"] = _int8_macs(summaries)
         export = summaries["evaluate"].get("golden_vs_qdq", {}).get("outputs", {})
         agreement = [m["cosine"] for m in export.values() if "cosine" in m]

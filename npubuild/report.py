@@ -9,12 +9,7 @@ from rich.markup import escape
 from npubuild.cache.digest import sha256_json
 from npubuild.cache.store import CorruptBlob, Store
 from npubuild.engine.run import BuildOutcome
-
-
-def _goal_text(goal: dict) -> str:
-    from npubuild.html_report import goal_text  # the page's module: not on the no-op path
-
-    return goal_text(goal)
+from npubuild.stages.goal import goal_text
 
 
 def _layer_name(row: dict) -> str:
@@ -245,7 +240,7 @@ def render_search(console, sensitivity: dict | None, search: dict | None) -> Non
         console.print(table)
     if search:
         table = Table(
-            title=f"precision search, goal {_goal_text(search['goal'])}",
+            title=f"precision search, goal {goal_text(search['goal'])}",
             title_justify="left",
             box=None,
             pad_edge=False,

@@ -75,6 +75,7 @@ def test_unreachable_goal_is_reported_and_fails_only_when_enforced(small_ws, tmp
     assert "goal NOT met" in proc.stdout
     warning = [ln for ln in proc.stdout.splitlines() if ln.startswith("warning:") and "not reached" in ln]
     assert warning and "best found" in warning[0]
+    assert "goal sqnr >= 300 not reached" in warning[0]  # as the BUILD file says it, not a dict
     build = small_ws / "models" / "BUILD"
     build.write_text(
         build.read_text().replace(

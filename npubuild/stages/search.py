@@ -12,6 +12,7 @@ from pathlib import Path
 from npubuild.errors import UserError
 from npubuild.intmodel import tensorfile
 from npubuild.stages.feeds import SampleFile, iterate_feeds
+from npubuild.stages.goal import goal_text
 from npubuild.stages.onnx_utils import load_model, write_json
 from npubuild.stages.quantize.cost import op_work
 from npubuild.stages.quantize.probe import PrecisionProbe
@@ -65,8 +66,8 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
         "warnings": []
         if outcome.reached
         else [
-            f"goal {params['goal']} not reached; best found: cosine {final_metrics['cosine']:.5f}, "
-            f"SQNR {final_metrics['sqnr_db']:.2f} dB"
+            f"goal {goal_text(params['goal'])} not reached; best found: "
+            f"cosine {final_metrics['cosine']:.5f}, SQNR {final_metrics['sqnr_db']:.2f} dB"
         ],
     }
     if not outcome.reached and params["enforce"]:
