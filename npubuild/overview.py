@@ -87,8 +87,8 @@ def print_rows(console, headers: list[str], rows: list[list[str]], title: str | 
     from rich.text import Text
 
     widths = [max([len(h)] + [Text.from_markup(r[k]).cell_len for r in rows]) for k, h in enumerate(headers)]
-    fixed = sum(w for h, w in zip(headers, widths) if h != "accuracy") + 2 * (len(headers) - 1) + 12
-    if fixed > console.width:
+    others = sum(w for h, w in zip(headers, widths) if h != "accuracy") + 2 * (len(headers) - 1)
+    if others + 12 > console.width:
         if title:
             console.print(f"[bold]{title}[/]")
         for row in rows:
@@ -97,8 +97,11 @@ def print_rows(console, headers: list[str], rows: list[list[str]], title: str | 
         return
     table = Table(title=title, title_justify="left", pad_edge=False, box=None, header_style="bold")
     for header, widest in zip(headers, widths):
-        shrinkable = header == "accuracy"
-        table.add_column(header, no_wrap=True, overflow="ellipsis", min_width=None if shrinkable else widest)
+        if header == "accuracy":  # what the other columns leave (rich would crop the row instead)
+            room = console.width - others
+            table.add_column(header, no_wrap=True, overflow="ellipsis", width=min(widest, room))
+        else:
+            table.add_column(header, no_wrap=True, min_width=widest)
     for row in rows:
         table.add_row(*row)
     console.print(table)

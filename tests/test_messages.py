@@ -180,3 +180,24 @@ def test_report_of_a_pattern_is_one_line_per_model_from_the_cache_alone(built, t
     assert "//models:m" in (bare / "npubuild-out" / "models" / "m" / "report.html").read_text()
     line = one_error(cli(["report", "//data:all"], bare, cache))
     assert "matches no npu_model" in line
+
+
+@pytest.mark.parametrize("width", [60, 100, 130, 200])
+def test_summary_rows_are_cut_only_in_the_accuracy_column(width):
+    import io
+
+    from rich.console import Console
+
+    from npubuild.overview import COLUMNS, print_rows
+
+    headers = ["target", "ran", "cached", *COLUMNS]
+    accuracy = "mixed int8/int16 cos 0.9994 SQNR 28.8 dB top-1 1.000 (maps, worst of 2)"
+    rows = [["//models:ocr_cls", "all 13 steps", "-", accuracy, "cos 0.9997", "100%", "109/113"]]
+    rows[0] += ["1.27 ms vnpu-s", "bit-exact", "FAIL min_cosine"]
+    console = Console(file=io.StringIO(), width=width, highlight=False)
+    print_rows(console, headers, rows)
+    text = console.file.getvalue()
+    for cell in rows[0][:3] + rows[0][4:]:  # every other cell whole, whatever the width
+        assert cell in text.replace("\n", " ") or cell in text, (width, text)
+    if width >= 130:  # a table: no line longer than the terminal
+        assert max(len(ln) for ln in text.splitlines()) <= width, text
