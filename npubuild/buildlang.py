@@ -139,8 +139,9 @@ def _forked(request: dict) -> tuple[bytes, str, str | None]:
             _limits(extra)
             reply = _evaluate_in_child(request, lambda line: os.write(write_end, f"at {line}\n".encode()))
             data = b"=" + json.dumps(reply).encode() + b"\n"
-            for k in range(0, len(data), 1 << 16):
-                os.write(write_end, data[k : k + 1 << 16])
+            view = memoryview(data)
+            while view:  # a pipe takes what it can per write
+                view = view[os.write(write_end, view) :]
         except MemoryError:
             code = 75
         except BaseException:

@@ -99,3 +99,11 @@ def test_refused_constructs_name_their_line(tmp_path, source, message, line):
     assert info.value.location.path == "pkg/BUILD"
     assert info.value.location.line == line
     assert str(info.value).startswith(f"pkg/BUILD:{line}")
+
+
+def test_a_file_with_many_targets_comes_back_whole(tmp_path):
+    """The child hands its record back in 64 KiB pieces: a large one must arrive exactly once."""
+    calls, builtins = record_calls()
+    run(tmp_path, '[rule(name = "t%d" % i, v = "x" * 200) for i in range(3000)]\n', builtins)
+    assert [c[0]["name"] for c in calls] == [f"t{i}" for i in range(3000)]
+    assert all(c[0]["v"] == "x" * 200 for c in calls)
