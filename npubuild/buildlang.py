@@ -1,9 +1,10 @@
 """BUILD files are Starlark (starlark-rust through starlark-pyo3): `def` macros, comprehensions,
 `load("//tools:defs.bzl", "name")` across packages, and the rules, `glob` and `pypi_file`.
 
-A BUILD file is untrusted input, so it is evaluated in a child process (`python -m
-npubuild.buildlang`) with an address-space limit (`MAX_MEMORY`) and a wall-time budget
-(`MAX_SECONDS`: Starlark checks a cancellation flag every ~1000 instructions): an endless loop or a
+A BUILD file is untrusted input, so it is evaluated in a child process (forked; `python -m
+npubuild.buildlang` where fork is unavailable) with an address-space limit (`MAX_MEMORY` beyond
+the parent's) and a wall-time budget (`MAX_SECONDS`: Starlark checks a cancellation flag every
+~1000 instructions; the child is killed half a second later): an endless loop or a
 billion-element list is one error, never a hung or swapping machine. Starlark itself has no I/O
 and no imports; `load` reads only `.bzl` files inside the workspace. The child only records the
 calls the file makes (rule, glob, pypi_file, with the file:line:col of each and of its keyword

@@ -168,7 +168,7 @@ def test(
             build_errors[label] = f"not built: {', '.join(failed)}"
             continue
         summaries = {step: summary_of(store, outcome, a) for step, a in plan.steps}
-        gates = ws.target(parse_label(label)).attrs.gates.model_dump()
+        gates = ws.target(parse_label(label)).attrs.gates.declared()
         results[label] = check(label, gates, {k: v for k, v in summaries.items() if v})
     for label, rows in results.items():
         for r in rows:

@@ -15,8 +15,11 @@ from rich.markup import escape
 from npubuild.cli_common import _store, _workspace, app, out
 from npubuild.errors import UserError
 
-# What `run --image` decodes; anything else given to --input must be a .npy array.
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+
+def _output_dir(ws, target) -> Path:
+    from npubuild.layout import OUT_DIR
+
+    return ws.root / OUT_DIR / target.label.out_dir
 
 
 def _model_target(ws, what: str, command: str):
@@ -61,11 +64,9 @@ def _binary_path(what: str, command: str) -> tuple[Path, object | None]:
             return path, _model_target(ws, what, command)
         except UserError:
             return path, None  # a .npub from elsewhere: runs, but has no data set of its own
-    from npubuild.layout import OUT_DIR
-
     ws = _workspace()
     target = _model_target(ws, what, command)
-    found = ws.root / OUT_DIR / target.label.package / target.label.name / "model.npub"
+    found = _output_dir(ws, target) / "model.npub"
     if not found.is_file():
         raise UserError(f"{target.label} has no binary yet; run 'npubuild build {target.label}' first")
     return found, target
@@ -149,9 +150,7 @@ def report(
 
 
 def _model_page(ws, target) -> Path:
-    from npubuild.layout import OUT_DIR
-
-    return ws.root / OUT_DIR / target.label.package / target.label.name / "report.html"
+    return _output_dir(ws, target) / "report.html"
 
 
 def _write_model_page(ws, target, steps: list[dict], summaries: dict[str, dict], path: Path) -> None:
@@ -176,7 +175,7 @@ def _overview(ws, store, pattern: str, as_json: bool, html: bool, output: Path |
     rows = []
     for target in models:
         steps, summaries = _last_build(store, str(target.label))
-        gates = {k: v for k, v in target.attrs.gates.model_dump().items() if v is not None}
+        gates = target.attrs.gates.declared()
         statuses = {s["status"] for s in steps}
         if not steps:
             state = "never built"
@@ -210,6 +209,8 @@ def _overview(ws, store, pattern: str, as_json: bool, html: bool, output: Path |
 def _read_input(file: str):
     """One --input array: a .npy of numbers, nothing else (no pickle, no archive, not empty)."""
     import numpy as np
+
+    from npubuild.layout import IMAGE_SUFFIXES  # what `run --image` decodes
 
     if Path(file).suffix.lower() in IMAGE_SUFFIXES:
         raise UserError(

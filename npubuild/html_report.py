@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from html import escape
 
-from npubuild.stages.goal import goal_text
+from npubuild.stages.wording import goal_text, layer_name
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1100px;color:#1d2330}
@@ -23,11 +23,6 @@ svg{max-width:100%;height:auto}
 """
 STATUS_COLOURS = {"ran": "#2e7d32", "cached": "#1565c0", "failed": "#c62828", "corrupt": "#c62828"}
 BITS_COLOURS = {8: "#5b8def", 16: "#f0a030"}
-
-
-def layer_name(row: dict) -> str:
-    """A per-layer report row's name: its node, and which output for a node with several (Split)."""
-    return row["node"] + (f" [output {row['output']}]" if "output" in row else "")
 
 
 def _card(title: str, value: str) -> str:

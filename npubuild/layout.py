@@ -13,6 +13,8 @@ from npubuild.errors import Location, UserError
 WORKSPACE_FILE = "WORKSPACE"
 BUILD_FILE = "BUILD"
 OUT_DIR = "npubuild-out"
+# The photographs a data set (and `npubuild run --image`) decodes; Pillow reads each.
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")
 _SKIP_DIRS = {OUT_DIR, "__pycache__", "node_modules"}
 
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 from npubuild.gates import check
+from npubuild.stages.wording import precision_kind
 
 COLUMNS = ("accuracy", "QDQ export", "int8 MACs", "NPU ops", "latency", "simulator", "gates")
 
 
 def _accuracy(evaluate: dict) -> str:
     """The worst output's cosine and SQNR (and top-1 where the output has classes)."""
-    widths = {layer["bits"] for layer in evaluate["layers"] if "bits" in layer}
-    kind = "int8" if widths <= {8} else "mixed " + "/".join(f"int{b}" for b in sorted(widths))
+    kind = precision_kind(evaluate)
     outputs = evaluate["outputs"]
     if not outputs:
         return kind

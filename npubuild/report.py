@@ -9,13 +9,7 @@ from rich.markup import escape
 from npubuild.cache.digest import sha256_json
 from npubuild.cache.store import CorruptBlob, Store
 from npubuild.engine.run import BuildOutcome
-from npubuild.stages.goal import goal_text
-
-
-def _layer_name(row: dict) -> str:
-    from npubuild.html_report import layer_name
-
-    return layer_name(row)
+from npubuild.stages.wording import goal_text, layer_name, precision_kind
 
 
 def plural(n: int, noun: str) -> str:
@@ -276,7 +270,8 @@ def render_accuracy(console, label: str, report: dict) -> None:
     from rich.table import Table
 
     console.print(
-        f"[bold]{escape(label)}[/]: int8 model against float on {report['samples']} evaluation samples"
+        f"[bold]{escape(label)}[/]: {precision_kind(report)} model against float on {report['samples']} "
+        "evaluation samples"
     )
     for name, m in report["outputs"].items():
         console.print(
@@ -292,7 +287,7 @@ def render_accuracy(console, label: str, report: dict) -> None:
         style = "[red]" if row["tensor"] in worst else ""
         end = "[/]" if style else ""
         table.add_row(
-            f"{style}{escape(_layer_name(row))}{end}",
+            f"{style}{escape(layer_name(row))}{end}",
             row["op_type"],
             str(row["bits"]),
             f"{row['cosine']:.5f}",

@@ -6,6 +6,7 @@ import posixpath
 
 from npubuild.engine.actions import Action, Input, Output, SourceFile, TargetPlan
 from npubuild.errors import UserError
+from npubuild.layout import IMAGE_SUFFIXES
 from npubuild.rules.attrs import PypiFile
 from npubuild.rules.registry import Target
 from npubuild.stages import ALL_PIPELINE_STAGES, NPU_MODEL_PIPELINE, STAGES
@@ -19,7 +20,7 @@ SENSITIVITY_SAMPLES = 4
 SEARCH_SAMPLES = 16
 # The simulator checks bit-exactness and end-to-end accuracy on this many evaluation samples.
 SIMULATE_SAMPLES = 4
-_DATASET_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif", ".npy", ".npz")
+_DATASET_SUFFIXES = (*IMAGE_SUFFIXES, ".npy", ".npz")
 
 
 class Planner:
@@ -136,7 +137,7 @@ class Planner:
             return
         calib = self._prepare(calibration, plan, "calibration") if calibration is not None else None
         evaluation_set = self._prepare(evaluation, plan, "evaluation") if evaluation is not None else calib
-        plan.gates = {k: v for k, v in attrs.gates.model_dump().items() if v is not None}
+        plan.gates = attrs.gates.declared()
         if evaluation is None and calibration is not None:
             plan.notes.append(
                 f"{target.label} declares no evaluation data set, so its accuracy is measured on its "

@@ -166,6 +166,10 @@ class Gates(Strict):
     min_top1: float | None = Field(None, ge=0, le=1)
     max_latency_ms: float | None = Field(None, gt=0)
 
+    def declared(self) -> dict[str, float]:
+        """The gates the BUILD file sets (a gate left out is not checked)."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
 
 class NpuModelAttrs(Strict):
     name: str

@@ -12,7 +12,6 @@ from pathlib import Path
 from npubuild.errors import UserError
 from npubuild.intmodel import tensorfile
 from npubuild.stages.feeds import SampleFile, iterate_feeds
-from npubuild.stages.goal import goal_text
 from npubuild.stages.onnx_utils import load_model, write_json
 from npubuild.stages.quantize.cost import op_work
 from npubuild.stages.quantize.probe import PrecisionProbe
@@ -20,6 +19,7 @@ from npubuild.stages.quantize.search import strategies
 from npubuild.stages.quantize.search.costs import Costs
 from npubuild.stages.quantize.search.log import SearchLog
 from npubuild.stages.quantize.search.measure import Measurer
+from npubuild.stages.wording import goal_text
 
 
 def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
