@@ -328,3 +328,52 @@ def test_an_int8_only_probe_measures_int8_tables_as_the_full_one_and_refuses_int
     assert full.run({units[0]: "int16"}) != full.run({})
     with pytest.raises(ValueError, match="widths"):
         narrow.run({units[0]: "int16"})
+
+
+def test_a_photo_input_spans_what_its_preprocessing_can_give_not_what_calibration_saw(tmp_path):
+    """Calibration photos darker than the evaluation ones: with the preprocessing's range the
+    input grid covers the bright pixels, which calibration's own range would clip."""
+    import json
+
+    from npubuild.rules.attrs import Preprocess
+
+    model_path = tmp_path / "m.onnx"
+    onnx.save(small_model(), model_path)
+    np.save(tmp_path / "dark.npy", RNG.uniform(0, 0.4, size=(8, 3, 8, 8)).astype(np.float32))
+    np.save(tmp_path / "bright.npy", RNG.uniform(0, 1, size=(8, 3, 8, 8)).astype(np.float32))
+    (tmp_path / "cal").mkdir()
+    cal = calibrate.run({}, {"model": model_path, "calibration": tmp_path / "dark.npy"}, tmp_path / "cal")
+    value_range = Preprocess(scale=1 / 255).value_range()
+    assert value_range == (0.0, 1.0)
+    sqnr = {}
+    for name, settings in [("calibrated", SETTINGS), ("declared", {**SETTINGS, "input_range": value_range})]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "q").mkdir()
+        q = quantize_stage.run(settings, {"model": model_path, "stats": cal["stats"]}, tmp_path / name / "q")
+        _, meta = tensorfile.load(q["integer"])
+        grid = meta["tensors"]["x"]
+        top = (127 - grid["zero_point"]) * grid["scale"]
+        inputs = {
+            "model": model_path,
+            "integer": q["integer"],
+            "qdq": q["qdq"],
+            "evaluation": tmp_path / "bright.npy",
+        }
+        e = evaluate_stage.run({"samples": 8}, inputs, tmp_path / name)
+        (out,) = json.loads(e["report"].read_text())["outputs"].values()
+        sqnr[name] = out["sqnr_db"]
+        if name == "declared":
+            assert grid["scale"] == pytest.approx(1 / 255) and top == pytest.approx(1.0, abs=1e-6)
+        else:
+            assert top < 0.45  # calibration saw nothing brighter than 0.4
+    assert sqnr["declared"] > sqnr["calibrated"] + 6
+
+
+def test_value_range_of_mean_std_preprocessing():
+    from npubuild.rules.attrs import Preprocess
+
+    pp = Preprocess(scale=1 / 255, mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
+    lo, hi = pp.value_range()
+    assert lo == pytest.approx(-0.485 / 0.229) and hi == pytest.approx((1 - 0.406) / 0.225)
+    assert Preprocess(mean=[0.5], std=[0.5]).value_range() == pytest.approx((-1.0, 1.0))
+    assert Preprocess(dtype="uint8").value_range() is None

@@ -155,7 +155,11 @@ class Planner:
         if not self._wanted("calibrate"):
             return
         optimized = Output(opt, "model")
-        settings = {**attrs.quantize.model_dump(), "overrides": [o.model_dump() for o in attrs.overrides]}
+        settings = {
+            **attrs.quantize.model_dump(),
+            "overrides": [o.model_dump() for o in attrs.overrides],
+            "input_range": self._image_range(calibration),
+        }
         quant_inputs: dict[str, Input] = {"model": optimized}
         if calibration is not None:
             cal = self._step(
@@ -219,6 +223,14 @@ class Planner:
         }
         self._step(plan, "simulate", {"samples": SIMULATE_SAMPLES}, sim_inputs, target)
         assert set(NPU_MODEL_PIPELINE) <= set(STAGES)
+
+    @staticmethod
+    def _image_range(dataset: Target | None) -> tuple[float, float] | None:
+        """The values a photo data set's preprocessing can produce (the network input's grid);
+        None for tensor files, whose range only calibration knows."""
+        if dataset is None or not all(rel.lower().endswith(IMAGE_SUFFIXES) for rel in dataset.attrs.srcs):
+            return None
+        return dataset.attrs.preprocess.value_range()
 
     def _step(
         self, plan: TargetPlan, stage: str, params: dict, inputs: dict[str, Input], target: Target

@@ -96,6 +96,18 @@ class Preprocess(Strict):
             raise ValueError("std must not contain 0")
         return self
 
+    def value_range(self) -> tuple[float, float] | None:
+        """Every value this preprocessing can give a photo's 8-bit pixels, over all channels; None
+        for raw-pixel dtypes. The network input's grid spans it, because calibration photos rarely
+        reach black and white in every channel and a photo that does would be clipped."""
+        if self.dtype not in ("float32", "float16"):
+            return None
+        channels = max(len(self.mean), len(self.std))  # each is 1 or the channel count
+        means = self.mean * (channels // len(self.mean))
+        stds = self.std * (channels // len(self.std))
+        ends = [(pixel * self.scale - m) / s for pixel in (0, 255) for m, s in zip(means, stds)]
+        return min(ends), max(ends)
+
 
 class DatasetAttrs(Strict):
     name: str

@@ -9,7 +9,7 @@ import fnmatch
 from dataclasses import dataclass, field
 
 import onnx
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from npubuild.intmodel.ops import LUT_OPS, MAC_OPS, MOVE_OPS
 from npubuild.intmodel.rowwise import SOFTMAX_GRID
@@ -71,6 +71,7 @@ class GraphInfo:
     shapes: dict[str, list[int]]
     consumers: dict[str, list[onnx.NodeProto]]
     outputs: frozenset[str]
+    image_inputs: frozenset[str]  # the one float network input a photo data set can feed, if so
 
     @classmethod
     def of(cls, graph: onnx.GraphProto) -> GraphInfo:
@@ -82,7 +83,12 @@ class GraphInfo:
         for n in graph.node:
             for i in n.input:
                 consumers.setdefault(i, []).append(n)
-        return cls(constants, shapes, consumers, frozenset(o.name for o in graph.output))
+        floats = (TensorProto.FLOAT, TensorProto.FLOAT16)
+        float_inputs = [
+            v.name for v in graph.input if v.name not in constants and v.type.tensor_type.elem_type in floats
+        ]
+        image_inputs = frozenset(float_inputs if len(float_inputs) == 1 else [])
+        return cls(constants, shapes, consumers, frozenset(o.name for o in graph.output), image_inputs)
 
 
 def attr(node: onnx.NodeProto, name: str, default=None):
@@ -161,7 +167,11 @@ class Planner:
         if given is not None and given["bits"] == bits:
             return TensorParams(float(given["scale"]), int(given["zero_point"]), bits), warnings
         meta = self.stats_meta.get(name)
-        if meta is None or meta["count"] == 0:
+        image_range = self.config.get("input_range")
+        if image_range is not None and name in self.info.image_inputs:
+            # a photo's input: every value its preprocessing can give, not what calibration saw
+            lo, hi = image_range
+        elif meta is None or meta["count"] == 0:
             warnings.append(f"no calibration statistics for '{name}'; using range [-1, 1]")
             lo, hi = -1.0, 1.0
         else:
