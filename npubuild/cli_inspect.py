@@ -240,7 +240,10 @@ def _read_input(file: str):
 
 
 def _read_image(file: str, target, ws):
-    """One --image: decoded and preprocessed exactly as the npu_model's calibration set is."""
+    """One --image: decoded and preprocessed exactly as the npu_model's calibration set is (with
+    fuse_preprocess, only decoded and resized: the binary takes the pixels as uint8)."""
+    import numpy as np
+
     from npubuild.stages.prepare import _image
 
     if target is None:
@@ -254,8 +257,10 @@ def _read_image(file: str, target, ws):
         raise UserError(
             f"--image {file}: {target.label} declares no calibration data set to take preprocessing from"
         )
-    dataset = ws.dep(target, "calibration", ("dataset",))
-    return _image(Path(file), file, dataset.attrs.preprocess.model_dump())[None]
+    preprocess = ws.dep(target, "calibration", ("dataset",)).attrs.preprocess
+    if target.attrs.fuse_preprocess:
+        return _image(Path(file), file, preprocess.pixels().model_dump())[None].astype(np.uint8)
+    return _image(Path(file), file, preprocess.model_dump())[None]
 
 
 @app.command()

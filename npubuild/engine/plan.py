@@ -7,7 +7,7 @@ import posixpath
 from npubuild.engine.actions import Action, Input, Output, SourceFile, TargetPlan
 from npubuild.errors import UserError
 from npubuild.layout import IMAGE_SUFFIXES
-from npubuild.rules.attrs import PypiFile
+from npubuild.rules.attrs import Preprocess, PypiFile
 from npubuild.rules.registry import Target
 from npubuild.stages import ALL_PIPELINE_STAGES, NPU_MODEL_PIPELINE, STAGES
 from npubuild.stages.optimize import PASS_NAMES
@@ -81,7 +81,9 @@ class Planner:
         plan.steps.append(("import", action))
         return action
 
-    def _prepare(self, dataset: Target, plan: TargetPlan, role: str) -> Action:
+    def _prepare(
+        self, dataset: Target, plan: TargetPlan, role: str, preprocess: Preprocess | None = None
+    ) -> Action:
         files = dataset.attrs.srcs
         if not files:
             raise UserError(f"dataset {dataset.label}: 'srcs' lists no files", dataset.where("srcs"))
@@ -96,7 +98,7 @@ class Planner:
             inputs[f"src/{i:05d}"] = SourceFile(path, f"{dataset.label.package}/{rel}")
         params = {
             "files": files,
-            "preprocess": dataset.attrs.preprocess.model_dump(),
+            "preprocess": (preprocess or dataset.attrs.preprocess).model_dump(),
             "limit": dataset.attrs.limit,
         }
         action = self._action("prepare", params, inputs, str(dataset.label), dataset)
@@ -135,8 +137,12 @@ class Planner:
         self._expose(plan, imp)
         if not self._wanted("optimize"):
             return
-        calib = self._prepare(calibration, plan, "calibration") if calibration is not None else None
-        evaluation_set = self._prepare(evaluation, plan, "evaluation") if evaluation is not None else calib
+        fused = self._fused_preprocess(target, calibration, evaluation)
+        pixels = fused.pixels() if fused else None
+        calib = self._prepare(calibration, plan, "calibration", pixels) if calibration is not None else None
+        evaluation_set = (
+            self._prepare(evaluation, plan, "evaluation", pixels) if evaluation is not None else calib
+        )
         plan.gates = attrs.gates.declared()
         if evaluation is None and calibration is not None:
             plan.notes.append(
@@ -145,11 +151,17 @@ class Planner:
             )
         # without a calibration set (a pre-quantized model), the evaluation set checks optimize
         calib = calib or evaluation_set
+        source = Output(imp, "model")
+        if fused is not None:
+            source = Output(
+                self._step(plan, "fuse", {"preprocess": fused.model_dump()}, {"model": source}, target),
+                "model",
+            )
         opt = self._step(
             plan,
             "optimize",
             attrs.optimize.model_dump(),
-            {"model": Output(imp, "model"), "calibration": Output(calib, "tensors")},
+            {"model": source, "calibration": Output(calib, "tensors")},
             target,
         )
         if not self._wanted("calibrate"):
@@ -158,7 +170,10 @@ class Planner:
         settings = {
             **attrs.quantize.model_dump(),
             "overrides": [o.model_dump() for o in attrs.overrides],
-            "input_range": self._image_range(calibration),
+            "input_range": pixels.value_range() if pixels else self._image_range(calibration),
+            # fused: the head's output (the photo as the model was trained on it) spans what the
+            # declared preprocessing can give, as an unfused photo input would
+            **({"pixel_input": True, "fused_range": fused.value_range()} if fused else {}),
         }
         quant_inputs: dict[str, Input] = {"model": optimized}
         if calibration is not None:
@@ -223,6 +238,30 @@ class Planner:
         }
         self._step(plan, "simulate", {"samples": SIMULATE_SAMPLES}, sim_inputs, target)
         assert set(NPU_MODEL_PIPELINE) <= set(STAGES)
+
+    @staticmethod
+    def _fused_preprocess(target: Target, *datasets: Target | None) -> Preprocess | None:
+        """The preprocessing fuse_preprocess folds into the model: the photo data sets' one."""
+        if not target.attrs.fuse_preprocess:
+            return None
+        where = target.where("fuse_preprocess")
+        declared = [d for d in datasets if d is not None]
+        for d in declared:
+            if not all(rel.lower().endswith(IMAGE_SUFFIXES) for rel in d.attrs.srcs):
+                raise UserError(f"fuse_preprocess: data set {d.label} is not photographs only", where)
+            if d.attrs.preprocess.dtype != "float32":
+                raise UserError(
+                    f"fuse_preprocess: data set {d.label} gives {d.attrs.preprocess.dtype} pixels; "
+                    "the preprocessing to fold is a float one",
+                    where,
+                )
+        if any(d.attrs.preprocess != declared[0].attrs.preprocess for d in declared[1:]):
+            raise UserError(
+                f"fuse_preprocess: {declared[0].label} and {declared[-1].label} declare different "
+                "preprocessing; the model can fold only one",
+                where,
+            )
+        return declared[0].attrs.preprocess
 
     @staticmethod
     def _image_range(dataset: Target | None) -> tuple[float, float] | None:

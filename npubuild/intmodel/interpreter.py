@@ -38,6 +38,8 @@ class Interpreter:
     def run(self, feeds: dict[str, np.ndarray], keep: bool = False) -> tuple[dict[str, np.ndarray], dict]:
         """Outputs (float) and, with keep=True, every tensor's value (int32 codes or float32)."""
         env: dict[str, np.ndarray] = {k: np.asarray(v, np.float32) for k, v in feeds.items()}
+        for name in self.program.pixel_inputs:  # pixels arrive as codes: pixel - 128
+            env[name] = quantize_float(env[name], self.tensors[name])
         for op in self.program.ops:
             getattr(self, f"_{op.kind}")(op, env)
         outputs = {}

@@ -306,6 +306,9 @@ class IntegerModel(_Typed):
     float_nodes: list[FloatNode] = []
     opset: int = 13
     functions: list[str] = []  # arrays holding the model's serialized FunctionProtos
+    # network inputs that arrive as uint8 pixels (fuse_preprocess): codes = pixel - 128 on the grid
+    # scale 1, zero point -128, with no quantize op
+    pixel_inputs: list[str] = []
 
 
 def parse(meta: Any, where: str) -> IntegerModel:

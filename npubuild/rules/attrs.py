@@ -108,6 +108,14 @@ class Preprocess(Strict):
         ends = [(pixel * self.scale - m) / s for pixel in (0, 255) for m, s in zip(means, stds)]
         return min(ends), max(ends)
 
+    def pixels(self) -> Preprocess:
+        """The same photo as a model with this preprocessing fused in takes it: pixel values 0..255
+        as decoded (RGB or GRAY), resized alike, NCHW, no scale, mean or std."""
+        color = "GRAY" if self.color == "GRAY" else "RGB"
+        return self.model_copy(
+            update={"color": color, "scale": 1.0, "mean": [0.0], "std": [1.0], "layout": "NCHW"}
+        )
+
 
 class DatasetAttrs(Strict):
     name: str
@@ -201,6 +209,8 @@ class NpuModelAttrs(Strict):
     # output name -> the axis its classes lie on, for top-1 agreement (default: a Softmax's axis
     # when the output is one, else 1)
     class_axes: dict[str, int] = {}
+    # fold the photo data sets' preprocessing into the model: the NPU takes uint8 pixels
+    fuse_preprocess: bool = False
 
     @model_validator(mode="after")
     def _one_precision_source(self) -> NpuModelAttrs:
@@ -208,6 +218,10 @@ class NpuModelAttrs(Strict):
             raise ValueError("give either mixed_precision (a search) or precision_table (by hand), not both")
         if self.calibration is None and self.evaluation is None:
             raise ValueError("give a calibration set, or for a pre-quantized (QDQ) model an evaluation set")
+        if self.fuse_preprocess and self.calibration is None:
+            raise ValueError(
+                "fuse_preprocess folds the calibration set's preprocessing: give a calibration set"
+            )
         if self.calibration is None and self.mixed_precision is not None:
             raise ValueError("mixed_precision measures on calibration statistics: give a calibration set")
         return self

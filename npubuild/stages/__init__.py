@@ -32,6 +32,7 @@ STAGES: dict[str, StageInfo] = {
         StageInfo(
             "import", "1", "npubuild.stages.importer", {"model": "canonical.onnx", "summary": "import.json"}
         ),
+        StageInfo("fuse", "1", "npubuild.stages.fuse", {"model": "fused.onnx"}),
         StageInfo(
             "optimize",
             "1",
@@ -95,6 +96,7 @@ STAGES: dict[str, StageInfo] = {
 # The stages of an npu_model in pipeline order; `--until` cuts the full list.
 NPU_MODEL_PIPELINE = (
     "import",
+    "fuse",
     "optimize",
     "calibrate",
     "sensitivity",

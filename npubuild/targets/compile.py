@@ -118,7 +118,8 @@ def _compile(
     sram = SramPlan(allocation.tile_sram, const_slot)
     consts = ConstantPool(base=allocation.tensor_area)
     ctx = OpContext(program.tensors, shapes, arrays, sram, allocation.addr, consts)
-    assembly = Assembly(program, arrays, shapes, target, plan, allocation, input_dtypes(model))
+    dtypes = {**input_dtypes(model), **{n: "uint8" for n in program.pixel_inputs}}
+    assembly = Assembly(program, arrays, shapes, target, plan, allocation, dtypes)
     for k, sg in enumerate(plan["subgraphs"]):
         if sg["device"] == "npu":
             code, marks = lower_subgraph(ctx, ops, sg["ops"], fusion, allocation, assembly.target_fields)

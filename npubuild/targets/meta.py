@@ -5,7 +5,15 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    model_validator,
+)
 
 from npubuild.intmodel.program import TensorQuant
 from npubuild.targets.spec import TargetSpec
@@ -36,6 +44,15 @@ class InputSpec(_Strict):
     # float32 inputs are quantized on the way in; integer ones (token ids) go as they are to the
     # CPU subgraph that reads them
     dtype: Literal["float32", "float16", "int8", "uint8", "int16", "int32", "int64", "bool"] = "float32"
+    # uint8 camera pixels of a model with fused preprocessing: the input DMA flips each byte's
+    # sign bit as it writes DRAM, so the NPU reads codes pixel - 128 (grid scale 1, zero point -128)
+    pixels: bool = False
+
+    @model_validator(mode="after")
+    def _pixels_are_bytes(self) -> InputSpec:
+        if self.pixels and self.dtype != "uint8":
+            raise ValueError("a pixels input is uint8")
+        return self
 
 
 class OutputSpec(_Strict):

@@ -44,7 +44,8 @@ class Assembly:
             for n in op.inputs:
                 if n and n not in op.constants:
                     self.readers.setdefault(n, set()).add(position[i])
-        self.states = {n: "f" for n in program.inputs}
+        # pixel inputs arrive as codes (the input DMA flips their sign bit), the rest as floats
+        self.states = {n: "q" if n in program.pixel_inputs else "f" for n in program.inputs}
         self.code = bytearray()
         self.cpu_blob = bytearray()
         self.subgraphs: list[dict] = []
@@ -134,7 +135,12 @@ class Assembly:
             "target": self.target_fields,
             # dtype only where it is not float32: the binaries of float-input models stay as they were
             "inputs": [
-                {"name": n, "shape": shapes[n], **({"dtype": d} if (d := self.input_dtypes.get(n)) else {})}
+                {
+                    "name": n,
+                    "shape": shapes[n],
+                    **({"dtype": d} if (d := self.input_dtypes.get(n)) else {}),
+                    **({"pixels": True} if n in program.pixel_inputs else {}),
+                }
                 for n in program.inputs
             ],
             "outputs": [

@@ -34,6 +34,7 @@ class Program:
     float_nodes: list[dict] = field(default_factory=list)
     integer_nodes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    pixel_inputs: list[str] = field(default_factory=list)
 
     def add_array(self, key: str, value: np.ndarray) -> str:
         self.arrays[key] = value
@@ -81,6 +82,7 @@ class Encoder:
             float_nodes=plan.float_nodes,
             integer_nodes=plan.integer_nodes,
             warnings=plan.warnings,
+            pixel_inputs=plan.pixel_inputs,
         )
 
     def encode(self) -> Program:

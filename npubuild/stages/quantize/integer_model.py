@@ -18,6 +18,7 @@ def build_integer_model(model, stats_meta: dict, stats_arrays: dict, params: dic
         "inputs": [i.name for i in model.graph.input if i.name not in initializers],
         "outputs": [o.name for o in model.graph.output],
         "ops": program.ops,
+        **({"pixel_inputs": program.pixel_inputs} if program.pixel_inputs else {}),
         "tensors": program.tensors,
         "float_nodes": program.float_nodes,
         "opset": default_opset(model),

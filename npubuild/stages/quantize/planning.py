@@ -17,6 +17,8 @@ from npubuild.stages.optimize.graph import recorded_grids
 from npubuild.stages.quantize import ranges
 from npubuild.targets.support import integer_blocker
 
+FUSED_HEAD = "fused_preprocess"  # the node fuse_preprocess puts in front (stages/fuse.py)
+
 
 @dataclass
 class TensorParams:
@@ -57,6 +59,7 @@ class QuantPlan:
     float_nodes: list[dict] = field(default_factory=list)
     integer_nodes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    pixel_inputs: list[str] = field(default_factory=list)  # arrive as uint8 pixel bytes (fuse_preprocess)
 
     @property
     def tensors(self) -> dict[str, dict]:
@@ -72,6 +75,7 @@ class GraphInfo:
     consumers: dict[str, list[onnx.NodeProto]]
     outputs: frozenset[str]
     image_inputs: frozenset[str]  # the one float network input a photo data set can feed, if so
+    fused_head: str | None  # the output of fuse_preprocess's head: the photo, normalised
 
     @classmethod
     def of(cls, graph: onnx.GraphProto) -> GraphInfo:
@@ -88,7 +92,8 @@ class GraphInfo:
             v.name for v in graph.input if v.name not in constants and v.type.tensor_type.elem_type in floats
         ]
         image_inputs = frozenset(float_inputs if len(float_inputs) == 1 else [])
-        return cls(constants, shapes, consumers, frozenset(o.name for o in graph.output), image_inputs)
+        head = next((n.output[0] for n in graph.node if n.name == FUSED_HEAD), None)
+        return cls(constants, shapes, consumers, frozenset(o.name for o in graph.output), image_inputs, head)
 
 
 def attr(node: onnx.NodeProto, name: str, default=None):
@@ -171,6 +176,8 @@ class Planner:
         if image_range is not None and name in self.info.image_inputs:
             # a photo's input: every value its preprocessing can give, not what calibration saw
             lo, hi = image_range
+        elif self.config.get("fused_range") and name == self.info.fused_head:
+            lo, hi = self.config["fused_range"]
         elif meta is None or meta["count"] == 0:
             warnings.append(f"no calibration statistics for '{name}'; using range [-1, 1]")
             lo, hi = -1.0, 1.0
@@ -190,6 +197,12 @@ class Planner:
     def ensure_quantized(self, name: str, bits: int, method: str) -> None:
         """An integer op reads `name`: give it parameters if a float op or the model made it."""
         if name in self.plan.params:
+            return
+        if self.config.get("pixel_input") and name in self.info.image_inputs:
+            # fused preprocessing: the input is 8-bit pixels, whose exact grid is scale 1, zero
+            # point -128 (code = pixel - 128); nothing converts it, the NPU reads the bytes
+            self.plan.params[name] = TensorParams(1.0, -128, 8)
+            self.plan.pixel_inputs.append(name)
             return
         self.plan.params[name] = self.from_stats(name, bits, method)
         self.plan.steps.append(Step("quantize", name=name))

@@ -1,0 +1,77 @@
+"""fuse: fold a photo data set's declared preprocessing into the model (`fuse_preprocess = True`).
+
+The fused model takes the photo's pixel values, 0..255 in the order the decoder gives them (RGB,
+or one GRAY channel), NCHW; a 1x1 convolution in front does what `preprocess` declared: the
+channel swap to BGR, `* scale`, `- mean`, `/ std`. On the integer model that input's grid is the
+pixel grid itself (scale 1, zero point -128), so the .npub takes uint8 bytes and no float
+conversion runs on the CPU (TPU-MLIR's --fuse_preprocess). Resizing stays on the host: the model
+takes the size its input shape says.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from npubuild.errors import UserError
+from npubuild.stages.onnx_utils import dims, load_model, save_model
+from npubuild.stages.quantize.planning import FUSED_HEAD
+
+HEAD = FUSED_HEAD
+
+
+def head_weights(preprocess: dict, channels: int) -> tuple[np.ndarray, np.ndarray]:
+    """The 1x1 convolution's weight [C, C, 1, 1] and bias [C]: output channel c (the model's order)
+    is pixel channel src(c) * scale / std_c - mean_c / std_c."""
+    mean = np.broadcast_to(np.asarray(preprocess["mean"], np.float64), (channels,))
+    std = np.broadcast_to(np.asarray(preprocess["std"], np.float64), (channels,))
+    source = list(range(channels))[::-1] if preprocess["color"] == "BGR" else list(range(channels))
+    weight = np.zeros((channels, channels, 1, 1), np.float32)
+    for c, s in enumerate(source):
+        weight[c, s, 0, 0] = preprocess["scale"] / std[c]
+    return weight, (-mean / std).astype(np.float32)
+
+
+def _the_photo_input(model: onnx.ModelProto, channels: int) -> onnx.ValueInfoProto:
+    initializers = {t.name for t in model.graph.initializer}
+    inputs = [v for v in model.graph.input if v.name not in initializers]
+    if len(inputs) != 1:
+        raise UserError(f"fuse_preprocess: the model has {len(inputs)} inputs; it folds one photo input")
+    value = inputs[0]
+    shape = dims(value)
+    if value.type.tensor_type.elem_type != TensorProto.FLOAT or len(shape) != 4 or shape[1] != channels:
+        raise UserError(
+            f"fuse_preprocess: input '{value.name}' is {shape}, not a float [N, {channels}, H, W] photo "
+            "(NCHW with the preprocessing's channels)"
+        )
+    return value
+
+
+def fuse(model: onnx.ModelProto, preprocess: dict) -> onnx.ModelProto:
+    if preprocess["layout"] != "NCHW":
+        raise UserError("fuse_preprocess: the data set's layout is NHWC; the fused head takes NCHW photos")
+    channels = 1 if preprocess["color"] == "GRAY" else 3
+    fused = onnx.ModelProto()
+    fused.CopyFrom(model)
+    graph = fused.graph
+    photo = _the_photo_input(fused, channels).name
+    normalised = f"{photo}.{HEAD}"
+    for node in graph.node:
+        node.input[:] = [normalised if i == photo else i for i in node.input]
+    for output in graph.output:
+        if output.name == photo:
+            raise UserError(f"fuse_preprocess: input '{photo}' is also an output of the model")
+    weight, bias = head_weights(preprocess, channels)
+    names = (f"{HEAD}.weight", f"{HEAD}.bias")
+    graph.initializer.extend(numpy_helper.from_array(a, n) for a, n in zip((weight, bias), names))
+    head = helper.make_node("Conv", [photo, *names], [normalised], name=HEAD, kernel_shape=[1, 1])
+    graph.node.insert(0, head)
+    return fused
+
+
+def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
+    model = load_model(inputs["model"], "the imported model")
+    return {"model": save_model(fuse(model, params["preprocess"]), outdir / "fused.onnx")}
