@@ -21,6 +21,15 @@ MODELS = [("yolov8n", "yolo"), ("ppocr_det", "ocr_det"), ("ppocr_cls", "ocr_cls"
 TARGETS = ["vnpu-s", "vnpu-m"]
 
 
+def copy_example_unfused(dest: Path) -> Path:
+    """The example workspace with every npu_model's preprocessing left on the host
+    (fuse_preprocess off), so its optimized models take the data sets' tensors as they are."""
+    shutil.copytree(EXAMPLE, dest, ignore=shutil.ignore_patterns("npubuild-out"))
+    build = dest / "models" / "BUILD"
+    build.write_text(build.read_text().replace("fuse_preprocess = True", "fuse_preprocess = False"))
+    return dest
+
+
 def generate(dest: Path, per_model: int = 4) -> int:
     """Copy the example's data and models packages and add per_model npu_models per model."""
     if dest.exists():

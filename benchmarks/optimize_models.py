@@ -20,7 +20,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "workspace_example"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _workspace_gen import copy_example_unfused  # noqa: E402
+
 MODELS = {  # npu_model -> (onnx_model, evaluation and calibration data sets)
     "yolo": ("yolov8n", ["yolo_calib", "yolo_eval"]),
     "ocr_det": ("ppocr_det", ["ocr_det_calib", "ocr_det_eval"]),
@@ -48,7 +50,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="npubuild-optbench-"))
     try:
         ws = tmp / "ws"
-        shutil.copytree(EXAMPLE, ws, ignore=shutil.ignore_patterns("npubuild-out"))
+        copy_example_unfused(ws)  # the models take the data sets' float tensors
         env = {**os.environ, "NPUBUILD_CACHE": str(tmp / "cache")}
         subprocess.run(
             [sys.executable, "-m", "npubuild", "build", "//..."],

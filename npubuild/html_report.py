@@ -42,16 +42,27 @@ def _pipeline(steps: list[dict]) -> str:
     return f'<div class="pipeline">{boxes}</div><div class="legend muted">{legend}</div>'
 
 
-def _bars(rows: list[tuple[str, float, str]], unit: str, width: int = 1050, row_h: int = 14) -> str:
-    """Horizontal bars: (label, value, colour)."""
+EXACT_DB = 60.0  # SQNR beyond which a layer counts as exact (int8 of a smooth signal: ~40-50 dB)
+
+
+def _bars(
+    rows: list[tuple[str, float, str]],
+    unit: str,
+    width: int = 1050,
+    row_h: int = 14,
+    cap: float | None = None,
+) -> str:
+    """Horizontal bars: (label, value, colour); a value above `cap` is drawn at full length (its
+    label keeps the value), so one exact layer does not squeeze every other bar."""
     if not rows:
         return '<p class="muted">nothing to show</p>'
     top = max(max(v for _, v, _ in rows), 1e-9)
+    top = min(top, cap) if cap else top
     label_w, height = 300, row_h * len(rows) + 6
     parts = []
     for k, (label, value, colour) in enumerate(rows):
         y = k * row_h + 2
-        w = max(1.0, (width - label_w - 80) * max(value, 0) / top)
+        w = max(1.0, (width - label_w - 80) * min(max(value, 0), top) / top)
         parts.append(
             f'<text x="{label_w - 6}" y="{y + row_h - 4}" text-anchor="end">{escape(label[:48])}</text>'
             f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{row_h - 3}" fill="{colour}"/>'
@@ -194,7 +205,7 @@ def render(label: str, steps: list[dict], data: dict[str, dict]) -> str:
             (f"{layer_name(r)} ({r['op_type']})", max(r["sqnr_db"], 0.0), BITS_COLOURS.get(r["bits"], "#999"))
             for r in accuracy["layers"]
         ]
-        body.append(_bars(rows, "dB"))
+        body.append(_bars(rows, "dB", cap=EXACT_DB))
         if accuracy.get("float_nodes"):
             items = "".join(
                 f"<tr><td>{escape(f['node'])}</td><td>{escape(f['op_type'])}</td><td>{escape(f['reason'])}</td></tr>"

@@ -110,8 +110,12 @@ def test_explain_names_the_input_that_changed(small_ws, tmp_path):
     lines = proc.stdout.splitlines()
     text = "\n".join(lines)
     settings = {ln.strip() for ln in lines if ln.strip().startswith("setting ")}
-    # only what changed (not resize, std, ...), with its old and new value
-    assert settings == {"setting preprocess.mean changed: [0.5] -> [0.4]"}
+    # only what changed (not resize, std, ...), with its old and new value: the data set's mean,
+    # and the quantizer's input range that follows from it (docs/quantization.md)
+    assert settings == {
+        "setting preprocess.mean changed: [0.5] -> [0.4]",
+        "setting input_range changed: [-1.0, 1.0] -> [-0.8, 1.2]",
+    }
     assert "input //data:calib prepare.tensors changed" in text
     import_line = next(ln for ln in lines if ln.strip().startswith("import"))
     assert "cached" in import_line

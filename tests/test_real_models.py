@@ -50,7 +50,8 @@ def test_example_builds_every_stage(example):
     assert stages == {
         "fetch": 3,
         "import": 3,
-        "prepare": 6,
+        "prepare": 8,  # six data sets, and yolo's two again as pixels (it fuses its preprocessing)
+        "fuse": 1,
         "optimize": 3,
         "calibrate": 3,
         "quantize": 3,
@@ -58,8 +59,8 @@ def test_example_builds_every_stage(example):
         "partition": 3,
         "codegen": 3,
         "simulate": 3,
-        "sensitivity": 1,
-        "search": 1,  # the example asks for mixed precision on ocr_cls only
+        "sensitivity": 2,
+        "search": 2,  # the example asks for mixed precision on ocr_det and ocr_cls
     }
 
 
@@ -80,7 +81,9 @@ def test_optimized_model_is_smaller_and_agrees_on_held_out_photos(example, name)
     feed_name = ref.get_inputs()[0].name
     for sample in tensors:
         feed = {feed_name: sample[None]}
-        for a, b in zip(ref.run(None, feed), opt.run(None, feed)):
+        # yolo fuses its preprocessing (x / 255): its optimized model takes the pixel values
+        pixels = {feed_name: np.round(sample[None] * 255)} if name == "yolo" else feed
+        for a, b in zip(ref.run(None, feed), opt.run(None, pixels)):
             assert np.max(np.abs(a - b)) <= 1e-4 + 1e-3 * np.max(np.abs(a))
 
 
@@ -117,13 +120,22 @@ def test_summary_reports_the_check(example):
 
 
 def test_artifacts_are_byte_identical_in_a_clean_cache(example, tmp_path):
+    """Rebuilt from nothing with one job instead of two: the same bytes. The det model's
+    precision search (2.5 minutes) is left to benchmarks/identical_binaries.py, which rebuilds it."""
     ws, _, _ = example
-    first = {p: p.read_bytes() for p in (ws / "npubuild-out").rglob("*") if p.is_file()}
+    again = ["//models:yolo", "//models:ocr_cls"]
+    outputs = [ws / "npubuild-out" / "models" / name for name in ("yolo", "ocr_cls")]
+    first = {p: p.read_bytes() for out in outputs for p in out.rglob("*") if p.is_file()}
     other = Store(tmp_path / "clean")
-    outcome = run_build(ws, other, jobs=1)
+    outcome = run_build(ws, other, again, jobs=1)
     assert outcome.ok
-    second = {p: p.read_bytes() for p in (ws / "npubuild-out").rglob("*") if p.is_file()}
-    assert first.keys() == second.keys()
+    assert {a.stage for a in outcome.actions if outcome.result(a).status == "ran"} >= {
+        "fuse",
+        "search",
+        "simulate",
+    }
+    second = {p: p.read_bytes() for out in outputs for p in out.rglob("*") if p.is_file()}
+    assert first.keys() == second.keys() and len(first) > 20
     assert [p for p in first if first[p] != second[p]] == []
 
 
@@ -143,9 +155,9 @@ def test_integer_model_agrees_with_its_qdq_twin_and_with_float(example, name):
     session(out / "quantized.qdq.onnx")
     # every layer is reported; classification and detection outputs stay close to float
     assert len(report["layers"]) > 50 and len(report["worst_layers"]) == 5
-    if name in ("yolo", "ocr_cls"):
-        (metrics,) = report["outputs"].values()
-        assert metrics["cosine"] > 0.99
+    (metrics,) = report["outputs"].values()
+    # the detector's text map on a printed page it was not calibrated on: its search's goal, 0.98
+    assert metrics["cosine"] > (0.98 if name == "ocr_det" else 0.99)
 
 
 @pytest.mark.parametrize("target_name", ["vnpu-s", "vnpu-m"])
@@ -207,9 +219,10 @@ def _eval_tensors(ws, name):
     from npubuild.stages.prepare import _image
 
     pp = {
-        "yolo": {"resize": [320, 320], "color": "RGB", "scale": 1 / 255, "mean": [0.0], "std": [1.0]},
+        # yolo fuses its x / 255 into the model, which takes the pixel values
+        "yolo": {"resize": [320, 320], "color": "RGB", "scale": 1.0, "mean": [0.0], "std": [1.0]},
         "ocr_det": {
-            "resize": [480, 480],
+            "resize": [320, 320],
             "color": "BGR",
             "scale": 1 / 255,
             "mean": [0.485, 0.456, 0.406],
@@ -234,7 +247,6 @@ def test_example_reports_the_back_end(example):
         # NPU parts in the simulator + CPU parts in onnxruntime against the golden integer model
         golden = e2e["vs_integer_model"]
         assert golden["cosine"] > 0.999 or golden["max_abs_error"] < 1e-6, (name, golden)
-        if name != "ocr_det":  # det's map is ~0 on these text-free photos: cosine is noise there
-            assert e2e["vs_qdq"]["cosine"] > 0.99, name
+        assert e2e["vs_qdq"]["cosine"] > 0.99, name
         assert (out / "model.npub").read_bytes()[:4] == b"NPUB"
         assert "conv" in (out / "model.lst").read_text()

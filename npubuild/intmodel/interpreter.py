@@ -78,7 +78,9 @@ class Interpreter:
             else:
                 feeds[i] = env[i]
         evaluator = ReferenceEvaluator(node, opsets=self.opsets, functions=self.functions or None)
-        for name, value in zip(op.outputs, evaluator.run(None, feeds)):
+        with np.errstate(over="ignore", under="ignore"):  # a float Sigmoid's exp of a large input
+            results = evaluator.run(None, feeds)
+        for name, value in zip(op.outputs, results):
             if name:
                 env[name] = np.asarray(value)
 
