@@ -84,8 +84,23 @@ def photo_crops(dest: Path, per_calibration_photo: int = 6, per_evaluation_photo
 def crop_workspace(
     root: Path, per_calibration_photo: int = 6, per_evaluation_photo: int = 6
 ) -> tuple[int, int]:
-    """The example workspace with its data sets pointed at photo crops instead of the photos."""
-    shutil.copytree(EXAMPLE, root, ignore=shutil.ignore_patterns("npubuild-out", "photos"))
+    """The example workspace with its data sets pointed at photo crops instead of the photos
+    (the text detector keeps its text photos) and its three npu_models at the defaults: no fused
+    preprocessing, no precision search, no gates."""
+
+    def skipped(folder: str, names: list[str]) -> list[str]:
+        photos = Path(folder).name == "photos"
+        return [n for n in names if n == "npubuild-out" or (photos and n in ("calib", "eval"))]
+
+    shutil.copytree(EXAMPLE, root, ignore=skipped)
+    models = root / "models" / "BUILD"
+    text = models.read_text().split("npu_model(")[0]
+    for model, name in MODELS:
+        text += (
+            f'npu_model(name = "{name}", model = ":{model}", '
+            f'calibration = "//data:{name}_calib", evaluation = "//data:{name}_eval")\n'
+        )
+    models.write_text(text)
     counts = photo_crops(root / "data" / "crops", per_calibration_photo, per_evaluation_photo)
     build = root / "data" / "BUILD"
     text = build.read_text()
