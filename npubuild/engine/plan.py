@@ -247,9 +247,9 @@ class Planner:
         where = target.where("fuse_preprocess")
         declared = [d for d in datasets if d is not None]
         for d in declared:
-            if not all(rel.lower().endswith(IMAGE_SUFFIXES) for rel in d.attrs.srcs):
+            if not _photos_only(d):
                 raise UserError(f"fuse_preprocess: data set {d.label} is not photographs only", where)
-            if d.attrs.preprocess.dtype != "float32":
+            if d.attrs.preprocess.value_range() is None:  # raw pixels: nothing left to fold
                 raise UserError(
                     f"fuse_preprocess: data set {d.label} gives {d.attrs.preprocess.dtype} pixels; "
                     "the preprocessing to fold is a float one",
@@ -267,7 +267,7 @@ class Planner:
     def _image_range(dataset: Target | None) -> tuple[float, float] | None:
         """The values a photo data set's preprocessing can produce (the network input's grid);
         None for tensor files, whose range only calibration knows."""
-        if dataset is None or not all(rel.lower().endswith(IMAGE_SUFFIXES) for rel in dataset.attrs.srcs):
+        if dataset is None or not _photos_only(dataset):
             return None
         return dataset.attrs.preprocess.value_range()
 
@@ -283,6 +283,10 @@ class Planner:
     def _expose(self, plan: TargetPlan, action: Action) -> None:
         for output, filename in STAGES[action.stage].outputs.items():
             plan.outputs.append((action, output, filename))
+
+
+def _photos_only(dataset: Target) -> bool:
+    return all(rel.lower().endswith(IMAGE_SUFFIXES) for rel in dataset.attrs.srcs)
 
 
 def plan_targets(workspace: Workspace, patterns: list[str], until: str | None = None) -> list[TargetPlan]:
