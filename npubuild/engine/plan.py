@@ -170,7 +170,7 @@ class Planner:
         settings = {
             **attrs.quantize.model_dump(),
             "overrides": [o.model_dump() for o in attrs.overrides],
-            "input_range": pixels.value_range() if pixels else self._image_range(calibration),
+            "input_range": None if fused else self._image_range(calibration),
             # fused: the head's output (the photo as the model was trained on it) spans what the
             # declared preprocessing can give, as an unfused photo input would
             **({"pixel_input": True, "fused_range": fused.value_range()} if fused else {}),

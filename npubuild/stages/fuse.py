@@ -20,8 +20,6 @@ from npubuild.errors import UserError
 from npubuild.stages.onnx_utils import dims, load_model, save_model
 from npubuild.stages.quantize.planning import FUSED_HEAD
 
-HEAD = FUSED_HEAD
-
 
 def head_weights(preprocess: dict, channels: int) -> tuple[np.ndarray, np.ndarray]:
     """The 1x1 convolution's weight [C, C, 1, 1] and bias [C]: output channel c (the model's order)
@@ -58,16 +56,16 @@ def fuse(model: onnx.ModelProto, preprocess: dict) -> onnx.ModelProto:
     fused.CopyFrom(model)
     graph = fused.graph
     photo = _the_photo_input(fused, channels).name
-    normalised = f"{photo}.{HEAD}"
+    normalised = f"{photo}.{FUSED_HEAD}"
     for node in graph.node:
         node.input[:] = [normalised if i == photo else i for i in node.input]
     for output in graph.output:
         if output.name == photo:
             raise UserError(f"fuse_preprocess: input '{photo}' is also an output of the model")
     weight, bias = head_weights(preprocess, channels)
-    names = (f"{HEAD}.weight", f"{HEAD}.bias")
+    names = (f"{FUSED_HEAD}.weight", f"{FUSED_HEAD}.bias")
     graph.initializer.extend(numpy_helper.from_array(a, n) for a, n in zip((weight, bias), names))
-    head = helper.make_node("Conv", [photo, *names], [normalised], name=HEAD, kernel_shape=[1, 1])
+    head = helper.make_node("Conv", [photo, *names], [normalised], name=FUSED_HEAD, kernel_shape=[1, 1])
     graph.node.insert(0, head)
     return fused
 

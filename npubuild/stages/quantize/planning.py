@@ -171,6 +171,10 @@ class Planner:
         given = self.given.get(name)
         if given is not None and given["bits"] == bits:
             return TensorParams(float(given["scale"]), int(given["zero_point"]), bits), warnings
+        if self.config.get("pixel_input") and name in self.info.image_inputs:
+            # fused preprocessing: the input is 8-bit pixels, whose exact grid is scale 1, zero
+            # point -128 (code = pixel - 128) whatever the width or method asked for
+            return TensorParams(1.0, -128, 8), warnings
         meta = self.stats_meta.get(name)
         image_range = self.config.get("input_range")
         if image_range is not None and name in self.info.image_inputs:
@@ -198,14 +202,11 @@ class Planner:
         """An integer op reads `name`: give it parameters if a float op or the model made it."""
         if name in self.plan.params:
             return
-        if self.config.get("pixel_input") and name in self.info.image_inputs:
-            # fused preprocessing: the input is 8-bit pixels, whose exact grid is scale 1, zero
-            # point -128 (code = pixel - 128); nothing converts it, the NPU reads the bytes
-            self.plan.params[name] = TensorParams(1.0, -128, 8)
-            self.plan.pixel_inputs.append(name)
-            return
         self.plan.params[name] = self.from_stats(name, bits, method)
-        self.plan.steps.append(Step("quantize", name=name))
+        if self.config.get("pixel_input") and name in self.info.image_inputs:
+            self.plan.pixel_inputs.append(name)  # no quantize op: the NPU reads the pixel bytes
+        else:
+            self.plan.steps.append(Step("quantize", name=name))
 
     # the plan ---------------------------------------------------------------------------------
     def build(self) -> QuantPlan:
