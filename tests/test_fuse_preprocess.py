@@ -123,3 +123,16 @@ def test_what_cannot_be_fused_is_one_line_at_the_attribute(tmp_path, cls_model, 
     assert len(lines) == 1 and message in lines[0], result.stderr
     line = next(i for i, t in enumerate(FUSED_BUILD.splitlines(), 1) if "fuse_preprocess" in t)
     assert f"{Path('models') / 'BUILD'}:{line}" in lines[0]
+
+
+def test_a_binary_that_declares_non_byte_pixels_is_refused():
+    """A forged .npub metadata: a pixels input must be uint8 (the input DMA flips bytes)."""
+    from pydantic import ValidationError
+
+    from npubuild.targets.meta import InputSpec
+
+    with pytest.raises(ValidationError, match="a pixels input is uint8"):
+        InputSpec.model_validate({"name": "x", "shape": [1, 3, 8, 8], "dtype": "float32", "pixels": True})
+    assert InputSpec.model_validate(
+        {"name": "x", "shape": [1, 3, 8, 8], "dtype": "uint8", "pixels": True}
+    ).pixels
