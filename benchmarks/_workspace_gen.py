@@ -51,20 +51,31 @@ def generate(dest: Path, per_model: int = 4) -> int:
     return count
 
 
-def photo_crops(dest: Path, per_calibration_photo: int = 6, per_evaluation_photo: int = 6) -> tuple[int, int]:
+VALIDATION_PHOTOS = ("hubble_deep_field", "rocket")  # of the calibration photos
+
+
+def photo_crops(
+    dest: Path, per_calibration_photo: int = 6, per_evaluation_photo: int = 6, validation: bool = False
+) -> tuple[int, int]:
     """Deterministic crops of the committed photographs: calibration crops come only from the
-    calibration photos and evaluation crops only from the evaluation photos (disjoint sets)."""
+    calibration photos and evaluation crops only from the evaluation photos (disjoint sets).
+    `validation`: the split defaults are tuned on, which never touches the evaluation photos:
+    calibration crops from four calibration photos, "evaluation" crops from the other two."""
     from PIL import Image
 
     photos = EXAMPLE / "data" / "photos"
+    calib = sorted(p for p in (photos / "calib").glob("*") if p.suffix.lower() in (".jpg", ".png"))
+    evaluation = sorted(p for p in (photos / "eval").glob("*") if p.suffix.lower() in (".jpg", ".png"))
+    if validation:
+        evaluation = [p for p in calib if p.stem in VALIDATION_PHOTOS]
+        calib = [p for p in calib if p.stem not in VALIDATION_PHOTOS]
     counts = []
-    for role, per in (("calib", per_calibration_photo), ("eval", per_evaluation_photo)):
+    splits = (("calib", per_calibration_photo, calib), ("eval", per_evaluation_photo, evaluation))
+    for role, per, sources in splits:
         out = dest / role
         out.mkdir(parents=True, exist_ok=True)
         n = 0
-        for src in sorted((photos / role).glob("*")):
-            if src.suffix.lower() not in (".jpg", ".png"):
-                continue
+        for src in sources:
             image = Image.open(src).convert("RGB")
             w, h = image.size
             for k in range(per):
@@ -82,11 +93,11 @@ def photo_crops(dest: Path, per_calibration_photo: int = 6, per_evaluation_photo
 
 
 def crop_workspace(
-    root: Path, per_calibration_photo: int = 6, per_evaluation_photo: int = 6
+    root: Path, per_calibration_photo: int = 6, per_evaluation_photo: int = 6, validation: bool = False
 ) -> tuple[int, int]:
     """The example workspace with its data sets pointed at photo crops instead of the photos
     (the text detector keeps its text photos) and its three npu_models at the defaults: no fused
-    preprocessing, no precision search, no gates."""
+    preprocessing, no precision search, no gates. `validation`: see photo_crops."""
 
     def skipped(folder: str, names: list[str]) -> list[str]:
         photos = Path(folder).name == "photos"
@@ -101,7 +112,7 @@ def crop_workspace(
             f'calibration = "//data:{name}_calib", evaluation = "//data:{name}_eval")\n'
         )
     models.write_text(text)
-    counts = photo_crops(root / "data" / "crops", per_calibration_photo, per_evaluation_photo)
+    counts = photo_crops(root / "data" / "crops", per_calibration_photo, per_evaluation_photo, validation)
     build = root / "data" / "BUILD"
     text = build.read_text()
     text = text.replace('glob(["photos/calib/*.jpg"])', 'glob(["crops/calib/*.png"])')

@@ -64,6 +64,41 @@ def test_every_method_gives_a_range_containing_zero_within_the_data(method):
         assert hi < 40.0  # the outlier is clipped
 
 
+def _measured_error(data: np.ndarray, lo: float, hi: float, fn) -> float:
+    """Mean squared error of fn over data quantized to the int8 grid of [lo, hi], measured."""
+    scale, zp = ranges.quant_params(lo, hi, 8, False)
+    dq = (np.clip(np.round(data / scale) + zp, -128, 127) - zp) * scale
+    return float(np.mean((fn(data) - fn(dq)) ** 2))
+
+
+def test_a_range_read_by_an_activation_is_chosen_by_the_error_after_it():
+    from npubuild.intmodel.lut import lut_function
+
+    hardswish = lut_function("HardSwish", {})
+    rng = np.random.default_rng(11)  # its own: the module's RNG feeds the tests after it
+    data = (rng.normal(size=50000) * 4).astype(np.float32)  # much of it below -3, where HardSwish is 0
+    stats = TensorStats()
+    stats.update(data)
+    meta, arrays = stats.to_record()
+    shared = ranges.mse(meta, arrays["hist"], 8, False, 99.99)
+    through = ranges.mse_through(meta, arrays["hist"], 8, hardswish)
+    assert -3.5 < through[0] < -2.5 and shared[0] < -6  # clipped where the function is flat
+    assert _measured_error(data, *through, hardswish) < 0.5 * _measured_error(data, *shared, hardswish)
+
+
+def test_independent_ends_fit_a_skewed_tensor_better_than_one_shrink_factor():
+    identity = lambda v: v  # noqa: E731
+    rng = np.random.default_rng(12)
+    data = np.concatenate([rng.exponential(2.0, size=40000), -rng.exponential(0.05, size=10000)])
+    stats = TensorStats()
+    stats.update(data)
+    meta, arrays = stats.to_record()
+    shared = ranges.mse(meta, arrays["hist"], 8, False, 99.99)
+    independent = ranges.mse_through(meta, arrays["hist"], 8, None)
+    assert meta["min"] <= independent[0] <= 0 <= independent[1] <= meta["max"]
+    assert _measured_error(data, *independent, identity) < _measured_error(data, *shared, identity)
+
+
 def test_zero_range_and_one_sided_ranges_give_valid_parameters():
     assert ranges.quant_params(0.0, 0.0, 8, False) == (1.0, 0)
     scale, zp = ranges.quant_params(0.0, 6.0, 8, False)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from npubuild.intmodel.lut import lut_function
 from npubuild.intmodel.ops import LUT_OPS, MAC_OPS, MOVE_OPS
 from npubuild.intmodel.rowwise import SOFTMAX_GRID
 from npubuild.stages.optimize.graph import recorded_grids
@@ -187,9 +188,12 @@ class Planner:
             lo, hi = -1.0, 1.0
         else:
             hist = self.stats_arrays[f"{name}/hist"]
-            lo, hi = ranges.METHOD_FUNCTIONS[method](
-                meta, hist, bits, self.config["symmetric_activations"], self.config["percentile"]
-            )
+            if method == "mse" and bits == 8 and not self.config["symmetric_activations"]:
+                lo, hi = ranges.mse_through(meta, hist, bits, self._only_activation(name))
+            else:
+                lo, hi = ranges.METHOD_FUNCTIONS[method](
+                    meta, hist, bits, self.config["symmetric_activations"], self.config["percentile"]
+                )
             if meta.get("nonfinite"):
                 warnings.append(
                     f"'{name}' had {meta['nonfinite']} NaN/Inf values in calibration; "
@@ -197,6 +201,16 @@ class Planner:
                 )
         scale, zp = ranges.quant_params(float(lo), float(hi), bits, self.config["symmetric_activations"])
         return TensorParams(scale, zp, bits), warnings
+
+    def _only_activation(self, name: str):
+        """The float function of the one lookup-table activation that reads `name`, if that is
+        its only reader and it is not a network output (whose error is measured as it is);
+        else None (the error is measured on the tensor itself)."""
+        readers = self.info.consumers.get(name, [])
+        if name in self.info.outputs or len(readers) != 1 or readers[0].op_type not in LUT_OPS:
+            return None
+        node = readers[0]
+        return lut_function(node.op_type, {a.name: helper.get_attribute_value(a) for a in node.attribute})
 
     def ensure_quantized(self, name: str, bits: int, method: str) -> None:
         """An integer op reads `name`: give it parameters if a float op or the model made it."""

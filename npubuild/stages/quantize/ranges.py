@@ -5,6 +5,8 @@ Every method returns a range that contains 0, so that zero is exactly representa
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from npubuild.stages.quantize.histogram import BINS
@@ -38,6 +40,14 @@ def percentile_range(stats: dict, hist: np.ndarray, bits: int, symmetric: bool, 
     return _with_zero(max(lo, stats["min"]), min(hi, stats["max"]))
 
 
+def _occupied_bins(stats: dict, hist: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(centers, counts) of the histogram's non-empty bins; None for an empty histogram."""
+    if hist.sum() == 0:
+        return None
+    nz = hist > 0
+    return _centers(stats["radius"])[nz], hist[nz].astype(np.float64)
+
+
 def _expected_error(centers, counts, lo, hi, levels):
     """Expected squared error of uniform quantization to `levels` steps over [lo, hi]:
     rounding noise step^2/12 inside, squared distance to the bound outside."""
@@ -51,11 +61,10 @@ def _expected_error(centers, counts, lo, hi, levels):
 
 def mse(stats: dict, hist: np.ndarray, bits: int, symmetric: bool, percentile: float):
     lo0, hi0 = _with_zero(stats["min"], stats["max"])
-    if hist.sum() == 0 or hi0 == lo0:
+    occupied = _occupied_bins(stats, hist)
+    if occupied is None or hi0 == lo0:
         return lo0, hi0
-    centers = _centers(stats["radius"])
-    nz = hist > 0
-    centers, counts = centers[nz], hist[nz].astype(np.float64)
+    centers, counts = occupied
     levels = 2**bits
     best, best_err = (lo0, hi0), np.inf
     # Shrink the range towards zero; both ends by the same factor keeps the zero point.
@@ -67,6 +76,44 @@ def mse(stats: dict, hist: np.ndarray, bits: int, symmetric: bool, percentile: f
         e = _expected_error(centers, counts, lo, hi, levels)
         if e < best_err:
             best, best_err = (lo, hi), e
+    return best
+
+
+def mse_through(
+    stats: dict, hist: np.ndarray, bits: int, fn: Callable[[np.ndarray], np.ndarray] | None, grid: int = 48
+) -> tuple[float, float]:
+    """The asymmetric range with the smallest expected squared error, its two ends searched
+    independently (`mse` shrinks both by one factor, which keeps a symmetric grid symmetric).
+    With `fn`, the element-wise function that alone reads the tensor (a lookup-table
+    activation), the error is measured *after* it: rounding noise inside weighted by fn'(x)^2,
+    fn(x) - fn(bound) outside. Where fn is flat (HardSwish below -3, a Sigmoid's tails) clipping
+    costs nothing, so the grid's steps go where the function's output still changes.
+    Chosen on the validation split of benchmarks/ptq_vs_ort.py (docs/quantization.md)."""
+    fn = fn or (lambda v: v)
+    lo0, hi0 = _with_zero(stats["min"], stats["max"])
+    occupied = _occupied_bins(stats, hist)
+    if occupied is None or hi0 == lo0:
+        return lo0, hi0
+    centers, counts = occupied
+    h = stats["radius"] / BINS  # half a bin: the slope over one bin's width
+    y = fn(centers.astype(np.float32)).astype(np.float64)
+    rise = fn((centers + h).astype(np.float32)).astype(np.float64) - fn((centers - h).astype(np.float32))
+    noise_weight = (rise / (2 * h)) ** 2 / 12.0  # fn'(x)^2 * step^2 / 12 per unit step^2
+    factors = np.linspace(1.0 / grid, 1.0, grid)
+    los = np.unique(lo0 * factors) if lo0 < 0 else np.zeros(1)
+    his = np.unique(hi0 * factors) if hi0 > 0 else np.zeros(1)
+    levels = 2**bits
+    best, best_err = (lo0, hi0), np.inf
+    for lo, f_lo in zip(los, fn(los.astype(np.float32)).astype(np.float64)):
+        below = centers < lo
+        clipped_below = np.where(below, (y - f_lo) ** 2, 0.0)
+        for hi, f_hi in zip(his, fn(his.astype(np.float32)).astype(np.float64)):
+            step = (hi - lo) / (levels - 1)
+            above = centers > hi
+            err = np.where(above, (y - f_hi) ** 2, np.where(below, clipped_below, noise_weight * step * step))
+            e = dot(counts, err)
+            if e < best_err:
+                best, best_err = (float(lo), float(hi)), e
     return best
 
 
