@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from html import escape
 
-from npubuild.stages.wording import goal_text, layer_name
+from npubuild.stages.wording import goal_text, layer_name, search_figures
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1100px;color:#1d2330}
@@ -224,10 +224,10 @@ def render(label: str, steps: list[dict], data: dict[str, dict]) -> str:
             _bars([(f"{r['node']} ({r['op_type']})", max(r["score"], 0.0), "#8e6bd8") for r in top], "")
         )
     if search:
-        verdict = "reached" if search["reached"] else "NOT reached"
+        verdict = "met" if search["reached"] else "NOT met"
         body.append(
             f"<h2>Precision search: goal {escape(goal_text(search['goal']))} {verdict}, "
-            f"{search['int8_mac_share']:.1%} of MACs in int8</h2>"
+            f"{search['int8_mac_share']:.1%} of MACs in int8</h2><p>{escape(search_figures(search))}</p>"
         )
         body.append(_line([(p["step"], p["cosine"], bool(p["goal_met"])) for p in search["path"]], "cosine"))
         chosen = {k: v for k, v in search["precision"].items() if v != "int8"}

@@ -9,7 +9,7 @@ from rich.markup import escape
 from npubuild.cache.digest import sha256_json
 from npubuild.cache.store import CorruptBlob, Store
 from npubuild.engine.run import BuildOutcome
-from npubuild.stages.wording import goal_text, layer_name, precision_kind
+from npubuild.stages.wording import goal_text, layer_name, precision_kind, search_figures
 
 
 def plural(n: int, noun: str) -> str:
@@ -254,9 +254,9 @@ def render_search(console, sensitivity: dict | None, search: dict | None) -> Non
             )
         console.print(table)
         chosen = {k: v for k, v in search["precision"].items() if v != "int8"}
-        verdict = "reached" if search["reached"] else "NOT reached (best result shown)"
+        verdict = "met" if search["reached"] else "NOT met (best result shown)"
         console.print(
-            f"  goal {verdict}: cosine {search['cosine']:.5f}, SQNR {search['sqnr_db']:.2f} dB, "
+            f"  goal {verdict}: {search_figures(search)}; "
             f"{search['int8_mac_share']:.1%} of MACs in int8, estimated cost {search['cost']:,} cycles "
             f"(all int8: {search['cost_all_base']:,})",
             highlight=False,

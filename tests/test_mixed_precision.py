@@ -43,19 +43,29 @@ def test_goal_is_met_at_least_cost_and_changing_it_reruns_only_the_search(small_
     search = read(small_ws, "search.json")
     int8 = search["path"][0]
     assert int8["action"] == "all layers int8" and not int8["goal_met"]
-    assert search["reached"] and search["cosine"] >= 0.999
+    # searched on the even-numbered evaluation photos (2 of 3), judged on the held-out one
+    split, held = search["search_split"], search["held_out"]
+    assert (split["samples"], held["samples"]) == (2, 1) and split["reached"] and split["cosine"] >= 0.999
+    assert search["reached"] == (held["cosine"] >= 0.999) and search["cosine"] == held["cosine"]
+    if not search["reached"]:  # the search's own figure does not hold on the image it never saw
+        (warning,) = search["warnings"]
+        assert "held-out" in warning and f"{held['cosine']:.5f}" in warning
+        assert f"{split['cosine']:.5f}" in warning
     promoted = {k: v for k, v in search["precision"].items() if v != "int8"}
     assert promoted and search["int8_mac_share"] > 0.8
-    # the promoted layers come from the top of the search order; the table is what quantize read
-    assert set(promoted) <= set(search["search_order"][: len(promoted) + 5])
+    # the answer is a table a step of the search measured meeting the goal; quantize read it
+    assert set(promoted) <= set(search["search_order"])
+    assert any(p["goal_met"] and abs(p["cosine"] - split["cosine"]) < 1e-6 for p in search["path"])
     assert read(small_ws, "precision.json")["layers"] == promoted
     program_bits = {r["node"]: r["bits"] for r in read(small_ws, "accuracy.json")["layers"]}
     assert all(
         program_bits.get(node) == 16 for node, p in promoted.items() if p == "int16" and node in program_bits
     )
-    # the integer model itself (golden interpreter) meets the goal on the evaluation set
+    # the integer model itself (golden interpreter) on all three evaluation photos: between what
+    # the search saw and what it held out (the cosine of the union is at most the larger one's)
     (metrics,) = read(small_ws, "accuracy.json")["outputs"].values()
-    assert metrics["cosine"] >= 0.999
+    low, high = sorted([split["cosine"], held["cosine"]])
+    assert low - 1e-3 <= metrics["cosine"] <= high + 1e-6
     # hand-back: each remaining promoted layer was tried one level down and that failed the goal
     hand_backs = [p for p in search["path"] if p["action"].startswith("hand ")]
     assert all(not p["goal_met"] for p in hand_backs if p["action"].split()[1] in promoted)

@@ -152,3 +152,9 @@ def iterate_feeds(model: onnx.ModelProto, tensors, count: int):
     usable = max(batch, min(count * batch, len(tensors) - len(tensors) % batch))
     for start in range(0, usable, batch):
         yield samples_for(model, tensors[start : start + batch], 1)[0]
+
+
+def search_split(feeds: list) -> tuple[list, list]:
+    """The evaluation samples a precision search may look at (even-numbered) and the ones it
+    is judged on (odd-numbered, held out); a single sample is searched on and nothing is held out."""
+    return feeds[0::2], feeds[1::2]

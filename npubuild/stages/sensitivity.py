@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from npubuild.intmodel import tensorfile
-from npubuild.stages.feeds import SampleFile, iterate_feeds
+from npubuild.stages.feeds import SampleFile, iterate_feeds, search_split
 from npubuild.stages.onnx_utils import load_model, write_json
 from npubuild.stages.quantize.cost import op_work
 from npubuild.stages.quantize.probe import PrecisionProbe
@@ -21,7 +21,9 @@ from npubuild.stages.quantize.probe import PrecisionProbe
 def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     model = load_model(inputs["model"], "the optimized model")
     stats_arrays, stats = tensorfile.load(inputs["stats"])
-    feeds = list(iterate_feeds(model, SampleFile(inputs["evaluation"]), params["samples"]))
+    # the search half of the evaluation set: the held-out half judges the search's answer
+    evaluation = list(iterate_feeds(model, SampleFile(inputs["evaluation"]), 2 * params["samples"]))
+    feeds = search_split(evaluation)[0]
     # int8 tables only: a probe without the int16 pairs, unless the settings themselves plan
     # 16-bit tensors (activation_bits 16, a Softmax output's grid)
     planned = PrecisionProbe.planned_widths(model, stats["tensors"], stats_arrays, params["quantize"])

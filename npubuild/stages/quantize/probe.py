@@ -277,8 +277,9 @@ class PrecisionProbe:
                 self.constant_bits[label] = tensors[out]["bits"]
         return bits, set(program.integer_nodes)
 
-    def confirm(self, table: dict[str, str]) -> dict:
-        """The same configuration as the integer model itself, run by the golden interpreter."""
+    def confirm(self, table: dict[str, str], feeds: list[dict] | None = None) -> dict:
+        """The same configuration as the integer model itself, run by the golden interpreter on
+        the probe's samples or on `feeds` (held-out images, measured against the float model)."""
         from npubuild.intmodel.interpreter import Interpreter
         from npubuild.intmodel.program import parse
 
@@ -297,7 +298,11 @@ class PrecisionProbe:
             return [Agreement.terms(r, outputs[name]) for name, r in zip(self.outputs, reference)]
 
         self.runs += 1
-        return self._agreement(measure)
+        if feeds is None:
+            return self._agreement(measure)
+        float_session = session(self.model)
+        references = [float_session.run(self.outputs, f) for f in feeds]
+        return self._agreement(measure, list(zip(feeds, references)))
 
     def run(self, table: dict[str, str]) -> dict:
         bits, integer_nodes = self.plan(table)
@@ -324,10 +329,11 @@ class PrecisionProbe:
         self.runs += 1
         return self._agreement(measure)
 
-    def _agreement(self, measure) -> dict:
-        """The outputs' agreement over the samples, each measured in a thread, summed in order."""
+    def _agreement(self, measure, samples: list[tuple] | None = None) -> dict:
+        """The outputs' agreement over the samples (the probe's own unless given), each measured
+        in a thread, summed in order."""
         agreement = Agreement()
-        samples = list(zip(self.feeds, self.references))
+        samples = samples if samples is not None else list(zip(self.feeds, self.references))
         for terms in in_order(measure, samples, sample_workers()):
             for t in terms:
                 agreement.add(t)
