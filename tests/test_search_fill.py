@@ -17,7 +17,6 @@ WORK = {
     "big": {"macs": 1_000_000, "elements": 64},
     "cheap_b": {"macs": 0, "elements": 64},
 }
-TARGET = {"mac_rows": 32, "mac_cols": 32, "vector_lanes": 64, "int16_rate": 0.25, "dram_bytes_per_cycle": 32}
 
 
 class StubProbe:
@@ -45,8 +44,21 @@ class StubProbe:
     confirm = run
 
 
+def stub_price(work: dict):
+    """Cycles of a table on a 32 x 32 array with 64 vector lanes, int16 at a quarter of the rate."""
+
+    def price(table: dict) -> float:
+        total = 0.0
+        for u, w in work.items():
+            int16 = table.get(u, "int8") == "int16"
+            total += w["macs"] / 1024 / (0.25 if int16 else 1.0) + w["elements"] * (2 if int16 else 1) / 64
+        return total
+
+    return price
+
+
 def make_search(probe, units, goal, work, noise_ranking, exact=None) -> strategies.Search:
-    costs = Costs(probe, units, ["int8", "int16"], work, TARGET)
+    costs = Costs(probe, units, ["int8", "int16"], work, stub_price(work))
     return strategies.Search(Measurer(probe, goal, exact), costs, SearchLog(costs, goal), goal, noise_ranking)
 
 

@@ -10,6 +10,7 @@ its inputs, runs it, and writes the precision table and the report of every run.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from npubuild.errors import UserError
@@ -19,9 +20,10 @@ from npubuild.stages.onnx_utils import load_model, write_json
 from npubuild.stages.quantize.cost import op_work
 from npubuild.stages.quantize.probe import PrecisionProbe
 from npubuild.stages.quantize.search import strategies
-from npubuild.stages.quantize.search.costs import Costs
+from npubuild.stages.quantize.search.costs import Costs, planned_price
 from npubuild.stages.quantize.search.log import SearchLog
 from npubuild.stages.quantize.search.measure import Measurer, meets
+from npubuild.stages.quantize.search.prices import Prices
 from npubuild.stages.wording import goal_text
 
 
@@ -35,12 +37,20 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     work = op_work(model)
     levels = strategies.levels_of(params["candidates"])
     minimize = params.get("minimize", "cycles")
-    ranking = strategies.search_order(sensitivity["layers"], work, params["target"], levels, minimize)
-    searchable = set(probe.layers.units)
-    units = [u for u in ranking if u in searchable]
+    # the code generator's own prices: every layer int8 and every layer int16 compiled once
+    prices = Prices.compiled(
+        model,
+        stats["tensors"],
+        stats_arrays,
+        {"quantize": params["quantize"], "target": params["target"]},
+        probe.layers,
+        with_int16="int16" in levels,
+    )
+    costs = Costs(probe, probe.layers.units, levels, work, planned_price(probe, prices, work), minimize)
+    units = strategies.search_order(sensitivity["layers"], costs)
     in_units = set(units)
+    costs = replace(costs, units=units)  # searched in that order
     by_noise = sorted(sensitivity["layers"], key=lambda r: (r["quantized_alone"]["sqnr_db"], r["node"]))
-    costs = Costs(probe, units, levels, work, params["target"], minimize)
     search = strategies.Search(
         Measurer(probe, params["goal"]),
         costs,

@@ -1,10 +1,5 @@
-"""A per-op cost estimate for the precision search, in target cycles.
-
-int8 MACs run on the R x C array; int16 at the target's int16 rate; other ops on the vector lanes;
-a float op falls back to the CPU (CPU_MACS_PER_CYCLE at the NPU clock) and moves its input and
-output through DRAM both ways. The back end's cycle model will refine this; the search only needs
-the order of magnitude right: int16 costs more than int8, float costs most.
-"""
+"""The work of each op of a model, for the precision search: MACs, output elements, and the
+elements it reads and writes (which a layer moved to the CPU pays for; search/prices.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +7,6 @@ import numpy as np
 import onnx
 
 from npubuild.stages.quantize.planning import node_label
-
-CPU_MACS_PER_CYCLE = 8.0
 
 
 def op_work(model: onnx.ModelProto) -> dict[str, dict]:
@@ -41,14 +34,3 @@ def op_work(model: onnx.ModelProto) -> dict[str, dict]:
         bytes_moved = sum(size(i) for i in n.input if i and i not in consts) + out
         work[node_label(n)] = {"macs": macs, "elements": out, "bytes": bytes_moved, "op_type": n.op_type}
     return work
-
-
-def layer_cost(work: dict, precision: str, target: dict) -> float:
-    peak = target["mac_rows"] * target["mac_cols"]
-    lanes = target["vector_lanes"]
-    if precision == "int8":
-        return work["macs"] / peak + work["elements"] / lanes
-    if precision == "int16":
-        return work["macs"] / (peak * target["int16_rate"]) + 2 * work["elements"] / lanes
-    transfer = 2 * 4 * work["bytes"] / target["dram_bytes_per_cycle"]  # float32 out to the CPU and back
-    return (work["macs"] + work["elements"]) / CPU_MACS_PER_CYCLE + transfer

@@ -256,6 +256,7 @@ class PrecisionProbe:
         }
         program = self._planner(settings).build()
         tensors = program.tensors
+        self.tensor_bits = {name: t["bits"] for name, t in tensors.items()}  # every quantized tensor
         # A MAC that reads a 16-bit tensor runs at the int16 rate whatever its own output width.
         self.mac_input_bits = {
             label: tensors[self.layers.nodes[label].input[0]]["bits"]

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from npubuild.stages.quantize.cost import layer_cost
 from npubuild.stages.quantize.search.costs import Costs
 from npubuild.stages.quantize.search.log import SearchLog
 from npubuild.stages.quantize.search.measure import Measurer, Table, meets
@@ -35,25 +34,22 @@ def levels_of(candidates: list[str]) -> list[str]:
     return [c for c in LADDER if c in candidates]
 
 
-def search_order(
-    rows: list[dict], work: dict, target: dict, levels: list[str], minimize: str = "cycles"
-) -> list[str]:
+def search_order(rows: list[dict], costs: Costs) -> list[str]:
     """Most output noise removed per extra cycle first. A layer's noise is the power of the error
     it causes alone, 10^(-SQNR/10) of its "quantized alone" view; its price is the cost of moving
-    it one level up. Cheap vector ops that hurt come before big convolutions that hurt as much."""
+    it one level up (or the MACs it takes off int8). Cheap vector ops that hurt come before big
+    convolutions that hurt as much."""
+    levels, units = costs.levels, set(costs.units)
 
     def noise(row: dict) -> float:
         return 10.0 ** (-row["quantized_alone"]["sqnr_db"] / 10.0)
 
     def price(node: str) -> float:
-        if minimize == "non_int8_macs":
-            return max(float(work[node]["macs"]), 1.0)
-        up = layer_cost(work[node], levels[min(1, len(levels) - 1)], target) - layer_cost(
-            work[node], levels[0], target
-        )
-        return max(up, 1.0)
+        if costs.minimize == "non_int8_macs":
+            return max(float(costs.work[node]["macs"]), 1.0)
+        return max(costs.promotion(node, levels[min(1, len(levels) - 1)]), 1.0)
 
-    scored = [(noise(r) / price(r["node"]), r["node"]) for r in rows if r["node"] in work]
+    scored = [(noise(r) / price(r["node"]), r["node"]) for r in rows if r["node"] in units]
     return [node for _, node in sorted(scored, key=lambda s: (-s[0], s[1]))]
 
 
@@ -143,7 +139,7 @@ def search(s: Search, goal: dict) -> Table | None:
     for level in s.levels[1:]:
         found = smallest_prefix(s, table, level, goal)
         if found is not None:
-            for spend in (s.costs.cycles, s.costs.promoted_macs):
+            for spend in (s.costs.additive_cycles, s.costs.promoted_macs):
                 filled = budget_fill(s, table, level, spend, spend(found), goal)
                 if filled is not None and s.costs.objective(filled) < s.costs.objective(found):
                     found = filled

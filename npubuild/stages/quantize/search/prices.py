@@ -1,0 +1,131 @@
+"""The precision search's price list: what the code generator's own timeline says each op costs on
+the target at int8 and at int16.
+
+Two tables are compiled exactly as the build compiles one (quantize, partition, codegen): every
+layer int8 and every layer int16. An op's span on the code generator's timeline (its first
+instruction's start to its last one's end; consecutive spans add up to the estimate) is its price
+at that width. A table's cost is the sum of its ops' prices at the widths the table gives them: a
+MAC op pays for the width of its input (the array runs 16-bit inputs at `int16_rate`); a lookup
+table for its size, entries by the input's width (65,536 for 16 bits) times the output's bytes
+(a 16-bit input and an 8-bit output: half the int16 price); any other op pays halfway between its
+input's and its output's width (it streams both). A layer the table keeps
+float pays the CPU model's cost (targets/cpu_cost.py) and two hand-overs; what the all-int8
+compile already runs on the CPU (the input's quantize, unsupported ops) is a fixed cost. The
+result is in NPU cycles of estimated latency, the figure codegen reports as
+`estimated_latency_ms`; tests/test_search_prices.py compiles tables and compares.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx
+
+from npubuild.intmodel.ops import LUT_OPS, MAC_OPS, TABULATED_OPS
+from npubuild.intmodel.program import parse
+from npubuild.stages.quantize.integer_model import build_integer_model
+from npubuild.stages.quantize.planning import node_label
+from npubuild.stages.quantize.precision import Layers, precision_overrides
+from npubuild.targets.compile import compile_npub, plan_partition
+from npubuild.targets.spec import TargetSpec
+
+HAND_OVERS_PER_FLOAT_LAYER = 2  # to the CPU and back
+TABLE_OPS = LUT_OPS | TABULATED_OPS
+
+
+def latency_cycles(codegen_stats: dict, target: TargetSpec) -> float:
+    """codegen's estimated latency (NPU, CPU and hand-overs) in NPU cycles."""
+    return codegen_stats["estimated_latency_ms"] * target.clock_mhz * 1000.0
+
+
+def compile_table(
+    model: onnx.ModelProto, stats_meta: dict, stats_arrays: dict, settings: dict, table: dict, layers: Layers
+) -> tuple[dict, dict]:
+    """The integer model of a precision table and codegen's statistics for it on the target:
+    (the integer model's header, codegen.json's figures)."""
+    target = TargetSpec.model_validate(settings["target"])
+    quantize = {
+        **settings["quantize"],
+        "overrides": list(settings["quantize"].get("overrides", []))
+        + precision_overrides(layers.expand(table)),
+    }
+    _, meta, arrays = build_integer_model(model, stats_meta, stats_arrays, quantize)
+    program = parse(meta, "the integer model of a precision table")
+    plan = plan_partition(program, arrays, model, target)
+    _, _, stats = compile_npub(program, arrays, model, target, plan)
+    return meta, stats
+
+
+@dataclass(frozen=True)
+class Prices:
+    int8: dict[str, int]  # node -> its span in the every-layer-int8 compile
+    int16: dict[str, int]
+    fixed: float  # cycles of the int8 compile's latency off the NPU timeline (CPU ops, hand-overs)
+    target: TargetSpec
+
+    @classmethod
+    def compiled(
+        cls,
+        model: onnx.ModelProto,
+        stats_meta: dict,
+        stats_arrays: dict,
+        settings: dict,
+        layers: Layers,
+        with_int16: bool = True,
+    ) -> Prices:
+        """Compile every layer at int8 and, when a table may hold int16 layers, every layer at
+        int16 (`settings`: quantize, target)."""
+        target = TargetSpec.model_validate(settings["target"])
+        spans: dict[int, dict[str, int]] = {}
+        fixed = 0.0
+        for width in (8, 16) if with_int16 else (8,):
+            _, stats = compile_table(
+                model, stats_meta, stats_arrays, settings, {u: f"int{width}" for u in layers.units}, layers
+            )
+            spans[width] = {}
+            for row in stats["layers"]:
+                spans[width][row["node"]] = spans[width].get(row["node"], 0) + row["end"] - row["start"]
+            if width == 8:
+                fixed = latency_cycles(stats, target) - sum(spans[8].values())
+        return cls(spans[8], spans.get(16, spans[8]), fixed, target)
+
+    def op(self, label: str, op_type: str, input_16: bool, output_16: bool) -> float:
+        if op_type in MAC_OPS:
+            weight = float(input_16)
+        elif op_type in TABLE_OPS:
+            weight = input_16 * (1.0 + output_16) / 2.0
+        else:
+            weight = (input_16 + output_16) / 2.0
+        # 16 bits never run faster than 8: a shorter int16 span is the timeline's overlap shifting
+        base = self.int8.get(label, 0)
+        return base + max(self.int16.get(label, 0) - base, 0) * weight
+
+    def float_layer(self, work: dict) -> float:
+        """A layer moved to the CPU: its multiply-accumulates and the elements it reads and writes
+        at the CPU's rates, and the two hand-overs around it, in NPU cycles."""
+        t = self.target
+        ms = work["macs"] / (t.cpu_gmacs * 1e6) + work["bytes"] / (t.cpu_gelements * 1e6)
+        ms += HAND_OVERS_PER_FLOAT_LAYER * t.transition_us / 1000.0
+        return ms * t.clock_mhz * 1000.0
+
+    def table_cycles(
+        self, graph: onnx.GraphProto, tensor_bits: dict[str, int], integer_nodes: set[str], floats: list[dict]
+    ) -> float:
+        """The cost of a planned table: `tensor_bits` and `integer_nodes` from the quantizer's
+        plan, `floats` the work (stages/quantize/cost.op_work) of the layers the table keeps float."""
+        total = self.fixed + sum(self.float_layer(w) for w in floats)
+        for node in graph.node:
+            label = node_label(node)
+            if label not in integer_nodes:
+                continue
+            ins = [tensor_bits[i] for i in node.input if i in tensor_bits]
+            outs = [tensor_bits[o] for o in node.output if o in tensor_bits]
+            by_input = node.op_type in MAC_OPS or node.op_type in TABLE_OPS
+            data_input = tensor_bits.get(node.input[0]) if by_input else None
+            total += self.op(
+                label,
+                node.op_type,
+                (data_input if data_input is not None else max(ins, default=8)) == 16,
+                max(outs, default=8) == 16,
+            )
+        return total

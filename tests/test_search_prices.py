@@ -1,0 +1,75 @@
+"""The precision search's cost of a table against the code generator: compiling a mixed table on
+the real PP-OCR classifier gives the estimated latency the search's price list predicted for it,
+within 5%, on both built-in targets (issue 16, "one cost")."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from conftest import make_small_ws, run_build
+from npubuild.cache.store import Store
+from npubuild.intmodel import tensorfile
+from npubuild.rules.attrs import QuantizeConfig
+from npubuild.stages.onnx_utils import load_model
+from npubuild.stages.quantize.cost import op_work
+from npubuild.stages.quantize.planning import Planner, node_label
+from npubuild.stages.quantize.precision import Layers, precision_overrides
+from npubuild.stages.quantize.search.prices import Prices, compile_table, latency_cycles
+from npubuild.targets.spec import BUILTIN_TARGETS
+
+# Left out of the quick tier: it compiles the real classifier five times per target
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def optimized_cls(tmp_path_factory, cls_model):
+    root = tmp_path_factory.mktemp("prices")
+    ws = make_small_ws(root / "ws", cls_model)
+    store = Store(root / "cache")
+    try:
+        outcome = run_build(ws, store, ["//models:cls_npu"], until="calibrate")
+        assert outcome.ok, outcome.errors
+    finally:
+        store.close()
+    out = ws / "npubuild-out" / "models" / "cls_npu"
+    arrays, stats = tensorfile.load(out / "stats.npbt")
+    return load_model(out / "optimized.onnx", "the optimized model"), stats["tensors"], arrays
+
+
+def mixed_tables(layers: Layers, model) -> list[dict[str, str]]:
+    """Every third layer int16; a random 40% int16; a random 20% int16 with the pooling and the
+    classifier's MatMul kept float (CPU)."""
+    units = layers.units
+    rng = random.Random(7)
+    kinds = {node_label(n): n.op_type for n in model.graph.node}
+    third = {u: "int16" for u in units[::3]}
+    forty = {u: "int16" for u in units if rng.random() < 0.4}
+    with_float = {u: "int16" for u in units if rng.random() < 0.2}
+    with_float.update({u: "float" for u in units if kinds.get(u) in ("GlobalAveragePool", "MatMul")})
+    return [third, forty, with_float]
+
+
+@pytest.mark.parametrize("target_name", ["vnpu-s", "vnpu-m"])
+def test_the_search_prices_a_table_as_codegen_estimates_it(optimized_cls, target_name):
+    model, stats_meta, stats_arrays = optimized_cls
+    quantize = {**QuantizeConfig().model_dump(), "overrides": []}
+    settings = {"quantize": quantize, "target": BUILTIN_TARGETS[target_name].model_dump()}
+    layers = Layers(model, stats_meta, stats_arrays, quantize)
+    prices = Prices.compiled(model, stats_meta, stats_arrays, settings, layers)
+    work = op_work(model)
+    tables = mixed_tables(layers, model)
+    assert any("float" in t.values() for t in tables) and all(len(t) >= 5 for t in tables)
+    for table in tables:
+        planned = {**quantize, "overrides": precision_overrides(layers.expand(table))}
+        plan = Planner(model, stats_meta, stats_arrays, planned).build()
+        predicted = prices.table_cycles(
+            model.graph,
+            {name: t["bits"] for name, t in plan.tensors.items()},
+            set(plan.integer_nodes),
+            [work[u] for u, p in table.items() if p == "float"],
+        )
+        _, codegen = compile_table(model, stats_meta, stats_arrays, settings, table, layers)
+        compiled = latency_cycles(codegen, BUILTIN_TARGETS[target_name])
+        assert abs(predicted / compiled - 1) <= 0.05, (target_name, len(table), predicted, compiled)
