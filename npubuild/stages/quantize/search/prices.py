@@ -8,8 +8,8 @@ at that width. A table's cost is the sum of its ops' prices at the widths the ta
 MAC op pays for the width of its input (the array runs 16-bit inputs at `int16_rate`); a lookup
 table for its size, entries by the input's width (65,536 for 16 bits) times the output's bytes
 (a 16-bit input and an 8-bit output: half the int16 price); any other op pays halfway between its
-input's and its output's width (it streams both). A layer the table keeps
-float pays the CPU model's cost (targets/cpu_cost.py) and two hand-overs; what the all-int8
+input's and its output's width (it streams both); no op is cheaper than at int8. A layer the table
+keeps float pays the CPU model's cost (targets/cpu_cost.py) and two hand-overs; what the all-int8
 compile already runs on the CPU (the input's quantize, unsupported ops) is a fixed cost. The
 result is in NPU cycles of estimated latency, the figure codegen reports as
 `estimated_latency_ms`; tests/test_search_prices.py compiles tables and compares.
