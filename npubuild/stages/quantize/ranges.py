@@ -104,14 +104,18 @@ def mse_through(
     his = np.unique(hi0 * factors) if hi0 > 0 else np.zeros(1)
     levels = 2**bits
     best, best_err = (lo0, hi0), np.inf
+    f_his = fn(his.astype(np.float32)).astype(np.float64)
+    clipped_above = (y[None, :] - f_his[:, None]) ** 2  # [upper end, bin]
+    above = centers[None, :] > his[:, None]
     for lo, f_lo in zip(los, fn(los.astype(np.float32)).astype(np.float64)):
         below = centers < lo
         clipped_below = np.where(below, (y - f_lo) ** 2, 0.0)
-        for hi, f_hi in zip(his, fn(his.astype(np.float32)).astype(np.float64)):
-            step = (hi - lo) / (levels - 1)
-            above = centers > hi
-            err = np.where(above, (y - f_hi) ** 2, np.where(below, clipped_below, noise_weight * step * step))
-            e = dot(counts, err)
+        steps = (his - lo) / (levels - 1)
+        inside = noise_weight[None, :] * steps[:, None] * steps[:, None]
+        err = np.where(above, clipped_above, np.where(below[None, :], clipped_below[None, :], inside))
+        # every upper end at once; each row summed in the same fixed order as reductions.dot
+        errors = np.multiply(counts[None, :], err, dtype=np.float64).sum(axis=1)
+        for hi, e in zip(his, errors):
             if e < best_err:
                 best, best_err = (float(lo), float(hi)), e
     return best
