@@ -70,6 +70,6 @@ def test_the_search_prices_a_table_as_codegen_estimates_it(optimized_cls, target
             set(plan.integer_nodes),
             [work[u] for u, p in table.items() if p == "float"],
         )
-        _, codegen = compile_table(model, stats_meta, stats_arrays, settings, table, layers)
+        codegen = compile_table(model, stats_meta, stats_arrays, settings, table, layers)
         compiled = latency_cycles(codegen, BUILTIN_TARGETS[target_name])
         assert abs(predicted / compiled - 1) <= 0.05, (target_name, len(table), predicted, compiled)

@@ -24,7 +24,7 @@ from npubuild.stages.quantize.search.costs import Costs, planned_price
 from npubuild.stages.quantize.search.log import SearchLog
 from npubuild.stages.quantize.search.measure import Measurer, meets
 from npubuild.stages.quantize.search.prices import Prices
-from npubuild.stages.wording import goal_text
+from npubuild.stages.wording import goal_text, metrics_text
 
 
 def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
@@ -95,7 +95,7 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     if not outcome.reached and params["enforce"]:
         raise UserError(
             f"mixed precision goal {params['goal']} is not reachable with {levels}: "
-            f"best found {_figures(searched)} after {len(search.log.path)} runs"
+            f"best found {metrics_text(searched)} after {len(search.log.path)} runs"
         )
     if not reached and params["enforce"]:
         raise UserError(f"mixed precision goal {params['goal']}: {summary['warnings'][0]}")
@@ -109,13 +109,9 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     return {"table": table_path, "summary": write_json(outdir / "search.json", summary)}
 
 
-def _figures(metrics: dict) -> str:
-    return f"cosine {metrics['cosine']:.5f}, SQNR {metrics['sqnr_db']:.2f} dB"
-
-
 def _warnings(goal: dict, reached: bool, searched: dict, held: dict | None, n_searched: int) -> list[str]:
     if not reached:
-        return [f"goal {goal_text(goal)} not reached; best found: {_figures(searched)}"]
+        return [f"goal {goal_text(goal)} not reached; best found: {metrics_text(searched)}"]
     if held is None:
         return [
             f"goal {goal_text(goal)} checked only on the {n_searched} evaluation image(s) it was "
@@ -123,7 +119,7 @@ def _warnings(goal: dict, reached: bool, searched: dict, held: dict | None, n_se
         ]
     if not meets(held, goal):
         return [
-            f"goal {goal_text(goal)} met on the images searched on ({_figures(searched)}) but not on "
-            f"the held-out ones ({_figures(held)}): more evaluation images or a stricter goal"
+            f"goal {goal_text(goal)} met on the images searched on ({metrics_text(searched)}) but not on "
+            f"the held-out ones ({metrics_text(held)}): more evaluation images or a stricter goal"
         ]
     return []

@@ -10,16 +10,21 @@ def goal_text(goal: dict) -> str:
     return ", ".join(f"{k} >= {v:g}" for k, v in goal.items() if v is not None) or "none"
 
 
+def metrics_text(metrics: dict) -> str:
+    """'cosine 0.99912, SQNR 27.72 dB' of a metrics dict with `cosine` and `sqnr_db`."""
+    return f"cosine {metrics['cosine']:.5f}, SQNR {metrics['sqnr_db']:.2f} dB"
+
+
 def search_figures(search: dict) -> str:
     """A precision search's accuracy on the images it searched on and on the held-out ones."""
     split = search.get("search_split")
     if split is None:  # a search.json from before held-out images
-        return f"cosine {search['cosine']:.5f}, SQNR {search['sqnr_db']:.2f} dB"
-    text = f"searched on {split['samples']}: cosine {split['cosine']:.5f}, SQNR {split['sqnr_db']:.2f} dB"
+        return metrics_text(search)
+    text = f"searched on {split['samples']}: {metrics_text(split)}"
     held = search.get("held_out")
     if held is None:
         return text + "; no held-out images"
-    return text + f"; held out {held['samples']}: cosine {held['cosine']:.5f}, SQNR {held['sqnr_db']:.2f} dB"
+    return text + f"; held out {held['samples']}: {metrics_text(held)}"
 
 
 def layer_name(row: dict) -> str:

@@ -40,9 +40,9 @@ def latency_cycles(codegen_stats: dict, target: TargetSpec) -> float:
 
 def compile_table(
     model: onnx.ModelProto, stats_meta: dict, stats_arrays: dict, settings: dict, table: dict, layers: Layers
-) -> tuple[dict, dict]:
-    """The integer model of a precision table and codegen's statistics for it on the target:
-    (the integer model's header, codegen.json's figures)."""
+) -> dict:
+    """codegen's statistics (codegen.json's figures) for a precision table on the target, built
+    as the build builds it: integer model, partition, code generation."""
     target = TargetSpec.model_validate(settings["target"])
     quantize = {
         **settings["quantize"],
@@ -53,7 +53,7 @@ def compile_table(
     program = parse(meta, "the integer model of a precision table")
     plan = plan_partition(program, arrays, model, target)
     _, _, stats = compile_npub(program, arrays, model, target, plan)
-    return meta, stats
+    return stats
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class Prices:
         spans: dict[int, dict[str, int]] = {}
         fixed = 0.0
         for width in (8, 16) if with_int16 else (8,):
-            _, stats = compile_table(
+            stats = compile_table(
                 model, stats_meta, stats_arrays, settings, {u: f"int{width}" for u in layers.units}, layers
             )
             spans[width] = {}
