@@ -15,6 +15,7 @@ from npubuild.intmodel.fixedpoint import (
     add_multiplier,
     quantize_multiplier,
     requantize,
+    requantize_output,
     rounding_shift,
 )
 from npubuild.intmodel.interpreter import Interpreter
@@ -42,6 +43,36 @@ def test_requantize_rounds_half_away_from_zero_exactly():
         got = requantize(acc, m0, shift)
         exact = [round_half_away(Fraction(int(a) * m0, 2 ** (31 + shift))) for a in acc]
         assert got.tolist() == exact
+
+
+@pytest.mark.parametrize("acc_bits", [12, 21, 30])  # float64's path, its edge, int64's path
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+def test_requantize_output_is_the_rounding_rule_bias_zero_point_and_clip(acc_bits, dtype):
+    """Per channel (bias, m0, shift), on accumulators of every size the MAC path sees, with ties
+    (accumulators that are exact multiples of half a step) mixed in; in blocks of channels too."""
+    channels, spatial = 6, 40_000  # above CHUNK_ELEMENTS: the blocked path
+    multipliers = [0.0123, 0.5, 2.0**-9, 1.7, 3.1e-4, 37.0]
+    m0, shift = (np.array(v) for v in zip(*map(quantize_multiplier, multipliers)))
+    bias = RNG.integers(-(2**10), 2**10, channels)
+    limit = 2 ** min(acc_bits, 23 if dtype == np.float32 else 40)
+    acc = RNG.integers(-limit, limit, (1, channels, spatial)).astype(dtype)
+    step = np.ldexp(1.0, 31 + shift - 1) / m0  # half a quantisation step in accumulator units
+    acc[0, :, :50] = np.clip(np.round(step[:, None] * np.arange(-25, 25)), -limit, limit) - bias[:, None]
+    got = requantize_output(acc, bias, m0, shift, 1, 3, -128, 127)
+    sample = (slice(None), slice(None), slice(0, 400))
+    expected = np.empty((1, channels, 400), np.int64)
+    for c in range(channels):
+        for i in range(400):
+            value = round_half_away(
+                Fraction((int(acc[0, c, i]) + int(bias[c])) * int(m0[c]), 2 ** (31 + int(shift[c])))
+            )
+            expected[0, c, i] = min(max(value + 3, -128), 127)
+    assert got.dtype == np.int32
+    assert got[sample].tolist() == expected.tolist()
+    whole = np.clip(
+        requantize(acc.astype(np.int64) + bias[:, None], m0[:, None], shift[:, None]) + 3, -128, 127
+    )
+    np.testing.assert_array_equal(got, whole)
 
 
 def test_rounding_shift_ties():

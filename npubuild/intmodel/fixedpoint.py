@@ -65,6 +65,67 @@ def requantize(acc: np.ndarray, m0: np.ndarray | int, shift: np.ndarray | int) -
     return _rounding_shift_in_place(scaled, right)
 
 
+# float64 holds every integer below 2^53: (acc + bias) * M0 * 2^left below 2^52 leaves room for the
+# rounding half, so the product, its scaling by a power of two and the rounding are all exact.
+FLOAT64_EXACT_PRODUCT = float(1 << 52)
+
+
+def requantize_output(
+    acc: np.ndarray,
+    bias: np.ndarray,
+    m0: np.ndarray,
+    shift: np.ndarray,
+    axis: int,
+    zero_point: int,
+    lo: int,
+    hi: int,
+) -> np.ndarray:
+    """A MAC op's output path: acc + bias (acc holds exact integers, any numeric dtype; bias, m0
+    and shift one value per channel along `axis`) requantized by (m0, shift), plus the zero point,
+    clipped to [lo, hi], as int32 codes.
+
+    The rule is requantize's. Large outputs go in blocks of channels (of about CHUNK_ELEMENTS)
+    whose temporaries stay in the processor's cache; every pass of this memory-bound arithmetic
+    over a whole feature map would go to DRAM."""
+    shape = [1] * acc.ndim
+    shape[axis] = -1
+    params = [np.asarray(p).reshape(shape) for p in (bias, m0, shift)]
+    channels = acc.shape[axis]
+    per_block = max(1, CHUNK_ELEMENTS * channels // max(acc.size, 1))
+    if per_block >= channels:
+        return _requantize_block(acc, *params, zero_point, lo, hi)
+    out = np.empty(acc.shape, np.int32)
+    for start in range(0, channels, per_block):
+        block = (slice(None),) * axis + (slice(start, start + per_block),)
+        out[block] = _requantize_block(acc[block], *(p[block] for p in params), zero_point, lo, hi)
+    return out
+
+
+CHUNK_ELEMENTS = 1 << 17
+
+
+def _requantize_block(acc: np.ndarray, bias, m0, shift, zero_point: int, lo: int, hi: int) -> np.ndarray:
+    """requantize_output on one block. When every product is below 2^52 (the usual case: int8
+    layers' accumulators stay below 2^22) it runs in float64, whose multiply and add are vector
+    instructions where int64's multiply is not: v * M0 * 2^-n is exact there, and
+    trunc(p + copysign(0.5, p)) is rounding half away from zero."""
+    m0 = m0.astype(np.int64)
+    total = 31 + shift.astype(np.int64)
+    acc_bound = max(abs(float(acc.max(initial=0))), abs(float(acc.min(initial=0))))
+    bias_bound = float(np.abs(bias).max(initial=0))
+    multiplier_bound = float(np.ldexp(np.abs(m0).astype(np.float64), np.maximum(-total, 0)).max(initial=0))
+    if (acc_bound + bias_bound) * multiplier_bound < FLOAT64_EXACT_PRODUCT:
+        v = np.array(acc, dtype=np.float64)
+        v += bias
+        v *= np.ldexp(m0.astype(np.float64), -total)
+        v += np.copysign(0.5, v)
+        np.trunc(v, out=v)
+    else:
+        v = requantize(np.asarray(acc).astype(np.int64) + bias.astype(np.int64), m0, shift)
+    v += zero_point
+    return np.clip(v, lo, hi, out=v).astype(np.int32)
+
+
 # Element-wise adds rescale both sides to a common fixed-point grid with this many fraction bits.
 ADD_FRACTION_BITS = 20
 

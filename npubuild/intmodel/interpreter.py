@@ -15,7 +15,7 @@ import onnx
 
 from npubuild.intmodel import tensorfile
 from npubuild.intmodel.codes import dequantize, qrange, quantize_float, saturate
-from npubuild.intmodel.fixedpoint import add_rescaled, multiply_requantized, requantize
+from npubuild.intmodel.fixedpoint import add_rescaled, multiply_requantized, requantize, requantize_output
 from npubuild.intmodel.kernels import (
     conv_accumulate,
     conv_transpose_accumulate,
@@ -23,6 +23,7 @@ from npubuild.intmodel.kernels import (
     pool_pads,
     windows,
 )
+from npubuild.intmodel.ortconv import ExactConvs
 from npubuild.intmodel.program import IntegerModel, Op, maxpool_attrs, parse
 from npubuild.intmodel.rowwise import layernorm_rows, softmax_rows
 
@@ -34,6 +35,7 @@ class Interpreter:
         self.tensors = program.tensors
         self.functions = list(functions)
         self.opsets = opsets or {"": 13}
+        self.exact_convs = ExactConvs()
 
     def run(self, feeds: dict[str, np.ndarray], keep: bool = False) -> tuple[dict[str, np.ndarray], dict]:
         """Outputs (float) and, with keep=True, every tensor's value (int32 codes or float32)."""
@@ -86,19 +88,17 @@ class Interpreter:
 
     def _mac_finish(self, op, acc: np.ndarray, channel_axis: int) -> np.ndarray:
         a = op.arrays
-        shape = [1] * acc.ndim
-        shape[channel_axis] = -1
-        acc = acc.astype(np.int64) + self.arrays[a.bias].reshape(shape)  # acc holds exact integers
-        y = requantize(acc, self.arrays[a.m0].reshape(shape), self.arrays[a.shift].reshape(shape))
-        y += self.tensors[op.outputs[0]].zero_point
-        return np.clip(y, op.attrs.min, op.attrs.max, out=y).astype(np.int32)  # in place: a pass fewer
+        per_channel = [self.arrays[name] for name in (a.bias, a.m0, a.shift)]
+        zero_point = self.tensors[op.outputs[0]].zero_point
+        return requantize_output(acc, *per_channel, channel_axis, zero_point, op.attrs.min, op.attrs.max)
 
     def _conv(self, op, env):
         x = op.inputs[0]
-        xc = env[x].astype(np.float64) - self.tensors[x].zero_point
+        xc = np.subtract(env[x], self.tensors[x].zero_point, dtype=np.float32)  # codes: exact
         w = self.arrays[op.arrays.weight]
         attrs = op.attrs
-        acc = conv_transpose_accumulate(xc, w, attrs) if attrs.transpose else conv_accumulate(xc, w, attrs)
+        accumulate = conv_transpose_accumulate if attrs.transpose else conv_accumulate
+        acc = accumulate(xc, w, attrs, self.exact_convs, key=op.outputs[0])
         env[op.outputs[0]] = self._mac_finish(op, acc, 1)
 
     def _matmul(self, op, env):

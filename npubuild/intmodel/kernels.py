@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 
+from npubuild.intmodel.ortconv import ExactConvs
 from npubuild.intmodel.program import ConvGeometry, PoolAttrs, ResizeAttrs
 
 
@@ -53,21 +54,27 @@ def exact_dtype(xc: np.ndarray, w: np.ndarray, terms: int):
     return np.float32 if bound < FLOAT32_EXACT else np.float64
 
 
-def conv_accumulate(xc: np.ndarray, w: np.ndarray, attrs: ConvGeometry) -> np.ndarray:
-    """Exact integer convolution of zero-point-free inputs: sums of integer products in float32
-    or float64, whichever holds them exactly (exact_dtype), returned in that type.
+def conv_accumulate(
+    xc: np.ndarray, w: np.ndarray, attrs: ConvGeometry, exact: ExactConvs | None = None, key: object = None
+) -> np.ndarray:
+    """Exact integer convolution of zero-point-free inputs: onnxruntime's float32 Conv when every
+    partial sum is exact there (`exact`, the caller's sessions), else sums of integer products in
+    float32 or float64, whichever holds them exactly (exact_dtype), returned in that type.
 
     Each kernel tap is one strided slice of the padded input; a depthwise convolution multiplies
     and adds those slices, any other stacks them into columns [N, C/g * taps, out] for one GEMM
     per group (a 1x1 convolution without stride is a GEMM on the input itself)."""
     kernel = list(w.shape[2:])
     nd = len(kernel)
+    pads = conv_pads(attrs, xc.shape[2:], kernel)
+    exact32 = exact.accumulate(xc, w, attrs, pads, key) if exact is not None else None
+    if exact32 is not None:
+        return exact32
     n, c = xc.shape[:2]
     cout, group = w.shape[0], attrs.group
     cg, og = c // group, cout // group
     taps = math.prod(kernel)
     dtype = exact_dtype(xc, w, cg * taps)
-    pads = conv_pads(attrs, xc.shape[2:], kernel)
     x = xc.astype(dtype, copy=False)
     wf = w.astype(dtype)
     if any(pads):
@@ -103,8 +110,16 @@ def conv_accumulate(xc: np.ndarray, w: np.ndarray, attrs: ConvGeometry) -> np.nd
     return out.reshape(n, cout, *out_sp)
 
 
-def conv_transpose_accumulate(xc: np.ndarray, w: np.ndarray, attrs: ConvGeometry) -> np.ndarray:
-    """Exact integer transposed convolution (group 1 or grouped), by scattering kernel taps."""
+def conv_transpose_accumulate(
+    xc: np.ndarray, w: np.ndarray, attrs: ConvGeometry, exact: ExactConvs | None = None, key: object = None
+) -> np.ndarray:
+    """Exact integer transposed convolution (group 1 or grouped): onnxruntime's float32
+    ConvTranspose when its sums are exact there (ortconv), else by scattering kernel taps in
+    float64."""
+    if exact is not None:
+        exact32 = exact.accumulate(xc, w, attrs, list(attrs.pads) or [0] * 2 * (w.ndim - 2), key)
+        if exact32 is not None:
+            return exact32
     group = attrs.group
     n, c = xc.shape[:2]
     kernel = list(w.shape[2:])

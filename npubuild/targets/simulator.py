@@ -11,13 +11,14 @@ Counters: instructions per engine, bytes moved by DMA, MACs, and the SRAM high-w
 from __future__ import annotations
 
 import math
-from collections import Counter, OrderedDict
+from collections import Counter
 
 import numpy as np
 
 from npubuild.intmodel.codes import saturate
-from npubuild.intmodel.fixedpoint import add_rescaled, multiply_requantized, requantize
+from npubuild.intmodel.fixedpoint import add_rescaled, multiply_requantized, requantize, requantize_output
 from npubuild.intmodel.kernels import conv_accumulate, conv_transpose_accumulate, windows
+from npubuild.intmodel.ortconv import ExactConvs
 from npubuild.intmodel.program import ConvGeometry
 from npubuild.intmodel.rowwise import EPS_CODES_MAX, layernorm_rows, softmax_rows
 from npubuild.targets.cycles import Timeline
@@ -26,64 +27,6 @@ from npubuild.targets.npub import NpubError
 
 DTYPES = {8: np.dtype("<i1"), 16: np.dtype("<i2"), 32: np.dtype("<i4"), 64: np.dtype("<i8")}
 ESIZE_BITS = {1: 8, 2: 16, 4: 32, 8: 64}
-
-
-# float32 sums of int8 x int8 products (|x - zp| <= 255, |w| <= 127) are exact while the sum
-# stays below 2^24: at most this many products per float32 dot product.
-EXACT_FLOAT32_TERMS = 512
-
-
-# im2col columns of recent input tiles: a layer whose weights come in several chunks convolves
-# the same input tile once per chunk, and the columns are most of the simulator's work.
-_COLUMNS_KEPT = 16
-_columns: OrderedDict[tuple, np.ndarray] = OrderedDict()
-
-
-def _im2col(xc: np.ndarray, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int) -> np.ndarray:
-    c = xc.shape[0]
-    oh = (xc.shape[1] - (kh - 1) * dh - 1) // sh + 1
-    ow = (xc.shape[2] - (kw - 1) * dw - 1) // sw + 1
-    if kh == kw == 1 and sh == sw == 1:
-        return xc.reshape(c, oh * ow)
-    span = ((kh - 1) * dh + 1, (kw - 1) * dw + 1)
-    win = np.lib.stride_tricks.sliding_window_view(xc, span, axis=(1, 2))[:, ::sh, ::sw, ::dh, ::dw]
-    win = win[:, :oh, :ow]  # [C, oh, ow, kh, kw]
-    cols = np.empty((c, kh, kw, oh, ow), np.float32)
-    for i in range(kh):  # one strided copy per kernel tap (much faster than transposing the view)
-        for j in range(kw):
-            cols[:, i, j] = win[:, :, :, i, j]
-    return cols.reshape(c * kh * kw, oh * ow)
-
-
-def _conv_int8(x: np.ndarray, zp: int, w: np.ndarray, attrs: ConvGeometry) -> np.ndarray:
-    """The MAC array's convolution of an int8 tile (already padded), exact: float32 GEMMs over
-    im2col columns in chunks of at most EXACT_FLOAT32_TERMS products, summed in float64."""
-    xc = x[0].astype(np.float32) - np.float32(zp)  # [C, H, W]
-    c = xc.shape[0]
-    cout, _, kh, kw = w.shape
-    sh, sw = attrs.strides
-    dh, dw = attrs.dilations
-    oh = (xc.shape[1] - (kh - 1) * dh - 1) // sh + 1
-    ow = (xc.shape[2] - (kw - 1) * dw - 1) // sw + 1
-    if attrs.group > 1:  # depthwise: the interpreter's kernel (<= 49 taps: exact in float32)
-        return conv_accumulate(xc[None], w, attrs)
-    key = (x.tobytes(), x.shape, zp, kh, kw, sh, sw, dh, dw)
-    cols = _columns.get(key)
-    if cols is None:
-        cols = _im2col(xc, kh, kw, sh, sw, dh, dw)
-        _columns[key] = cols
-        if len(_columns) > _COLUMNS_KEPT:
-            _columns.popitem(last=False)
-    else:
-        _columns.move_to_end(key)
-    wf = w.reshape(cout, -1).astype(np.float32)
-    k = c * kh * kw
-    if k <= EXACT_FLOAT32_TERMS:  # float32 holds the exact integer sums
-        return (wf @ cols).reshape(1, cout, oh, ow)
-    acc = np.zeros((cout, oh * ow), np.float64)
-    for k0 in range(0, k, EXACT_FLOAT32_TERMS):
-        acc += wf[:, k0 : k0 + EXACT_FLOAT32_TERMS] @ cols[k0 : k0 + EXACT_FLOAT32_TERMS]
-    return acc.reshape(1, cout, oh, ow)
 
 
 class Memory:
@@ -121,6 +64,7 @@ class Simulator:
         self.counts: Counter = Counter()
         self.target = target
         self._static: dict[int, tuple[list[Instruction], dict[str, int]]] = {}
+        self._exact_convs = ExactConvs()  # onnxruntime sessions, named by the weights' digest
 
     # --- DMA ------------------------------------------------------------------------------------
     def _dram_box(self, a: dict) -> tuple[np.ndarray, tuple]:
@@ -174,13 +118,8 @@ class Simulator:
 
     # --- MAC array ------------------------------------------------------------------------------
     def _finish(self, acc: np.ndarray, params: np.ndarray, a: dict, channel_axis: int) -> np.ndarray:
-        shape = [1] * acc.ndim
-        shape[channel_axis] = -1
-        acc = (acc if acc.dtype == np.float32 else np.rint(acc)).astype(np.int64) + params[:, 0].reshape(
-            shape
-        )
-        y = requantize(acc, params[:, 1].reshape(shape), params[:, 2].reshape(shape)) + a["out_zp"]
-        return np.clip(y, a["min"], a["max"])
+        bias, m0, shift = params.T
+        return requantize_output(acc, bias, m0, shift, channel_axis, a["out_zp"], a["min"], a["max"])
 
     def _conv(self, a: dict) -> None:
         x = self.sram.view(a["src"], a["in_bits"], (1, a["in_c"], a["in_h"], a["in_w"]))
@@ -200,7 +139,8 @@ class Simulator:
             strides=[a["sh"], a["sw"]], dilations=[a["dh"], a["dw"]], pads=[0, 0, 0, 0], group=group
         )
         if a["transpose"]:
-            full = conv_transpose_accumulate(x.astype(np.float64) - a["in_zp"], w, attrs)
+            xc = np.subtract(x, a["in_zp"], dtype=np.float32)  # codes: exact in float32
+            full = conv_transpose_accumulate(xc, w, attrs, self._exact_convs)
             acc = np.zeros((1, a["out_c"], a["out_h"], a["out_w"]))
             t, left = a["crop_top"], a["crop_left"]
             r0, r1 = max(t, 0), min(t + a["out_h"], full.shape[2])
@@ -208,11 +148,8 @@ class Simulator:
             if r1 > r0 and c1 > c0:
                 acc[:, :, r0 - t : r1 - t, c0 - left : c1 - left] = full[:, :, r0:r1, c0:c1]
         else:
-            fast = a["in_bits"] == 8 and (group == 1 or (group == a["in_c"] and w.shape[1] == 1))
-            if fast:
-                acc = _conv_int8(x, a["in_zp"], w, attrs)
-            else:
-                acc = conv_accumulate(x.astype(np.float64) - a["in_zp"], w, attrs)
+            xc = np.subtract(x, a["in_zp"], dtype=np.float32)  # codes: exact in float32
+            acc = conv_accumulate(xc, w, attrs, self._exact_convs)
             if acc.shape[2:] != (a["out_h"], a["out_w"]):
                 raise NpubError(f"conv tile gives {acc.shape[2:]}, instruction says {a['out_h'], a['out_w']}")
         self.counts["macs"] += math.prod(acc.shape) * math.prod(w.shape[1:])

@@ -1,0 +1,133 @@
+"""Exact integer convolutions on onnxruntime's float32 Conv and ConvTranspose.
+
+A convolution of integer codes is a sum of integer products. float32 holds every integer below
+2^24, so when every partial sum of an output stays below 2^24 in magnitude, any order of summation
+(blocking, FMA, vector lanes) gives the exact integer. `exact_in_float32` bounds every partial sum
+by max|x| times the largest L1 norm of one output channel's weights; under that bound the
+convolution is handed to onnxruntime's float kernels, several times faster than numpy's GEMM over
+im2col columns and bit-identical to it (tests compare both on every layer shape they build).
+
+One single-node session per weight tensor and geometry, its input shape symbolic so that the
+golden interpreter's images and the simulator's tiles share it; sessions run one intra-op thread
+because callers run samples in threads (stages/parallel.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from npubuild.intmodel.program import ConvGeometry
+
+FLOAT32_EXACT = 1 << 24
+SESSIONS_KEPT = 512  # a large model's convolutions, each with its weights prepacked
+
+
+def channel_l1(w: np.ndarray, transpose: bool) -> float:
+    """The largest sum of |weight| feeding one output: over an output channel's filter, or for a
+    transposed convolution over every input channel and tap of one output channel."""
+    if w.size == 0:
+        return 0.0
+    a = np.abs(w.astype(np.int64))
+    per_output = a.sum(axis=(0, *range(2, w.ndim))) if transpose else a.reshape(w.shape[0], -1).sum(axis=1)
+    return float(per_output.max())
+
+
+class _Entry:
+    """One weight tensor and geometry: its L1 bound and, once an input fits it, its session."""
+
+    def __init__(self, l1: float):
+        self.l1 = l1
+        self.session = None
+
+
+class ExactConvs:
+    """The sessions of one integer model's (or one simulator's) convolutions. A caller that
+    knows which layer it runs names it by `key` (weights and geometry fixed per key for the
+    owner's life); without a key the weights' digest and the geometry name the session."""
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[tuple, _Entry] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def accumulate(
+        self, xc: np.ndarray, w: np.ndarray, attrs: ConvGeometry, pads: list[int], key: object = None
+    ) -> np.ndarray | None:
+        """The convolution (or transposed convolution) of zero-point-free integer inputs xc by
+        integer weights w as float32 integers, or None when a partial sum could reach 2^24 (the
+        caller then sums in float64). pads are explicit (auto_pad already resolved)."""
+        entry = self._entry(w, attrs, pads, key)
+        x_bound = float(np.abs(xc).max(initial=0))
+        if x_bound * entry.l1 >= FLOAT32_EXACT:
+            return None
+        try:
+            session = entry.session
+            if session is None:
+                session = entry.session = _build(w, attrs, pads)  # two threads may both build: harmless
+            return session.run(None, {"x": np.ascontiguousarray(xc, np.float32)})[0]
+        except Exception:  # onnxruntime refuses the geometry: numpy's kernel sums it, or says why not
+            entry.l1 = math.inf
+            return None
+
+    def _entry(self, w: np.ndarray, attrs: ConvGeometry, pads: list[int], key: object) -> _Entry:
+        if key is None:
+            key = (
+                hashlib.blake2b(np.ascontiguousarray(w).data, digest_size=16).digest(),
+                w.shape,
+                str(w.dtype),
+                bool(attrs.transpose),
+                tuple(attrs.strides),
+                tuple(attrs.dilations),
+                tuple(pads),
+                attrs.group,
+                tuple(attrs.output_padding or ()),
+            )
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+                return entry
+        entry = _Entry(channel_l1(w, bool(attrs.transpose)))
+        with self._lock:
+            entry = self._entries.setdefault(key, entry)
+            while len(self._entries) > SESSIONS_KEPT:
+                self._entries.popitem(last=False)
+        return entry
+
+
+def _build(w: np.ndarray, attrs: ConvGeometry, pads: list[int]):
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    nd = w.ndim - 2
+    geometry = {
+        "strides": list(attrs.strides),
+        "dilations": list(attrs.dilations),
+        "pads": list(pads),
+        "group": attrs.group,
+    }
+    if attrs.transpose:
+        if attrs.output_padding:
+            geometry["output_padding"] = list(attrs.output_padding)
+        node = helper.make_node("ConvTranspose", ["x", "w"], ["y"], **geometry)
+    else:
+        node = helper.make_node("Conv", ["x", "w"], ["y"], **geometry)
+    symbolic = ["n", "c"] + [f"d{i}" for i in range(nd)]
+    graph = helper.make_graph(
+        [node],
+        "exact_conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, symbolic)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w.astype(np.float32), "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])

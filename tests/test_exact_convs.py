@@ -1,0 +1,94 @@
+"""onnxruntime's float32 convolutions as an exact integer engine (intmodel/ortconv.py): equal to
+numpy's float64 sums of the same integer products on every geometry the integer model has, and
+refused (None) when a partial sum could leave float32's exact integers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from npubuild.intmodel.kernels import conv_accumulate, conv_transpose_accumulate
+from npubuild.intmodel.ortconv import FLOAT32_EXACT, ExactConvs, channel_l1
+from npubuild.intmodel.program import ConvGeometry
+
+GEOMETRIES = [
+    # (input shape, weight shape, geometry)
+    ((1, 8, 13, 11), (16, 8, 3, 3), dict(strides=[1, 1], pads=[1, 1, 1, 1])),
+    ((2, 8, 13, 11), (16, 8, 3, 3), dict(strides=[2, 2], pads=[1, 0, 1, 0])),
+    ((1, 12, 9, 9), (12, 1, 3, 3), dict(strides=[1, 1], pads=[1, 1, 1, 1], group=12)),  # depthwise
+    ((1, 6, 9, 9), (12, 1, 5, 5), dict(strides=[2, 2], pads=[2, 2, 2, 2], group=6)),  # multiplier 2
+    ((1, 8, 10, 10), (8, 2, 3, 3), dict(strides=[1, 1], pads=[2, 2, 2, 2], dilations=[2, 2], group=4)),
+    ((1, 16, 7, 7), (32, 16, 1, 1), dict(strides=[1, 1], pads=[0, 0, 0, 0])),
+    ((1, 4, 20), (6, 4, 3), dict(strides=[1], pads=[1, 1], dilations=[1])),  # 1-D
+    ((1, 8, 12, 12), (8, 8, 3, 3), dict(strides=[1, 1], auto_pad="SAME_UPPER", pads=[0, 0, 0, 0])),
+]
+
+
+def _geometry(weight_shape, fields: dict) -> ConvGeometry:
+    nd = len(weight_shape) - 2
+    fields = {"dilations": [1] * nd, "group": 1, **fields}
+    return ConvGeometry(**fields)
+
+
+@pytest.mark.parametrize("x_shape,w_shape,fields", GEOMETRIES)
+def test_onnxruntime_sums_equal_numpy_float64(x_shape, w_shape, fields):
+    rng = np.random.default_rng(len(x_shape) * 100 + w_shape[0])
+    attrs = _geometry(w_shape, fields)
+    exact = ExactConvs()
+    for _ in range(3):  # the same session on several inputs
+        xc = rng.integers(-128, 128, x_shape).astype(np.float32)
+        w = rng.integers(-127, 128, w_shape).astype(np.int8)
+        reference = conv_accumulate(xc.astype(np.float64), w, attrs)  # no sessions: numpy
+        assert np.abs(xc).max() * channel_l1(w, False) < FLOAT32_EXACT
+        got = conv_accumulate(xc, w, attrs, exact)
+        assert got.dtype == np.float32  # it took onnxruntime's path
+        np.testing.assert_array_equal(got, reference)
+
+
+@pytest.mark.parametrize(
+    "stride,pads,output_padding,group",
+    [(2, [0, 0, 0, 0], [], 1), (2, [1, 1, 1, 1], [1, 1], 1), (3, [1, 0, 2, 1], [], 2)],
+)
+def test_transposed_sums_equal_numpy_float64(stride, pads, output_padding, group):
+    rng = np.random.default_rng(stride * 10 + group)
+    attrs = ConvGeometry(
+        strides=[stride, stride],
+        dilations=[1, 1],
+        pads=pads,
+        group=group,
+        transpose=True,
+        output_padding=output_padding,
+    )
+    xc = rng.integers(-128, 128, (1, 8, 6, 5)).astype(np.float32)
+    w = rng.integers(-127, 128, (8, 3, 3, 3)).astype(np.int8)
+    reference = conv_transpose_accumulate(xc, w, attrs)
+    got = conv_transpose_accumulate(xc, w, attrs, ExactConvs())
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, reference)
+
+
+def test_sums_that_could_leave_float32_are_left_to_float64():
+    """A 256-channel 3x3 filter of full-scale weights on full-scale int8 inputs can reach
+    255 * 127 * 2304 > 2^24: refused, and numpy's float64 path gives the exact sums."""
+    rng = np.random.default_rng(7)
+    w = np.full((4, 256, 3, 3), 127, np.int8)
+    xc = rng.integers(200, 256, (1, 256, 5, 5)).astype(np.float32)
+    attrs = ConvGeometry(strides=[1, 1], dilations=[1, 1], pads=[1, 1, 1, 1], group=1)
+    exact = ExactConvs()
+    assert exact.accumulate(xc, w, attrs, [1, 1, 1, 1]) is None
+    got = conv_accumulate(xc, w, attrs, exact)
+    assert got.dtype == np.float64
+    expected = np.einsum("chw,c->", xc[0, :, 1:4, 1:4].astype(np.int64), np.full(256, 127, np.int64))
+    assert got[0, 0, 2, 2] == expected > FLOAT32_EXACT
+
+
+def test_a_named_layer_keeps_its_session_and_a_new_weight_digest_gets_another():
+    attrs = ConvGeometry(strides=[1, 1], dilations=[1, 1], pads=[0, 0, 0, 0], group=1)
+    xc = np.ones((1, 2, 3, 3), np.float32)
+    exact = ExactConvs()
+    one = np.ones((1, 2, 1, 1), np.int8)
+    two = np.full((1, 2, 1, 1), 2, np.int8)
+    assert exact.accumulate(xc, one, attrs, [0] * 4).max() == 2
+    assert exact.accumulate(xc, two, attrs, [0] * 4).max() == 4  # unnamed: by digest
+    assert exact.accumulate(xc, one, attrs, [0] * 4, key="layer").max() == 2
+    assert exact.accumulate(xc, one, attrs, [0] * 4, key="layer").max() == 2
