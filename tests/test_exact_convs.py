@@ -92,3 +92,21 @@ def test_a_named_layer_keeps_its_session_and_a_new_weight_digest_gets_another():
     assert exact.accumulate(xc, two, attrs, [0] * 4).max() == 4  # unnamed: by digest
     assert exact.accumulate(xc, one, attrs, [0] * 4, key="layer").max() == 2
     assert exact.accumulate(xc, one, attrs, [0] * 4, key="layer").max() == 2
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+def test_a_16_bit_input_is_summed_as_two_byte_convolutions(transpose):
+    """int16 codes times int8 weights overflow float32's exact range whole; split in bytes they
+    do not, and the float64 combination equals numpy's float64 sums."""
+    rng = np.random.default_rng(16)
+    w_shape = (8, 4, 3, 3)  # Conv [out, in]; ConvTranspose [in, out]
+    attrs = ConvGeometry(strides=[2, 2], dilations=[1, 1], pads=[1, 1, 1, 1], group=1, transpose=transpose)
+    xc = rng.integers(-32768, 32768, (1, 8 if transpose else 4, 9, 9)).astype(np.float32)
+    w = rng.integers(-127, 128, w_shape).astype(np.int8)
+    assert np.abs(xc).max() * channel_l1(w, transpose) >= FLOAT32_EXACT
+    accumulate = conv_transpose_accumulate if transpose else conv_accumulate
+    reference = accumulate(xc.astype(np.float64), w, attrs)
+    exact = ExactConvs()
+    pads = [1, 1, 1, 1]
+    assert exact.accumulate(xc, w, attrs, pads) is not None  # the byte split, not numpy's path
+    np.testing.assert_array_equal(accumulate(xc, w, attrs, exact), reference)

@@ -24,6 +24,7 @@ import numpy as np
 from npubuild.intmodel.program import ConvGeometry
 
 FLOAT32_EXACT = 1 << 24
+BYTE = 256
 SESSIONS_KEPT = 512  # a large model's convolutions, each with its weights prepacked
 
 
@@ -58,12 +59,31 @@ class ExactConvs:
         self, xc: np.ndarray, w: np.ndarray, attrs: ConvGeometry, pads: list[int], key: object = None
     ) -> np.ndarray | None:
         """The convolution (or transposed convolution) of zero-point-free integer inputs xc by
-        integer weights w as float32 integers, or None when a partial sum could reach 2^24 (the
-        caller then sums in float64). pads are explicit (auto_pad already resolved)."""
+        integer weights w, or None when a partial sum could reach 2^24 even with the input split
+        in bytes (the caller then sums in float64). pads are explicit (auto_pad resolved).
+
+        float32 integers when the input fits whole; a wider input (a 16-bit layer's) is split
+        into its low byte (0..255) and the rest, x = 256 * high + low, two convolutions of
+        8-bit-sized values combined in float64 (exact: each sum is below 2^24)."""
         entry = self._entry(w, attrs, pads, key)
         x_bound = float(np.abs(xc).max(initial=0))
-        if x_bound * entry.l1 >= FLOAT32_EXACT:
+        if x_bound * entry.l1 < FLOAT32_EXACT:
+            return self._run(entry, w, attrs, pads, xc)
+        high_bound = math.floor(x_bound / BYTE) + 1
+        if max(BYTE - 1, high_bound) * entry.l1 >= FLOAT32_EXACT:
             return None
+        low = np.mod(xc, BYTE, dtype=np.float32)  # exact on integers below 2^24
+        high = np.subtract(xc, low, dtype=np.float32)
+        high *= 1.0 / BYTE
+        high_sums, low_sums = (self._run(entry, w, attrs, pads, part) for part in (high, low))
+        if high_sums is None or low_sums is None:
+            return None
+        sums = high_sums.astype(np.float64)
+        sums *= BYTE
+        sums += low_sums
+        return sums
+
+    def _run(self, entry: _Entry, w: np.ndarray, attrs: ConvGeometry, pads: list[int], xc: np.ndarray):
         try:
             session = entry.session
             if session is None:
