@@ -49,18 +49,21 @@ def test_onnxruntime_sums_equal_numpy_float64(x_shape, w_shape, fields):
     "stride,pads,output_padding,group",
     [(2, [0, 0, 0, 0], [], 1), (2, [1, 1, 1, 1], [1, 1], 1), (3, [1, 0, 2, 1], [], 2)],
 )
-def test_transposed_sums_equal_numpy_float64(stride, pads, output_padding, group):
+@pytest.mark.parametrize("flagged", [True, False])
+def test_transposed_sums_equal_numpy_float64(stride, pads, output_padding, group, flagged):
+    """Weights [in, out / group] that a plain Conv would also accept: the transposed result must
+    come back whether or not the geometry carries the flag (the simulator's tiles do not)."""
     rng = np.random.default_rng(stride * 10 + group)
     attrs = ConvGeometry(
         strides=[stride, stride],
         dilations=[1, 1],
         pads=pads,
         group=group,
-        transpose=True,
+        transpose=flagged,
         output_padding=output_padding,
     )
     xc = rng.integers(-128, 128, (1, 8, 6, 5)).astype(np.float32)
-    w = rng.integers(-127, 128, (8, 3, 3, 3)).astype(np.int8)
+    w = rng.integers(-127, 128, (8, 8 // group, 3, 3)).astype(np.int8)
     reference = conv_transpose_accumulate(xc, w, attrs)
     got = conv_transpose_accumulate(xc, w, attrs, ExactConvs())
     assert got.dtype == np.float32
@@ -75,7 +78,7 @@ def test_sums_that_could_leave_float32_are_left_to_float64():
     xc = rng.integers(200, 256, (1, 256, 5, 5)).astype(np.float32)
     attrs = ConvGeometry(strides=[1, 1], dilations=[1, 1], pads=[1, 1, 1, 1], group=1)
     exact = ExactConvs()
-    assert exact.accumulate(xc, w, attrs, [1, 1, 1, 1]) is None
+    assert exact.accumulate(xc, w, attrs, [1, 1, 1, 1], False) is None
     got = conv_accumulate(xc, w, attrs, exact)
     assert got.dtype == np.float64
     expected = np.einsum("chw,c->", xc[0, :, 1:4, 1:4].astype(np.int64), np.full(256, 127, np.int64))
@@ -88,10 +91,10 @@ def test_a_named_layer_keeps_its_session_and_a_new_weight_digest_gets_another():
     exact = ExactConvs()
     one = np.ones((1, 2, 1, 1), np.int8)
     two = np.full((1, 2, 1, 1), 2, np.int8)
-    assert exact.accumulate(xc, one, attrs, [0] * 4).max() == 2
-    assert exact.accumulate(xc, two, attrs, [0] * 4).max() == 4  # unnamed: by digest
-    assert exact.accumulate(xc, one, attrs, [0] * 4, key="layer").max() == 2
-    assert exact.accumulate(xc, one, attrs, [0] * 4, key="layer").max() == 2
+    assert exact.accumulate(xc, one, attrs, [0] * 4, False).max() == 2
+    assert exact.accumulate(xc, two, attrs, [0] * 4, False).max() == 4  # unnamed: by digest
+    assert exact.accumulate(xc, one, attrs, [0] * 4, False, key="layer").max() == 2
+    assert exact.accumulate(xc, one, attrs, [0] * 4, False, key="layer").max() == 2
 
 
 @pytest.mark.parametrize("transpose", [False, True])
@@ -108,5 +111,5 @@ def test_a_16_bit_input_is_summed_as_two_byte_convolutions(transpose):
     reference = accumulate(xc.astype(np.float64), w, attrs)
     exact = ExactConvs()
     pads = [1, 1, 1, 1]
-    assert exact.accumulate(xc, w, attrs, pads) is not None  # the byte split, not numpy's path
+    assert exact.accumulate(xc, w, attrs, pads, transpose) is not None  # the byte split, not numpy's path
     np.testing.assert_array_equal(accumulate(xc, w, attrs, exact), reference)

@@ -132,16 +132,17 @@ class Interpreter:
         env[out] = _saturate32(y, t.bits)
 
     def _concat(self, op, env):
-        parts = self._operands(op, env)
         out = op.outputs[0]
         t = self.tensors[out]
         scaled = []
-        for part, r in zip(parts, op.attrs.rescale):
-            if r.same:
+        for name, r in zip(op.inputs, op.attrs.rescale):
+            part = self._value(op, env, name)
+            if r.same:  # already on the output's grid: its codes as they are, no int64 copy
                 scaled.append(part)
             else:
-                scaled.append(_saturate32(requantize(part - r.zin, r.m0, r.shift) + t.zero_point, t.bits))
-        env[out] = np.concatenate(scaled, axis=op.attrs.axis).astype(np.int32)
+                shifted = part.astype(np.int64) - r.zin
+                scaled.append(_saturate32(requantize(shifted, r.m0, r.shift) + t.zero_point, t.bits))
+        env[out] = np.concatenate(scaled, axis=op.attrs.axis, dtype=np.int32)
 
     def _global_avgpool(self, op, env):
         x = op.inputs[0]

@@ -67,7 +67,7 @@ def conv_accumulate(
     kernel = list(w.shape[2:])
     nd = len(kernel)
     pads = conv_pads(attrs, xc.shape[2:], kernel)
-    exact32 = exact.accumulate(xc, w, attrs, pads, key) if exact is not None else None
+    exact32 = exact.accumulate(xc, w, attrs, pads, False, key) if exact is not None else None
     if exact32 is not None:
         return exact32
     n, c = xc.shape[:2]
@@ -117,7 +117,7 @@ def conv_transpose_accumulate(
     ConvTranspose when its sums are exact there (ortconv), else by scattering kernel taps in
     float64."""
     if exact is not None:
-        exact32 = exact.accumulate(xc, w, attrs, list(attrs.pads) or [0] * 2 * (w.ndim - 2), key)
+        exact32 = exact.accumulate(xc, w, attrs, list(attrs.pads) or [0] * 2 * (w.ndim - 2), True, key)
         if exact32 is not None:
             return exact32
     group = attrs.group

@@ -56,26 +56,33 @@ class ExactConvs:
         self._lock = threading.Lock()
 
     def accumulate(
-        self, xc: np.ndarray, w: np.ndarray, attrs: ConvGeometry, pads: list[int], key: object = None
+        self,
+        xc: np.ndarray,
+        w: np.ndarray,
+        attrs: ConvGeometry,
+        pads: list[int],
+        transpose: bool,
+        key: object = None,
     ) -> np.ndarray | None:
         """The convolution (or transposed convolution) of zero-point-free integer inputs xc by
         integer weights w, or None when a partial sum could reach 2^24 even with the input split
-        in bytes (the caller then sums in float64). pads are explicit (auto_pad resolved).
+        in bytes (the caller then sums in float64). pads are explicit (auto_pad resolved);
+        `transpose` says which of the two (a simulator tile's geometry does not carry the flag).
 
         float32 integers when the input fits whole; a wider input (a 16-bit layer's) is split
         into its low byte (0..255) and the rest, x = 256 * high + low, two convolutions of
         8-bit-sized values combined in float64 (exact: each sum is below 2^24)."""
-        entry = self._entry(w, attrs, pads, key)
+        entry = self._entry(w, attrs, pads, transpose, key)
         x_bound = float(np.abs(xc).max(initial=0))
         if x_bound * entry.l1 < FLOAT32_EXACT:
-            return self._run(entry, w, attrs, pads, xc)
+            return self._run(entry, w, attrs, pads, transpose, xc)
         high_bound = math.floor(x_bound / BYTE) + 1
         if max(BYTE - 1, high_bound) * entry.l1 >= FLOAT32_EXACT:
             return None
         low = np.mod(xc, BYTE, dtype=np.float32)  # exact on integers below 2^24
         high = np.subtract(xc, low, dtype=np.float32)
         high *= 1.0 / BYTE
-        high_sums, low_sums = (self._run(entry, w, attrs, pads, part) for part in (high, low))
+        high_sums, low_sums = (self._run(entry, w, attrs, pads, transpose, part) for part in (high, low))
         if high_sums is None or low_sums is None:
             return None
         sums = high_sums.astype(np.float64)
@@ -83,23 +90,27 @@ class ExactConvs:
         sums += low_sums
         return sums
 
-    def _run(self, entry: _Entry, w: np.ndarray, attrs: ConvGeometry, pads: list[int], xc: np.ndarray):
+    def _run(self, entry: _Entry, w: np.ndarray, attrs: ConvGeometry, pads: list[int], transpose: bool, xc):
         try:
             session = entry.session
             if session is None:
-                session = entry.session = _build(w, attrs, pads)  # two threads may both build: harmless
+                session = entry.session = _build(
+                    w, attrs, pads, transpose
+                )  # two threads may both build: harmless
             return session.run(None, {"x": np.ascontiguousarray(xc, np.float32)})[0]
         except Exception:  # onnxruntime refuses the geometry: numpy's kernel sums it, or says why not
             entry.l1 = math.inf
             return None
 
-    def _entry(self, w: np.ndarray, attrs: ConvGeometry, pads: list[int], key: object) -> _Entry:
+    def _entry(
+        self, w: np.ndarray, attrs: ConvGeometry, pads: list[int], transpose: bool, key: object
+    ) -> _Entry:
         if key is None:
             key = (
                 hashlib.blake2b(np.ascontiguousarray(w).data, digest_size=16).digest(),
                 w.shape,
                 str(w.dtype),
-                bool(attrs.transpose),
+                transpose,
                 tuple(attrs.strides),
                 tuple(attrs.dilations),
                 tuple(pads),
@@ -111,7 +122,7 @@ class ExactConvs:
             if entry is not None:
                 self._entries.move_to_end(key)
                 return entry
-        entry = _Entry(channel_l1(w, bool(attrs.transpose)))
+        entry = _Entry(channel_l1(w, transpose))
         with self._lock:
             entry = self._entries.setdefault(key, entry)
             while len(self._entries) > SESSIONS_KEPT:
@@ -119,7 +130,7 @@ class ExactConvs:
         return entry
 
 
-def _build(w: np.ndarray, attrs: ConvGeometry, pads: list[int]):
+def _build(w: np.ndarray, attrs: ConvGeometry, pads: list[int], transpose: bool):
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
@@ -130,7 +141,7 @@ def _build(w: np.ndarray, attrs: ConvGeometry, pads: list[int]):
         "pads": list(pads),
         "group": attrs.group,
     }
-    if attrs.transpose:
+    if transpose:
         if attrs.output_padding:
             geometry["output_padding"] = list(attrs.output_padding)
         node = helper.make_node("ConvTranspose", ["x", "w"], ["y"], **geometry)
@@ -149,5 +160,5 @@ def _build(w: np.ndarray, attrs: ConvGeometry, pads: list[int]):
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # a refused geometry falls back to numpy: no log line
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
