@@ -13,6 +13,8 @@ from npubuild.intmodel.codes import quantize_float
 from npubuild.intmodel.fixedpoint import (
     ADD_FRACTION_BITS,
     add_multiplier,
+    add_rescaled,
+    multiply_requantized,
     quantize_multiplier,
     requantize,
     requantize_output,
@@ -426,3 +428,29 @@ def test_conv_accumulate_is_exact_in_float32_and_float64(shape, kernel, group, s
                 ]
                 want[:, o] += np.einsum("nchw,c->nhw", patch, wt[o, :, i, j].astype(np.int64))
     assert np.array_equal(got.astype(np.int64), want)
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+@pytest.mark.parametrize("scalar_first", [False, True])
+def test_elementwise_by_table_equals_the_arithmetic(bits, scalar_first):
+    """An add and a multiply of a feature map by one constant, gathered from a table of every
+    code, give exactly what the arithmetic gives element by element (ties included: multipliers
+    that are powers of two)."""
+    from npubuild.intmodel.codes import elementwise, qrange
+
+    lo, hi = qrange(bits)
+    feature_map = RNG.integers(lo, hi + 1, (1, 3, 300, 300)).astype(np.int32)
+    constant = np.array([[[[37]]]], np.int32)
+    m0, shift = quantize_multiplier(0.25)
+
+    def add(x, y):
+        return np.clip(add_rescaled(x, 3, add_multiplier(0.7), y, -5, add_multiplier(1.3)) + 2, -128, 127)
+
+    def multiply(x, y):
+        return np.clip(multiply_requantized(x, 3, y, -5, m0, shift) - 1, -128, 127)
+
+    for fn in (add, multiply):
+        a, b = (constant, feature_map) if scalar_first else (feature_map, constant)
+        got = elementwise(fn, a, None if scalar_first else bits, b, bits if scalar_first else None)
+        np.testing.assert_array_equal(got, fn(a, b))
+        assert got.shape == feature_map.shape

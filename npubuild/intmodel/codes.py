@@ -3,6 +3,8 @@ between float values and codes (ONNX QuantizeLinear and DequantizeLinear semanti
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from npubuild.intmodel.program import TensorQuant
@@ -34,3 +36,26 @@ def fits_integer(array: np.ndarray, dtype: np.dtype) -> bool:
     would not notice a sign wrapped: uint64 2**63 is int64 -2**63)."""
     info = np.iinfo(dtype)
     return array.size == 0 or (int(array.min()) >= info.min and int(array.max()) <= info.max)
+
+
+def elementwise(
+    fn: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    a: np.ndarray,
+    a_bits: int | None,
+    b: np.ndarray,
+    b_bits: int | None,
+) -> np.ndarray:
+    """fn(a, b) for an element-wise fn of two code arrays that broadcast. When one side is a
+    single value and the other holds far more elements than its codes can take (an affine
+    scale or offset by a constant over a feature map), fn is computed once for every code of the
+    large side and the result gathered from that table: the same values (fn is element-wise),
+    two passes over the feature map instead of the dozen of fn's int64 arithmetic."""
+    for big, bits, small, big_first in ((a, a_bits, b, True), (b, b_bits, a, False)):
+        if bits is None or small.size != 1 or small.ndim > big.ndim or big.size < 4 << bits:
+            continue
+        lo, hi = qrange(bits)
+        codes = np.arange(lo, hi + 1, dtype=np.int32)
+        one = small.reshape(())
+        table = fn(codes, one) if big_first else fn(one, codes)
+        return np.take(table, np.subtract(big, lo, dtype=np.int32))
+    return fn(a, b)

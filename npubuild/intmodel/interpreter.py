@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 
 from npubuild.intmodel import tensorfile
-from npubuild.intmodel.codes import dequantize, qrange, quantize_float, saturate
+from npubuild.intmodel.codes import dequantize, elementwise, qrange, quantize_float, saturate
 from npubuild.intmodel.fixedpoint import add_rescaled, multiply_requantized, requantize, requantize_output
 from npubuild.intmodel.kernels import (
     conv_accumulate,
@@ -110,17 +110,31 @@ class Interpreter:
     def _operands(self, op, env):
         return [self._value(op, env, n).astype(np.int64) for n in op.inputs]
 
+    def _bits(self, op, name: str) -> int | None:
+        return None if name in op.constants or not self._is_q(name) else self.tensors[name].bits
+
     def _add(self, op, env):
         a, b = (self._value(op, env, n) for n in op.inputs)
         at = op.attrs
-        out = op.outputs[0]
-        env[out] = _codes(add_rescaled(a, at.za, at.ma, b, at.zb, at.mb), self.tensors[out])
+        t = self.tensors[op.outputs[0]]
+
+        def add(x, y):
+            return _codes(add_rescaled(x, at.za, at.ma, y, at.zb, at.mb), t)
+
+        env[op.outputs[0]] = elementwise(
+            add, a, self._bits(op, op.inputs[0]), b, self._bits(op, op.inputs[1])
+        )
 
     def _mul(self, op, env):
         a, b = (self._value(op, env, n) for n in op.inputs)
         at = op.attrs
-        out = op.outputs[0]
-        env[out] = _codes(multiply_requantized(a, at.za, b, at.zb, at.m0, at.shift), self.tensors[out])
+        t = self.tensors[op.outputs[0]]
+
+        def multiply(x, y):
+            return _codes(multiply_requantized(x, at.za, y, at.zb, at.m0, at.shift), t)
+
+        bits = [self._bits(op, name) for name in op.inputs]
+        env[op.outputs[0]] = elementwise(multiply, a, bits[0], b, bits[1])
 
     def _batch_matmul(self, op, env):
         a, b = self._operands(op, env)

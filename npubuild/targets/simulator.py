@@ -15,7 +15,7 @@ from collections import Counter
 
 import numpy as np
 
-from npubuild.intmodel.codes import saturate
+from npubuild.intmodel.codes import elementwise, saturate
 from npubuild.intmodel.fixedpoint import add_rescaled, multiply_requantized, requantize, requantize_output
 from npubuild.intmodel.kernels import conv_accumulate, conv_transpose_accumulate, windows
 from npubuild.intmodel.ortconv import ExactConvs
@@ -193,13 +193,22 @@ class Simulator:
 
     def _add(self, a: dict) -> None:
         x, y = self._operands(a)
-        out = add_rescaled(x, a["za"], a["ma"], y, a["zb"], a["mb"]) + a["out_zp"]
-        self.sram.write(a["dst"], a["out_bits"], saturate(out, a["out_bits"]))
+
+        def add(u, v):
+            return saturate(
+                add_rescaled(u, a["za"], a["ma"], v, a["zb"], a["mb"]) + a["out_zp"], a["out_bits"]
+            )
+
+        self.sram.write(a["dst"], a["out_bits"], elementwise(add, x, a["a_bits"], y, a["b_bits"]))
 
     def _mul(self, a: dict) -> None:
         x, y = self._operands(a)
-        out = multiply_requantized(x, a["za"], y, a["zb"], a["m0"], a["shift"]) + a["out_zp"]
-        self.sram.write(a["dst"], a["out_bits"], saturate(out, a["out_bits"]))
+
+        def multiply(u, v):
+            out = multiply_requantized(u, a["za"], v, a["zb"], a["m0"], a["shift"]) + a["out_zp"]
+            return saturate(out, a["out_bits"])
+
+        self.sram.write(a["dst"], a["out_bits"], elementwise(multiply, x, a["a_bits"], y, a["b_bits"]))
 
     def _requant(self, a: dict) -> None:
         x = self.sram.view(a["src"], a["in_bits"], (a["n"],)).astype(np.int64)
