@@ -14,7 +14,6 @@ because callers run samples in threads (stages/parallel.py).
 
 from __future__ import annotations
 
-import hashlib
 import math
 import threading
 from collections import OrderedDict
@@ -26,6 +25,7 @@ from npubuild.intmodel.program import ConvGeometry
 FLOAT32_EXACT = 1 << 24
 BYTE = 256
 SESSIONS_KEPT = 512  # a large model's convolutions, each with its weights prepacked
+WEIGHTS_PER_NAME = 16  # a layer's weight chunks, loaded one after the other at one address
 
 
 def channel_l1(w: np.ndarray, transpose: bool) -> float:
@@ -39,20 +39,25 @@ def channel_l1(w: np.ndarray, transpose: bool) -> float:
 
 
 class _Entry:
-    """One weight tensor and geometry: its L1 bound and, once an input fits it, its session."""
+    """One weight tensor and geometry: a copy of the weights, their L1 bound and, once an input
+    fits it, the session."""
 
-    def __init__(self, l1: float):
-        self.l1 = l1
+    def __init__(self, w: np.ndarray, transpose: bool):
+        self.weights = np.array(w)
+        self.l1 = channel_l1(w, transpose)
         self.session = None
 
 
 class ExactConvs:
-    """The sessions of one integer model's (or one simulator's) convolutions. A caller that
-    knows which layer it runs names it by `key` (weights and geometry fixed per key for the
-    owner's life); without a key the weights' digest and the geometry name the session."""
+    """The sessions of one integer model's (or one simulator's) convolutions, each under the
+    caller's name for the layer (the golden interpreter's output tensor, the simulator's weight
+    address) and its geometry. Under one name the weights are compared with each entry's copy on
+    every call (a memory compare, far cheaper than a digest): a layer's weight chunks, loaded one
+    after another at one address, each find their own session, and a name never brings back a
+    stale one."""
 
     def __init__(self) -> None:
-        self._entries: OrderedDict[tuple, _Entry] = OrderedDict()
+        self._entries: OrderedDict[tuple, list[_Entry]] = OrderedDict()
         self._lock = threading.Lock()
 
     def accumulate(
@@ -62,7 +67,7 @@ class ExactConvs:
         attrs: ConvGeometry,
         pads: list[int],
         transpose: bool,
-        key: object = None,
+        key: object,
     ) -> np.ndarray | None:
         """The convolution (or transposed convolution) of zero-point-free integer inputs xc by
         integer weights w, or None when a partial sum could reach 2^24 even with the input split
@@ -105,28 +110,31 @@ class ExactConvs:
     def _entry(
         self, w: np.ndarray, attrs: ConvGeometry, pads: list[int], transpose: bool, key: object
     ) -> _Entry:
-        if key is None:
-            key = (
-                hashlib.blake2b(np.ascontiguousarray(w).data, digest_size=16).digest(),
-                w.shape,
-                str(w.dtype),
-                transpose,
-                tuple(attrs.strides),
-                tuple(attrs.dilations),
-                tuple(pads),
-                attrs.group,
-                tuple(attrs.output_padding or ()),
-            )
+        key = (
+            key,
+            w.shape,
+            str(w.dtype),
+            transpose,
+            tuple(attrs.strides),
+            tuple(attrs.dilations),
+            tuple(pads),
+            attrs.group,
+            tuple(attrs.output_padding or ()),
+        )
         with self._lock:
-            entry = self._entries.get(key)
-            if entry is not None:
-                self._entries.move_to_end(key)
-                return entry
-        entry = _Entry(channel_l1(w, transpose))
+            entries = self._entries.get(key)
+            if entries is None:
+                entries = self._entries[key] = []
+                while len(self._entries) > SESSIONS_KEPT:
+                    self._entries.popitem(last=False)
+            self._entries.move_to_end(key)
+            found = next((e for e in entries if np.array_equal(e.weights, w)), None)
+            if found is not None:
+                return found
+        entry = _Entry(w, transpose)
         with self._lock:
-            entry = self._entries.setdefault(key, entry)
-            while len(self._entries) > SESSIONS_KEPT:
-                self._entries.popitem(last=False)
+            entries.insert(0, entry)
+            del entries[WEIGHTS_PER_NAME:]
         return entry
 
 

@@ -64,7 +64,7 @@ class Simulator:
         self.counts: Counter = Counter()
         self.target = target
         self._static: dict[int, tuple[list[Instruction], dict[str, int]]] = {}
-        self._exact_convs = ExactConvs()  # onnxruntime sessions, named by the weights' digest
+        self._exact_convs = ExactConvs()  # onnxruntime sessions, named by the weights' address
 
     # --- DMA ------------------------------------------------------------------------------------
     def _dram_box(self, a: dict) -> tuple[np.ndarray, tuple]:
@@ -140,7 +140,7 @@ class Simulator:
         )
         if a["transpose"]:
             xc = np.subtract(x, a["in_zp"], dtype=np.float32)  # codes: exact in float32
-            full = conv_transpose_accumulate(xc, w, attrs, self._exact_convs)
+            full = conv_transpose_accumulate(xc, w, attrs, self._exact_convs, key=a["weights"])
             acc = np.zeros((1, a["out_c"], a["out_h"], a["out_w"]))
             t, left = a["crop_top"], a["crop_left"]
             r0, r1 = max(t, 0), min(t + a["out_h"], full.shape[2])
@@ -149,7 +149,7 @@ class Simulator:
                 acc[:, :, r0 - t : r1 - t, c0 - left : c1 - left] = full[:, :, r0:r1, c0:c1]
         else:
             xc = np.subtract(x, a["in_zp"], dtype=np.float32)  # codes: exact in float32
-            acc = conv_accumulate(xc, w, attrs, self._exact_convs)
+            acc = conv_accumulate(xc, w, attrs, self._exact_convs, key=a["weights"])
             if acc.shape[2:] != (a["out_h"], a["out_w"]):
                 raise NpubError(f"conv tile gives {acc.shape[2:]}, instruction says {a['out_h'], a['out_w']}")
         self.counts["macs"] += math.prod(acc.shape) * math.prod(w.shape[1:])
