@@ -15,7 +15,8 @@ from npubuild.cache.store import Store
 
 # Left out of the quick tier (pytest -m "not slow"): it builds the example workspace's three
 # real models end to end (about 4 minutes)
-pytestmark = pytest.mark.slow
+# one worker builds the example once for every test here (pytest-xdist's --dist loadgroup)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("example_build")]
 
 MODELS = ["yolo", "ocr_det", "ocr_cls"]
 

@@ -29,13 +29,22 @@ from npubuild.intmodel.rowwise import layernorm_rows, softmax_rows
 
 
 class Interpreter:
-    def __init__(self, program: IntegerModel, arrays: dict[str, np.ndarray], functions=(), opsets=None):
+    def __init__(
+        self,
+        program: IntegerModel,
+        arrays: dict[str, np.ndarray],
+        functions=(),
+        opsets=None,
+        exact_convs: ExactConvs | None = None,
+    ):
+        """`exact_convs`: onnxruntime sessions to share with other interpreters of the same network
+        (the precision search's tables: a layer whose weights did not change keeps its session)."""
         self.program = program
         self.arrays = arrays
         self.tensors = program.tensors
         self.functions = list(functions)
         self.opsets = opsets or {"": 13}
-        self.exact_convs = ExactConvs()
+        self.exact_convs = exact_convs or ExactConvs()
 
     def run(self, feeds: dict[str, np.ndarray], keep: bool = False) -> tuple[dict[str, np.ndarray], dict]:
         """Outputs (float) and, with keep=True, every tensor's value (int32 codes or float32)."""

@@ -16,6 +16,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from npubuild.intmodel.ops import MAC_OPS
+from npubuild.intmodel.ortconv import ExactConvs
 from npubuild.stages.feeds import session
 from npubuild.stages.metrics import Agreement
 from npubuild.stages.parallel import in_order, sample_workers
@@ -44,6 +45,7 @@ class PrecisionProbe:
         self.settings = settings
         self.feeds = feeds
         self.range_cache: dict = {}
+        self.exact_convs = ExactConvs()  # the golden confirmations' sessions, shared across tables
         self.layers = Layers(model, stats_meta, stats_arrays, settings)
         self.producers = {o: n for n in model.graph.node for o in n.output}
         self.outputs = [o.name for o in model.graph.output]
@@ -291,7 +293,8 @@ class PrecisionProbe:
         )
         opset = next((o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx")), 13)
         program = parse(meta, "the integer model of a precision table")
-        interpreter = Interpreter(program, arrays, list(self.model.functions), {"": opset, "npubuild": 1})
+        opsets = {"": opset, "npubuild": 1}
+        interpreter = Interpreter(program, arrays, list(self.model.functions), opsets, self.exact_convs)
 
         def measure(sample: tuple) -> list[tuple]:
             feed, reference = sample
