@@ -39,17 +39,17 @@ class Memory:
         dtype = DTYPES.get(bits)
         if dtype is None:
             raise NpubError(f"{self.name}: unsupported element width {bits}")
-        shape = tuple(int(s) for s in shape)
+        shape = tuple(map(int, shape))
+        count = math.prod(shape)
         if addr < 0 or (shape and min(shape) < 0):
             raise NpubError(f"{self.name}: negative address or extent")
-        count = math.prod(shape)
         end = addr + count * dtype.itemsize
         if end > len(self.data):
             raise NpubError(
                 f"{self.name}: access [{addr:#x}, {end:#x}) is outside its {len(self.data)} bytes"
             )
-        if write:
-            self.high_water = max(self.high_water, end)
+        if write and end > self.high_water:
+            self.high_water = end
         return np.frombuffer(self.data, dtype, count, addr).reshape(shape)
 
     def write(self, addr: int, bits: int, values: np.ndarray) -> None:
@@ -98,11 +98,14 @@ class Simulator:
 
     def _load(self, a: dict) -> None:
         box, inner = self._dram_box(a)
+        if a["space"] == 1:  # an SRAM-to-SRAM copy: its source may overlap the tile written below
+            box = np.array(box)
         bits = ESIZE_BITS[a["esize"]]
-        out = np.full((a["d0"], a["d1"], a["d2"], a["d3"]), a["pad_value"], DTYPES[bits])
+        out = self.sram.view(a["sram"], bits, (a["d0"], a["d1"], a["d2"], a["d3"]), write=True)
         pt, pl = a["pad_top"], a["pad_left"]
-        out[:, :, pt : pt + inner[2], pl : pl + inner[3]] = box
-        self.sram.write(a["sram"], bits, out)
+        if pt or pl or inner[2] != a["d2"] or inner[3] != a["d3"]:  # a padded tile: the pad first
+            out[...] = a["pad_value"]
+        out[:, :, pt : pt + inner[2], pl : pl + inner[3]] = box  # SRAM written in place
         self.counts["dma_in_bytes" if a["space"] == 0 else "sram_copy_bytes"] += box.size * a["esize"]
 
     def _store(self, a: dict) -> None:
