@@ -130,9 +130,8 @@ class Interpreter:
         def add(x, y):
             return _codes(add_rescaled(x, at.za, at.ma, y, at.zb, at.mb), t)
 
-        env[op.outputs[0]] = elementwise(
-            add, a, self._bits(op, op.inputs[0]), b, self._bits(op, op.inputs[1])
-        )
+        bits = [self._bits(op, name) for name in op.inputs]
+        env[op.outputs[0]] = elementwise(add, a, bits[0], b, bits[1])
 
     def _mul(self, op, env):
         a, b = (self._value(op, env, n) for n in op.inputs)

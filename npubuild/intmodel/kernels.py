@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from npubuild.intmodel.ortconv import ExactConvs
+from npubuild.intmodel.ortconv import FLOAT32_EXACT, ExactConvs
 from npubuild.intmodel.program import ConvGeometry, PoolAttrs, ResizeAttrs
 
 
@@ -43,13 +43,10 @@ def windows(xc: np.ndarray, kernel, strides, dilations, pads, pad_value: float) 
     return view[index]
 
 
-# float32 holds every integer below 2^24 exactly: a sum whose terms' magnitudes add up to less
-# than that is exact in float32 in any order (BLAS's blocking included), at twice float64's speed.
-FLOAT32_EXACT = 1 << 24
-
-
 def exact_dtype(xc: np.ndarray, w: np.ndarray, terms: int):
-    """The narrowest float type in which every partial sum of `terms` products x*w is exact."""
+    """The narrowest float type in which every partial sum of `terms` products x*w is exact
+    (FLOAT32_EXACT: below 2^24 float32 sums integers exactly in any order, BLAS's blocking
+    included, at twice float64's speed)."""
     bound = float(np.abs(xc).max(initial=0)) * float(np.abs(w).max(initial=0)) * terms
     return np.float32 if bound < FLOAT32_EXACT else np.float64
 

@@ -42,10 +42,21 @@ class _Entry:
     """One weight tensor and geometry: a copy of the weights, their L1 bound and, once an input
     fits it, the session."""
 
-    def __init__(self, w: np.ndarray, transpose: bool):
+    def __init__(self, w: np.ndarray, attrs: ConvGeometry, pads: list[int], transpose: bool):
         self.weights = np.array(w)
+        self.attrs, self.pads, self.transpose = attrs, pads, transpose
         self.l1 = channel_l1(w, transpose)
         self.session = None
+
+    def run(self, xc: np.ndarray) -> np.ndarray | None:
+        """The sums in onnxruntime, or None when it refuses the geometry (then never again)."""
+        try:
+            if self.session is None:  # two threads may both build it: harmless
+                self.session = _build(self.weights, self.attrs, self.pads, self.transpose)
+            return self.session.run(None, {"x": np.ascontiguousarray(xc, np.float32)})[0]
+        except Exception:  # numpy's kernel sums it instead, or says why it cannot
+            self.l1 = math.inf
+            return None
 
 
 class ExactConvs:
@@ -78,34 +89,23 @@ class ExactConvs:
         into its low byte (0..255) and the rest, x = 256 * high + low, two convolutions of
         8-bit-sized values combined in float64 (exact: each sum is below 2^24)."""
         entry = self._entry(w, attrs, pads, transpose, key)
-        x_bound = float(np.abs(xc).max(initial=0))
+        # max |x| from two reductions: no temporary of the input's size on this hot path
+        x_bound = max(abs(float(xc.max(initial=0))), abs(float(xc.min(initial=0))))
         if x_bound * entry.l1 < FLOAT32_EXACT:
-            return self._run(entry, w, attrs, pads, transpose, xc)
+            return entry.run(xc)
         high_bound = math.floor(x_bound / BYTE) + 1
         if max(BYTE - 1, high_bound) * entry.l1 >= FLOAT32_EXACT:
             return None
         low = np.mod(xc, BYTE, dtype=np.float32)  # exact on integers below 2^24
         high = np.subtract(xc, low, dtype=np.float32)
         high *= 1.0 / BYTE
-        high_sums, low_sums = (self._run(entry, w, attrs, pads, transpose, part) for part in (high, low))
+        high_sums, low_sums = entry.run(high), entry.run(low)
         if high_sums is None or low_sums is None:
             return None
         sums = high_sums.astype(np.float64)
         sums *= BYTE
         sums += low_sums
         return sums
-
-    def _run(self, entry: _Entry, w: np.ndarray, attrs: ConvGeometry, pads: list[int], transpose: bool, xc):
-        try:
-            session = entry.session
-            if session is None:
-                session = entry.session = _build(
-                    w, attrs, pads, transpose
-                )  # two threads may both build: harmless
-            return session.run(None, {"x": np.ascontiguousarray(xc, np.float32)})[0]
-        except Exception:  # onnxruntime refuses the geometry: numpy's kernel sums it, or says why not
-            entry.l1 = math.inf
-            return None
 
     def _entry(
         self, w: np.ndarray, attrs: ConvGeometry, pads: list[int], transpose: bool, key: object
@@ -131,7 +131,7 @@ class ExactConvs:
             found = next((e for e in entries if np.array_equal(e.weights, w)), None)
             if found is not None:
                 return found
-        entry = _Entry(w, transpose)
+        entry = _Entry(w, attrs, pads, transpose)
         with self._lock:
             entries.insert(0, entry)
             del entries[WEIGHTS_PER_NAME:]
