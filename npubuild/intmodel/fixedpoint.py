@@ -11,6 +11,8 @@ import math
 
 import numpy as np
 
+from npubuild.intmodel.codes import qrange
+
 
 def quantize_multiplier(m: float) -> tuple[int, int]:
     """(M0, shift) with m ~= M0 * 2^-(31 + shift); m == 0 gives (0, 0)."""
@@ -152,3 +154,20 @@ def multiply_requantized(a: np.ndarray, za: int, b: np.ndarray, zb: int, m0: int
     y = np.subtract(b, zb, dtype=np.int64)
     product = np.multiply(x, y, out=x) if x.shape == np.broadcast_shapes(x.shape, y.shape) else x * y
     return requantize(product, m0, shift)
+
+
+def output_codes(v: np.ndarray, zero_point: int, bits: int) -> np.ndarray:
+    """Codes (int64) of an int64 result before its zero point, saturated to `bits` (v, which the
+    caller owns, is overwritten: one pass fewer)."""
+    v += zero_point
+    return np.clip(v, *qrange(bits), out=v)
+
+
+def add_codes(a, za: int, ma: int, b, zb: int, mb: int, zero_point: int, bits: int) -> np.ndarray:
+    """The element-wise add's output codes, int64 (the golden interpreter's and the simulator's)."""
+    return output_codes(add_rescaled(a, za, ma, b, zb, mb), zero_point, bits)
+
+
+def multiply_codes(a, za: int, b, zb: int, m0: int, shift: int, zero_point: int, bits: int) -> np.ndarray:
+    """The element-wise multiply's output codes, int64 (the golden interpreter's and the simulator's)."""
+    return output_codes(multiply_requantized(a, za, b, zb, m0, shift), zero_point, bits)

@@ -15,7 +15,7 @@ import onnx
 
 from npubuild.intmodel import tensorfile
 from npubuild.intmodel.codes import dequantize, elementwise, qrange, quantize_float, saturate
-from npubuild.intmodel.fixedpoint import add_rescaled, multiply_requantized, requantize, requantize_output
+from npubuild.intmodel.fixedpoint import add_codes, multiply_codes, requantize, requantize_output
 from npubuild.intmodel.kernels import (
     conv_accumulate,
     conv_transpose_accumulate,
@@ -128,7 +128,7 @@ class Interpreter:
         t = self.tensors[op.outputs[0]]
 
         def add(x, y):
-            return _codes(add_rescaled(x, at.za, at.ma, y, at.zb, at.mb), t)
+            return add_codes(x, at.za, at.ma, y, at.zb, at.mb, t.zero_point, t.bits).astype(np.int32)
 
         bits = [self._bits(op, name) for name in op.inputs]
         env[op.outputs[0]] = elementwise(add, a, bits[0], b, bits[1])
@@ -139,7 +139,7 @@ class Interpreter:
         t = self.tensors[op.outputs[0]]
 
         def multiply(x, y):
-            return _codes(multiply_requantized(x, at.za, y, at.zb, at.m0, at.shift), t)
+            return multiply_codes(x, at.za, y, at.zb, at.m0, at.shift, t.zero_point, t.bits).astype(np.int32)
 
         bits = [self._bits(op, name) for name in op.inputs]
         env[op.outputs[0]] = elementwise(multiply, a, bits[0], b, bits[1])
@@ -275,12 +275,6 @@ class Interpreter:
         qmin = qrange(self.tensors[op.inputs[0]].bits)[0]
         win = windows(x, kernel, attrs.strides, attrs.dilations, pads, qmin)
         return win.max(axis=tuple(range(-nd, 0))).astype(np.int32)
-
-
-def _codes(v: np.ndarray, t) -> np.ndarray:
-    """int32 codes of an int64 result before its zero point (v is overwritten: one pass fewer)."""
-    v += t.zero_point
-    return np.clip(v, *qrange(t.bits), out=v).astype(np.int32)
 
 
 def _saturate32(v: np.ndarray, bits: int) -> np.ndarray:

@@ -16,7 +16,7 @@ from collections import Counter
 import numpy as np
 
 from npubuild.intmodel.codes import elementwise, saturate
-from npubuild.intmodel.fixedpoint import add_rescaled, multiply_requantized, requantize, requantize_output
+from npubuild.intmodel.fixedpoint import add_codes, multiply_codes, requantize, requantize_output
 from npubuild.intmodel.kernels import conv_accumulate, conv_transpose_accumulate, windows
 from npubuild.intmodel.ortconv import ExactConvs
 from npubuild.intmodel.program import ConvGeometry
@@ -198,9 +198,7 @@ class Simulator:
         x, y = self._operands(a)
 
         def add(u, v):
-            return saturate(
-                add_rescaled(u, a["za"], a["ma"], v, a["zb"], a["mb"]) + a["out_zp"], a["out_bits"]
-            )
+            return add_codes(u, a["za"], a["ma"], v, a["zb"], a["mb"], a["out_zp"], a["out_bits"])
 
         self.sram.write(a["dst"], a["out_bits"], elementwise(add, x, a["a_bits"], y, a["b_bits"]))
 
@@ -208,8 +206,7 @@ class Simulator:
         x, y = self._operands(a)
 
         def multiply(u, v):
-            out = multiply_requantized(u, a["za"], v, a["zb"], a["m0"], a["shift"]) + a["out_zp"]
-            return saturate(out, a["out_bits"])
+            return multiply_codes(u, a["za"], v, a["zb"], a["m0"], a["shift"], a["out_zp"], a["out_bits"])
 
         self.sram.write(a["dst"], a["out_bits"], elementwise(multiply, x, a["a_bits"], y, a["b_bits"]))
 
