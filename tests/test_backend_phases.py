@@ -120,7 +120,7 @@ def test_a_fused_activation_leaves_no_intermediate():
             "kind": "conv",
             "inputs": ["x"],
             "outputs": ["c"],
-            "attrs": {**conv_attrs, "min": -128, "max": 127, "mbits": 31},
+            "attrs": {**conv_attrs, "min": -128, "max": 127},
             "arrays": arrays,
         },
         {

@@ -47,6 +47,32 @@ def test_requantize_rounds_half_away_from_zero_exactly():
         assert got.tolist() == exact
 
 
+def test_requantize_of_16_bit_accumulators_is_exact_beyond_int64_products():
+    """int16 layers: accumulators up to 2^47 times a full 31-bit M0 overflow int64's one multiply;
+    the split path gives the exact rounding, ties included, per channel, or a saturating value."""
+    multipliers = np.array([2.0**-30 * 1.37, 2.0**-20 * 1.01, 2.0**-24, 2.0**-40 * 1.9, 2.0**-9 * 1.5])
+    m0, shift = (np.array(v) for v in zip(*map(quantize_multiplier, multipliers)))
+    acc = RNG.integers(-(2**47), 2**47, (len(multipliers), 300))
+    for c in range(len(multipliers)):  # ties: acc * m0 an odd multiple of 2^(n-1), where that fits
+        twos = (int(m0[c]) & -int(m0[c])).bit_length() - 1
+        unit = 2 ** max(31 + int(shift[c]) - 1 - twos, 0)
+        odd = 2 * np.arange(-20, 20) + 1
+        acc[c, :40] = np.where(np.abs(odd * unit) < 2**47, odd * unit, acc[c, :40])
+    acc[:, 40:60] = RNG.integers(-(2**20), 2**20, (len(multipliers), 20))
+    got = requantize(acc, m0[:, None], shift[:, None])
+    for c in range(len(multipliers)):
+        for a, g in zip(acc[c].tolist(), got[c].tolist()):
+            exact = round_half_away(Fraction(a * int(m0[c]), 2 ** (31 + int(shift[c]))))
+            if abs(exact) < 2**39:
+                assert g == exact, (c, a)
+            else:  # every caller saturates at 16 bits or fewer
+                assert abs(g) >= 2**31 and np.sign(g) == np.sign(exact), (c, a)
+    assert (np.abs(got) >= 2**31).any() and (np.abs(got) < 2**15).any()  # both regimes were drawn
+    # beyond 2^48 (only a malformed binary gets there) the value saturates, with its sign
+    huge = requantize(np.array([2**50, -(2**55)]), m0[1], shift[1])
+    assert huge[0] >= 2**31 and huge[1] <= -(2**31)
+
+
 @pytest.mark.parametrize("acc_bits", [12, 21, 30])  # float64's path, its edge, int64's path
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
 def test_requantize_output_is_the_rounding_rule_bias_zero_point_and_clip(acc_bits, dtype):
@@ -114,7 +140,6 @@ def test_conv_with_padding_bias_requant_and_relu_clamp():
             "transpose": False,
             "output_padding": [0, 0],
             "auto_pad": "NOTSET",
-            "mbits": 31,
             "min": zy,
             "max": 127,
         },
@@ -161,7 +186,6 @@ def test_depthwise_conv_with_stride():
             "transpose": False,
             "output_padding": [0, 0],
             "auto_pad": "NOTSET",
-            "mbits": 31,
             "min": -128,
             "max": 127,
         },
@@ -203,7 +227,6 @@ def test_conv_transpose_stride_2_scatters_each_tap():
             "transpose": True,
             "output_padding": [0, 0],
             "auto_pad": "NOTSET",
-            "mbits": 31,
             "min": -128,
             "max": 127,
         },
@@ -256,7 +279,7 @@ def test_mul_and_lut_and_clamp():
         "kind": "mul",
         "inputs": ["a", "b"],
         "outputs": ["y"],
-        "attrs": {"m0": m0, "shift": shift, "za": 1, "zb": -1, "mbits": 31},
+        "attrs": {"m0": m0, "shift": shift, "za": 1, "zb": -1},
     }
     table = np.arange(256, dtype=np.int32)[::-1] - 128
     lut = {
@@ -302,7 +325,7 @@ def test_maxpool_pads_with_the_lowest_code_and_global_average():
         "kind": "global_avgpool",
         "inputs": ["x"],
         "outputs": ["g"],
-        "attrs": {"m0": m0, "shift": shift, "mbits": 31},
+        "attrs": {"m0": m0, "shift": shift},
     }
     env = {"x": x}
     interp = Interpreter(op_program([pool, gap], {"x": t(1, 6), "p": t(1, 6), "g": t(1, -1)}, ["p"]), {})

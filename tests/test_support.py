@@ -66,7 +66,7 @@ def _conv(batch: int, bits: int = 8):
         "op_type": "Conv",
         "inputs": ["x"],
         "outputs": ["y"],
-        "attrs": {**CONV_ATTRS, "mbits": 31 if bits == 8 else 15, "transpose": False},
+        "attrs": {**CONV_ATTRS, "transpose": False},
         "arrays": MAC_ARRAYS,
     }
     program = _program([op], {"x": bits, "y": 8})

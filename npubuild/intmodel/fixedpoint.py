@@ -2,7 +2,7 @@
 
 M = M0 * 2^-(31 + shift), M0 in [2^30, 2^31). Rounding rule (the only one used anywhere):
 round half away from zero, i.e. r(v / 2^n) = sign(v) * floor((|v| + 2^(n-1)) / 2^n).
-All products fit int64: |acc| < 2^31 and M0 < 2^31.
+Products that would not fit int64 (16-bit layers) are split in two exact halves.
 """
 
 from __future__ import annotations
@@ -57,14 +57,53 @@ def _rounding_shift_in_place(v: np.ndarray, n: np.ndarray | int) -> np.ndarray:
 
 
 def requantize(acc: np.ndarray, m0: np.ndarray | int, shift: np.ndarray | int) -> np.ndarray:
-    """acc * M0 * 2^-(31 + shift), rounded; shift may be negative (a multiplier above 1)."""
+    """acc * M0 * 2^-(31 + shift), rounded; shift may be negative (a multiplier above 1).
+
+    Exact for |acc| < 2^48 (int16 layers' accumulators and 48-bit biases times a 31-bit M0 do not
+    fit int64: those go through `_requantize_wide`); a result of magnitude 2^16 or more, which
+    every caller saturates to at most 16 bits, may come back as +-2^40."""
     acc = np.asarray(acc, dtype=np.int64)
     m0 = np.asarray(m0, dtype=np.int64)
     total = 31 + np.asarray(shift, dtype=np.int64)
     left = np.maximum(-total, 0)
+    acc_bound = max(abs(int(acc.max(initial=0))), abs(int(acc.min(initial=0))))
+    if acc_bound * int(m0.max(initial=0)) << int(left.max(initial=0)) >= WIDE_PRODUCT:
+        return _requantize_wide(acc, m0, total)
     right = np.maximum(total, 0)
     scaled = np.left_shift(acc, left) * m0 if left.any() else acc * m0
     return _rounding_shift_in_place(scaled, right)
+
+
+# Products from here on would overflow int64 in the one-multiply path (2^62 leaves room for the
+# rounding half).
+WIDE_PRODUCT = 1 << 62
+_SPLIT = 24  # |acc| < 2^48 splits in two 24-bit halves; each half times M0 < 2^31 stays below 2^55
+_SATURATED = np.int64(1 << 40)
+
+
+def _requantize_wide(acc: np.ndarray, m0: np.ndarray, total: np.ndarray) -> np.ndarray:
+    """requantize when acc * M0 may reach 2^63: on |acc| (rounding half away from zero is
+    symmetric), acc = high * 2^24 + low. For a right shift n >= 24,
+    floor((high M0 2^24 + low M0 + 2^(n-1)) / 2^n) = (high M0 + ((low M0 + 2^(n-1)) >> 24)) >> (n - 24)
+    and every term stays below 2^63. A shift below 24 with a nonzero high half gives at least
+    2^31, saturated by every caller, so it is returned as 2^40; so is any result from 2^39 up, and
+    any |acc| from 2^48 up (at least 2^16 after the largest shift, 62)."""
+    magnitude = np.abs(acc)
+    beyond = magnitude >= 1 << (2 * _SPLIT)  # a result of 2^16 or more: saturated by every caller
+    magnitude = np.where(beyond, 0, magnitude)
+    high, low = magnitude >> _SPLIT, magnitude & ((1 << _SPLIT) - 1)
+    n = np.broadcast_to(total, np.broadcast_shapes(magnitude.shape, np.shape(total), np.shape(m0)))
+    wide_shift = n >= _SPLIT
+    half = np.left_shift(np.int64(1), np.maximum(n - 1, 0)) * (n > 0)
+    split = (high * m0 + ((low * m0 + np.where(wide_shift, half, 0)) >> _SPLIT)) >> np.maximum(n - _SPLIT, 0)
+    # short shifts: the value itself, where float64 says it is small enough to form exactly
+    approximate = magnitude.astype(np.float64) * m0 * np.ldexp(1.0, -n)
+    small = ~wide_shift & (approximate < 2.0**39)
+    product = np.where(small, magnitude, 0) * m0
+    short = np.where(n > 0, (product + half) >> np.maximum(n, 0), np.left_shift(product, np.maximum(-n, 0)))
+    result = np.where(wide_shift, split, np.where(small, short, _SATURATED))
+    result = np.where(beyond, _SATURATED, np.minimum(result, _SATURATED))
+    return np.where(acc < 0, -result, result)
 
 
 # float64 holds every integer below 2^53: (acc + bias) * M0 * 2^left below 2^52 leaves room for the

@@ -64,7 +64,6 @@ class MacArrays(_Typed):
 class MacAttrs(_Typed):
     min: int  # the clamp of the output codes (a fused Relu/Clip narrows it)
     max: int
-    mbits: Literal[15, 31]  # multiplier width: 31 for int8 inputs, 15 for int16
 
 
 class ConvGeometry(_Typed):
@@ -82,7 +81,6 @@ class ConvGeometry(_Typed):
 class ConvAttrs(ConvGeometry):
     min: int
     max: int
-    mbits: Literal[15, 31]
 
 
 class ConvOp(_Op):
@@ -117,7 +115,6 @@ class MulAttrs(_Typed):
     shift: int
     za: int
     zb: int
-    mbits: Literal[15, 31]
 
 
 class MulOp(_Op):
@@ -230,7 +227,6 @@ class AvgPoolOp(_Op):
 class GlobalAvgPoolAttrs(_Typed):
     m0: int
     shift: int
-    mbits: Literal[15, 31]
 
 
 class GlobalAvgPoolOp(_Op):

@@ -143,6 +143,10 @@ class QuantizeConfig(Strict):
     # A lookup-table activation that produces a network output (a final Sigmoid) runs in float:
     # probabilities quantized to 1/255 steps lose the small values detectors threshold on.
     float_output_activations: bool = True
+    # the QDQ model's form: "exact" computes the integer model's codes in onnxruntime (tables as
+    # Gathers, adds and MAC output paths in int64); "standard" is DequantizeLinear -> op ->
+    # QuantizeLinear everywhere, the pattern other runtimes fuse into their integer kernels
+    qdq_export: Literal["exact", "standard"] = "exact"
 
 
 class LayerOverride(Strict):

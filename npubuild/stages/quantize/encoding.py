@@ -53,12 +53,9 @@ def build_program(
 
 def product_attrs(ap: TensorParams, bp: TensorParams, yp: TensorParams) -> dict:
     """The requantization of a product of two codes (a Mul, a MatMul of two activations): one
-    multiplier s_a s_b / s_y, 15 bits wide when an operand is int16 so the product fits int64."""
-    mbits = 31 if ap.bits == 8 and bp.bits == 8 else 15
+    multiplier s_a s_b / s_y."""
     m0, shift = quantize_multiplier(ap.scale * bp.scale / yp.scale)
-    if mbits == 15:
-        m0, shift = m0 >> 16, shift - 16
-    return {"m0": m0, "shift": shift, "za": ap.zero_point, "zb": bp.zero_point, "mbits": mbits}
+    return {"m0": m0, "shift": shift, "za": ap.zero_point, "zb": bp.zero_point}
 
 
 class Encoder:
@@ -224,12 +221,9 @@ class Encoder:
         # in_scale * w_scale is ~256x finer and would overflow int32 for ordinary biases.
         limit = 2**31 - 1 if xp.bits == 8 else 2**47
         bias_q = np.clip(np.rint(bias / acc_scale), -limit - 1, limit).astype(np.int64)
-        mbits = 31 if xp.bits == 8 else 15
         m0, shift = zip(*(quantize_multiplier(float(s / yp.scale)) for s in acc_scale))
         m0 = np.array(m0, np.int64)
         shift = np.array(shift, np.int64)
-        if mbits == 15:
-            m0, shift = np.right_shift(m0, 16), shift - 16
         lo, hi = self.clamp_bounds(activation, yp)
         base = f"{kind}/{len(prog.ops)}"
         prog.ops.append(
@@ -239,7 +233,7 @@ class Encoder:
                 "node": node_label(node),
                 "inputs": [x],
                 "outputs": [out],
-                "attrs": {**attrs, "min": lo, "max": hi, "mbits": mbits},
+                "attrs": {**attrs, "min": lo, "max": hi},
                 "arrays": {
                     "weight": prog.add_array(f"{base}/weight", wq),
                     "bias": prog.add_array(f"{base}/bias", bias_q),
@@ -330,8 +324,6 @@ class Encoder:
 
     def rescale_attrs(self, src: TensorParams, dst: TensorParams) -> dict:
         m0, shift = quantize_multiplier(src.scale / dst.scale)
-        if src.bits == 16:
-            m0, shift = m0 >> 16, shift - 16
         return {"m0": m0, "shift": shift, "zin": src.zero_point, "same": src == dst}
 
     def concat(self, node: onnx.NodeProto, activation=None) -> None:
@@ -372,8 +364,6 @@ class Encoder:
         pairs = [quantize_multiplier(xp.scale / (yp.scale * c)) for c in counts.reshape(-1)]
         m0 = np.array([p[0] for p in pairs], np.int64).reshape(counts.shape)
         shift = np.array([p[1] for p in pairs], np.int64).reshape(counts.shape)
-        if xp.bits == 16:
-            m0, shift = np.right_shift(m0, 16), shift - 16
         base = f"avgpool/{len(self.program.ops)}"
         self.program.ops.append(
             {
@@ -394,16 +384,13 @@ class Encoder:
         xp, yp = self.params[x], self.params[out]
         count = int(np.prod(self.shapes[x][2:]))
         m0, shift = quantize_multiplier(xp.scale / (yp.scale * count))
-        mbits = 31 if xp.bits == 8 else 15
-        if mbits == 15:
-            m0, shift = m0 >> 16, shift - 16
         self.program.ops.append(
             {
                 "kind": "global_avgpool",
                 "node": node_label(node),
                 "inputs": [x],
                 "outputs": [out],
-                "attrs": {"m0": m0, "shift": shift, "mbits": mbits},
+                "attrs": {"m0": m0, "shift": shift},
             }
         )
 

@@ -3,6 +3,11 @@
 Every quantized activation gets QuantizeLinear -> DequantizeLinear with the same scale and zero
 point; weights become int8 initializers behind DequantizeLinear (per-channel axis), biases int32
 at in_scale * w_scale. int16 tensors use the com.microsoft Q/DQ ops (onnxruntime contrib).
+
+Two forms (`quantize = {"qdq_export": ...}`): "standard" computes every op in float between
+DequantizeLinear and QuantizeLinear, the pattern other runtimes recognise and fuse into integer
+kernels; "exact" (the default) computes lookup tables, adds and MACs with the integer model's own
+arithmetic (`qdq_exact.py`), so that onnxruntime gives the integer model's codes.
 """
 
 from __future__ import annotations
@@ -12,10 +17,13 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from npubuild.intmodel.program import IntegerModel, Op
+from npubuild.stages.quantize.qdq_exact import ExactOps
 
 
 class _Export:
-    def __init__(self, model: onnx.ModelProto, program: IntegerModel, arrays: dict[str, np.ndarray]):
+    def __init__(
+        self, model: onnx.ModelProto, program: IntegerModel, arrays: dict[str, np.ndarray], exact: bool
+    ):
         self.model = onnx.ModelProto()
         self.model.CopyFrom(model)
         self.graph = self.model.graph
@@ -23,6 +31,7 @@ class _Export:
         self.arrays = arrays
         self.new_inits: list[onnx.TensorProto] = []
         self.uses_ms = False
+        self.exact = ExactOps(program, arrays, self._init) if exact else None
 
     def _init(self, name: str, value: np.ndarray) -> str:
         self.new_inits.append(numpy_helper.from_array(value, name))
@@ -93,8 +102,15 @@ class _Export:
             node = by_label.get(op.node)
             if node is None:
                 continue
+            exact = self.exact
             if op.kind in ("conv", "matmul"):
-                replaced[id(node)] = self._mac(node, op)
+                replaced[id(node)] = (exact and exact.mac(node, op)) or self._mac(node, op)
+            elif exact and op.kind == "lut":
+                replaced[id(node)] = exact.lut(node, op)
+            elif exact and op.kind == "global_avgpool":
+                replaced[id(node)] = exact.global_avgpool(node, op) or [node]
+            elif exact and op.kind == "add" and (exact_add := exact.add(node, op)):
+                replaced[id(node)] = exact_add
             elif op.kind in ("add", "mul", "concat") and op.constants:
                 replaced[id(node)] = self._constant_operands(node, op)
         new_nodes: list[onnx.NodeProto] = list(self.extra_nodes) + inputs_qdq
@@ -108,8 +124,13 @@ class _Export:
                 for o in n.output:
                     new_nodes += qdq_after.get(o, [])
         del self.graph.node[:]
-        self.graph.node.extend(new_nodes)
+        self.graph.node.extend(_live(new_nodes, {o.name for o in self.graph.output}))
         self.graph.initializer.extend(self.new_inits)
+        # the float weights the Q/DQ or exact forms replaced: no node reads them any more
+        used = {i for n in self.graph.node for i in n.input} | {o.name for o in self.graph.output}
+        kept = [t for t in self.graph.initializer if t.name in used]
+        del self.graph.initializer[:]
+        self.graph.initializer.extend(kept)
         del self.graph.value_info[:]
         if self.uses_ms:
             self.model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
@@ -182,10 +203,21 @@ class _Export:
         return [node]
 
 
+def _live(nodes: list[onnx.NodeProto], outputs: set[str]) -> list[onnx.NodeProto]:
+    """The nodes some graph output depends on, in their order: the exact form leaves the
+    DequantizeLinear of a tensor that only exact ops read (they read its codes) without readers."""
+    needed, live = set(outputs), []
+    for node in reversed(nodes):
+        if any(o in needed for o in node.output):
+            live.append(node)
+            needed.update(node.input)
+    return live[::-1]
+
+
 def export_qdq(
-    model: onnx.ModelProto, program: IntegerModel, arrays: dict[str, np.ndarray]
+    model: onnx.ModelProto, program: IntegerModel, arrays: dict[str, np.ndarray], form: str = "exact"
 ) -> onnx.ModelProto:
-    exported = _Export(model, program, arrays).run()
+    exported = _Export(model, program, arrays, exact=form == "exact").run()
     onnx.checker.check_model(exported)
     return exported
 

@@ -41,7 +41,7 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     tensorfile.save(outdir / "quantized.npq", arrays, meta)
     integer = parse(meta, "the integer model quantize made")  # what every later stage reads
     try:
-        qdq = export_qdq(model, integer, arrays)
+        qdq = export_qdq(model, integer, arrays, params.get("qdq_export", "exact"))
     except NotImplementedError as exc:
         raise UserError(f"cannot export a QDQ model: {exc}") from None
     kinds = Counter(op.kind for op in integer.ops)

@@ -1,0 +1,348 @@
+"""The integer model's own arithmetic as ONNX ops, for the exact form of the QDQ export.
+
+A QDQ model computes each op in float32 between DequantizeLinear and QuantizeLinear; where float
+rounding and the fixed-point rule disagree by one code, deep networks amplify the difference
+(PP-OCRv4 det at 320, all int8: a few 1-code flips in 10^5 elements gave an output cosine of
+0.9989). Each builder here turns one integer op into nodes that compute its output codes exactly
+as `npubuild/intmodel` does, from the input codes (the inputs' QuantizeLinear outputs, `NAME__q`),
+and hands the result on as dequantized codes, which the output's QuantizeLinear maps back to the
+same codes (a 16-bit code times a scale and divided by it again is off by at most 2^-8 in
+float32). A builder returns None when it cannot prove its arithmetic exact; the export then keeps
+the standard DequantizeLinear -> op -> QuantizeLinear form for that op.
+
+Exactness comes from bounds, as in `intmodel/ortconv.py` and `fixedpoint._requantize_block`:
+float32 holds integers below 2^24, so a convolution of centred codes with integer weights is exact
+in any summation order when max |x~| times the largest L1 norm of one output's weights stays below
+it (a 16-bit input is split in bytes, two convolutions); float64 holds integers below 2^53, so
+`(acc + bias) * M0 * 2^-n` rounds exactly when the product stays below 2^52, and
+`sign(v) * floor(|v| + 1/2)` is rounding half away from zero. Larger products (16-bit layers) take
+int64 nodes with the 24-bit split of `fixedpoint._requantize_wide`.
+
+- `lut`: a Gather of the table's dequantized values at the input codes.
+- `add`: `add_codes`: a~ ma 2^-20 + b~ mb 2^-20 rounded, zero point, saturation.
+- `mac` (Conv, ConvTranspose, MatMul, Gemm): convolution, bias, requantization, clamp.
+- `global_avgpool`: the sum of the centred codes, requantized.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from npubuild.intmodel.codes import dequantize, qrange
+from npubuild.intmodel.fixedpoint import ADD_FRACTION_BITS, FLOAT64_EXACT_PRODUCT, WIDE_PRODUCT
+from npubuild.intmodel.ortconv import BYTE, FLOAT32_EXACT, channel_l1
+from npubuild.intmodel.program import IntegerModel, Op
+
+_SPLIT = 24  # as fixedpoint._requantize_wide: |v| < 2^48 in two halves of 24 bits
+
+
+class ExactOps:
+    def __init__(
+        self, program: IntegerModel, arrays: dict[str, np.ndarray], init: Callable[[str, np.ndarray], str]
+    ):
+        self.program, self.arrays, self._init = program, arrays, init
+        self._made: set[str] = set()  # per-tensor helpers (centred codes) already in the graph
+
+    def _const(self, label: str, name: str, value, dtype=np.float64) -> str:
+        return self._init(f"{label}__{name}", np.asarray(value, dtype))
+
+    def _centred(self, name: str, dtype: int) -> tuple[str, list[onnx.NodeProto]]:
+        """Tensor `name`'s codes minus its zero point, as float32 or float64 (exact either way),
+        made once per tensor and shared by every op that reads it."""
+        suffix = "f32" if dtype == TensorProto.FLOAT else "f64"
+        out = f"{name}__centred_{suffix}"
+        if out in self._made:
+            return out, []
+        self._made.add(out)
+        zp = self._const(out, "zp", self.program.tensors[name].zero_point, np.float32)
+        nodes = [
+            helper.make_node("Cast", [f"{name}__q"], [f"{out}_codes"], to=TensorProto.FLOAT),
+            helper.make_node(
+                "Sub", [f"{out}_codes", zp], [out if dtype == TensorProto.FLOAT else f"{out}_f32"]
+            ),
+        ]
+        if dtype != TensorProto.FLOAT:
+            nodes.append(helper.make_node("Cast", [f"{out}_f32"], [out], to=dtype))
+        return out, nodes
+
+    def _operand(self, label: str, op: Op, k: int) -> tuple[str, list[onnx.NodeProto]]:
+        """Operand k of `op` centred, in float64: a constant's stored codes, else the tensor's."""
+        name = op.inputs[k]
+        if name in op.constants:
+            zero_point = op.operand_params[k].zero_point
+            return self._const(
+                label, f"{k}_centred", self.arrays[op.constants[name]].astype(np.int64) - zero_point
+            ), []
+        return self._centred(name, TensorProto.DOUBLE)
+
+    def _round(self, label: str, value: str) -> list[onnx.NodeProto]:
+        """float64 `value` rounded half away from zero, sign(v) * floor(|v| + 1/2): `{label}__rounded`."""
+        return [
+            helper.make_node("Abs", [value], [f"{label}__abs"]),
+            helper.make_node(
+                "Add", [f"{label}__abs", self._const(label, "one_half", 0.5)], [f"{label}__biased"]
+            ),
+            helper.make_node("Floor", [f"{label}__biased"], [f"{label}__magnitude"]),
+            helper.make_node("Sign", [value], [f"{label}__sign"]),
+            helper.make_node("Mul", [f"{label}__magnitude", f"{label}__sign"], [f"{label}__rounded"]),
+        ]
+
+    def _leave(self, label: str, rounded: str, out: str, op: Op, lo: int, hi: int) -> list[onnx.NodeProto]:
+        """Rounded float64 values (before the zero point) clamped so that value + zero point lies
+        in [lo, hi], times the output scale, as float32 `out`: the dequantized output codes."""
+        t = self.program.tensors[op.outputs[0]]
+        return [
+            helper.make_node(
+                "Clip",
+                [
+                    rounded,
+                    self._const(label, "lo", lo - t.zero_point),
+                    self._const(label, "hi", hi - t.zero_point),
+                ],
+                [f"{label}__clamped"],
+            ),
+            helper.make_node(
+                "Mul",
+                [f"{label}__clamped", self._const(label, "out_scale", t.scale)],
+                [f"{label}__value_f64"],
+            ),
+            helper.make_node(
+                "Cast", [f"{label}__value_f64"], [out], to=TensorProto.FLOAT, name=f"{label}__dequantize"
+            ),
+        ]
+
+    def lut(self, node: onnx.NodeProto, op: Op) -> list[onnx.NodeProto]:
+        label = node.name or node.output[0]
+        values = dequantize(self.arrays[op.arrays.table], self.program.tensors[op.outputs[0]])
+        return [
+            helper.make_node("Cast", [f"{op.inputs[0]}__q"], [f"{label}__codes"], to=TensorProto.INT64),
+            helper.make_node(
+                "Add",
+                [f"{label}__codes", self._const(label, "offset", op.attrs.offset, np.int64)],
+                [f"{label}__index"],
+            ),
+            helper.make_node(
+                "Gather",
+                [self._init(f"{label}__table", values), f"{label}__index"],
+                [node.output[0]],
+                name=label,
+            ),
+        ]
+
+    def add(self, node: onnx.NodeProto, op: Op) -> list[onnx.NodeProto] | None:
+        """Exact in float64 while |a~| ma + |b~| mb stays below 2^52: the sum, its scaling by
+        2^-20 and the rounding."""
+        label = node.name or node.output[0]
+        at = op.attrs
+        widest = sum(
+            abs(m) * (2 ** (self.program.tensors[i].bits if i in self.program.tensors else 16))
+            for i, m in zip(op.inputs, (at.ma, at.mb))
+        )
+        if widest >= FLOAT64_EXACT_PRODUCT:
+            return None
+        nodes: list[onnx.NodeProto] = []
+        scaled = []
+        for k, multiplier in enumerate((at.ma, at.mb)):
+            centred, made = self._operand(label, op, k)
+            factor = self._const(label, f"m{k}", np.ldexp(float(multiplier), -ADD_FRACTION_BITS))
+            nodes += [*made, helper.make_node("Mul", [centred, factor], [f"{label}__s{k}"])]
+            scaled.append(f"{label}__s{k}")
+        nodes.append(helper.make_node("Add", scaled, [f"{label}__sum"]))
+        nodes += self._round(label, f"{label}__sum")
+        lo, hi = qrange(self.program.tensors[op.outputs[0]].bits)
+        return nodes + self._leave(label, f"{label}__rounded", node.output[0], op, lo, hi)
+
+    def mac(self, node: onnx.NodeProto, op: Op) -> list[onnx.NodeProto] | None:
+        if node.op_type not in ("Conv", "ConvTranspose", "MatMul", "Gemm"):
+            return None
+        if node.op_type == "Gemm" and any(
+            (at.name in ("alpha", "beta") and at.f != 1.0) or (at.name == "transA" and at.i)
+            for at in node.attribute
+        ):
+            return None
+        a = op.arrays
+        label = node.name or node.output[0]
+        xt = self.program.tensors[op.inputs[0]]
+        wq = self.arrays[a.weight]
+        transpose = node.op_type == "ConvTranspose"
+        matmul = node.op_type in ("MatMul", "Gemm")
+        if transpose and op.attrs.group != 1:
+            return None
+        # the largest L1 norm of one output's weights: matmul weights are [K, N], outputs along N
+        l1 = (
+            float(np.abs(wq.astype(np.int64)).sum(axis=0).max(initial=0))
+            if matmul
+            else channel_l1(wq, transpose)
+        )
+        if BYTE * l1 >= FLOAT32_EXACT:
+            return None
+        bias = self.arrays[a.bias].astype(np.int64)
+        lo_x, hi_x = qrange(xt.bits)
+        bound = (hi_x - lo_x) * l1 + float(np.abs(bias).max(initial=0))
+        per_channel = (-1,) if matmul else (-1,) + (1,) * (wq.ndim - 2)
+        requantize = self._requantize(label, bound, self.arrays[a.m0], self.arrays[a.shift], per_channel)
+        if requantize is None:
+            return None
+        # matmul weights are [K, N] for MatMul and Gemm alike (a Gemm becomes a MatMul here)
+        w_float = self._init(f"{label}__weight_codes", wq.astype(np.float32))
+        x, nodes = self._centred(op.inputs[0], TensorProto.FLOAT)
+
+        # an int8 input's sums with the bias stay below 2^24 too (the usual case): the Conv adds it
+        bias_in_conv = xt.bits == 8 and bound < FLOAT32_EXACT and node.op_type in ("Conv", "ConvTranspose")
+
+        def summed(source: str, part: str) -> list[onnx.NodeProto]:
+            """The op itself on float32 integers as float64 `{label}__{part}_acc`."""
+            copy = onnx.NodeProto()
+            copy.CopyFrom(node)
+            copy.name = f"{label}__{part}"
+            del copy.input[:]
+            copy.input.extend([source, w_float])
+            if bias_in_conv:
+                copy.input.append(self._const(label, "bias_f32", bias, np.float32))
+            copy.output[:] = [f"{label}__{part}_sum"]
+            if node.op_type == "Gemm":
+                del copy.attribute[:]
+                copy.op_type = "MatMul"
+            return [
+                copy,
+                helper.make_node(
+                    "Cast", [f"{label}__{part}_sum"], [f"{label}__{part}_acc"], to=TensorProto.DOUBLE
+                ),
+            ]
+
+        if xt.bits == 8:
+            nodes += summed(x, "all")
+            acc = f"{label}__all_acc"
+        else:  # x~ = 256 high + low, low in [0, 255]: each half's sums stay below 2^24
+            byte = self._const(label, "byte", BYTE, np.float32)
+            nodes += [
+                helper.make_node("Div", [x, byte], [f"{label}__x_scaled"]),
+                helper.make_node("Floor", [f"{label}__x_scaled"], [f"{label}__x_high"]),
+                helper.make_node("Mul", [f"{label}__x_high", byte], [f"{label}__x_high_part"]),
+                helper.make_node("Sub", [x, f"{label}__x_high_part"], [f"{label}__x_low"]),
+                *summed(f"{label}__x_high", "high"),
+                *summed(f"{label}__x_low", "low"),
+                helper.make_node(
+                    "Mul",
+                    [f"{label}__high_acc", self._const(label, "byte64", BYTE)],
+                    [f"{label}__high_scaled"],
+                ),
+                helper.make_node("Add", [f"{label}__high_scaled", f"{label}__low_acc"], [f"{label}__acc"]),
+            ]
+            acc = f"{label}__acc"
+        if bias_in_conv:
+            value = acc
+        else:
+            value = f"{label}__value"
+            nodes.append(
+                helper.make_node("Add", [acc, self._const(label, "bias", bias.reshape(per_channel))], [value])
+            )
+        nodes += requantize(value)
+        return nodes + self._leave(label, f"{label}__rounded", node.output[0], op, op.attrs.min, op.attrs.max)
+
+    def global_avgpool(self, node: onnx.NodeProto, op: Op) -> list[onnx.NodeProto] | None:
+        label = node.name or node.output[0]
+        xt, yt = self.program.tensors[op.inputs[0]], self.program.tensors[op.outputs[0]]
+        lo, hi = qrange(xt.bits)
+        # the multiplier is s_x / (s_y * count): the count it implies, doubled, bounds the sum's terms
+        multiplier = np.ldexp(float(op.attrs.m0), -(31 + op.attrs.shift))
+        count_bound = 2 * xt.scale / (yt.scale * multiplier) if multiplier else 0.0
+        requantize = self._requantize(
+            label, (hi - lo) * count_bound, np.array([op.attrs.m0]), np.array([op.attrs.shift]), (1,)
+        )
+        if requantize is None:
+            return None
+        x, nodes = self._centred(op.inputs[0], TensorProto.DOUBLE)
+        nodes += [
+            helper.make_node(
+                "ReduceSum",
+                [x, self._const(label, "axes", [2, 3], np.int64)],
+                [f"{label}__value"],
+                keepdims=1,
+            ),
+            *requantize(f"{label}__value"),
+        ]
+        return nodes + self._leave(label, f"{label}__rounded", node.output[0], op, *qrange(yt.bits))
+
+    def _requantize(
+        self, label: str, bound: float, m0: np.ndarray, shift: np.ndarray, per_channel: tuple[int, ...]
+    ):
+        """The nodes of `requantize` on a float64 value of integers below `bound` in magnitude
+        (m0 and shift per channel, shaped `per_channel`), as a function of the value's name,
+        writing float64 `{label}__rounded`; None when no form here is exact for that bound."""
+        m0, shift = np.asarray(m0, np.int64), np.asarray(shift, np.int64)
+        total = 31 + shift
+        left, right = np.maximum(-total, 0), np.maximum(total, 0)
+        largest = bound * float((m0 << left).max(initial=0))
+        if largest < FLOAT64_EXACT_PRODUCT:
+            multiplier = self._const(
+                label, "multiplier", np.ldexp(m0.astype(np.float64), -total).reshape(per_channel)
+            )
+
+            def in_float64(value: str) -> list[onnx.NodeProto]:
+                return [
+                    helper.make_node("Mul", [value, multiplier], [f"{label}__scaled"]),
+                    *self._round(label, f"{label}__scaled"),
+                ]
+
+            return in_float64
+        wide = largest >= WIDE_PRODUCT
+        if wide and not ((right >= _SPLIT).all() and bound < 2.0 ** (2 * _SPLIT)):
+            return None
+        half = np.where(right > 0, np.left_shift(np.int64(1), np.maximum(right - 1, 0)), 0)
+
+        def channel(name: str, v: np.ndarray) -> str:
+            return self._const(label, name, v.reshape(per_channel), np.int64)
+
+        def in_int64(value: str) -> list[onnx.NodeProto]:
+            out = [
+                helper.make_node("Cast", [value], [f"{label}__v64"], to=TensorProto.INT64),
+                helper.make_node("Abs", [f"{label}__v64"], [f"{label}__abs"]),
+            ]
+            if not wide:
+                out += [
+                    helper.make_node(
+                        "Mul", [f"{label}__abs", channel("m0", m0 << left)], [f"{label}__product"]
+                    ),
+                    helper.make_node(
+                        "Add", [f"{label}__product", channel("half", half)], [f"{label}__biased"]
+                    ),
+                    helper.make_node(
+                        "Div", [f"{label}__biased", channel("divisor", 1 << right)], [f"{label}__magnitude"]
+                    ),
+                ]
+            else:  # (high M0 + ((low M0 + half) div 2^24)) div 2^(n - 24), every term below 2^63
+                unit = self._const(label, "unit", 1 << _SPLIT, np.int64)
+                multiplier = channel("m0", m0)
+                out += [
+                    helper.make_node("Div", [f"{label}__abs", unit], [f"{label}__v_high"]),
+                    helper.make_node("Mul", [f"{label}__v_high", unit], [f"{label}__v_high_part"]),
+                    helper.make_node("Sub", [f"{label}__abs", f"{label}__v_high_part"], [f"{label}__v_low"]),
+                    helper.make_node("Mul", [f"{label}__v_low", multiplier], [f"{label}__low_product"]),
+                    helper.make_node(
+                        "Add", [f"{label}__low_product", channel("half", half)], [f"{label}__low_biased"]
+                    ),
+                    helper.make_node("Div", [f"{label}__low_biased", unit], [f"{label}__carry"]),
+                    helper.make_node("Mul", [f"{label}__v_high", multiplier], [f"{label}__high_product"]),
+                    helper.make_node(
+                        "Add", [f"{label}__high_product", f"{label}__carry"], [f"{label}__partial"]
+                    ),
+                    helper.make_node(
+                        "Div",
+                        [f"{label}__partial", channel("divisor", 1 << (right - _SPLIT))],
+                        [f"{label}__magnitude"],
+                    ),
+                ]
+            return out + [
+                helper.make_node("Sign", [f"{label}__v64"], [f"{label}__sign"]),
+                helper.make_node("Mul", [f"{label}__magnitude", f"{label}__sign"], [f"{label}__rounded_64"]),
+                helper.make_node(
+                    "Cast", [f"{label}__rounded_64"], [f"{label}__rounded"], to=TensorProto.DOUBLE
+                ),
+            ]
+
+        return in_int64

@@ -1,0 +1,116 @@
+"""The exact form of the QDQ export: onnxruntime running it gives the golden interpreter's codes on
+every integer tensor, end to end, at 8 bits, 16 bits and mixed; the standard form stays
+DequantizeLinear -> op -> QuantizeLinear."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from test_quantize import SETTINGS  # the quantizer defaults the other quantize tests use
+
+from npubuild.intmodel.interpreter import load_integer_model
+from npubuild.stages import calibrate
+from npubuild.stages.feeds import session
+from npubuild.stages.onnx_utils import with_outputs
+from npubuild.stages.quantize import stage as quantize_stage
+
+RNG = np.random.default_rng(11)
+
+
+def _every_exact_kind() -> onnx.ModelProto:
+    """Conv with a fused Relu, depthwise Conv, ConvTranspose, Add of two tensors and of a
+    constant, Sigmoid and HardSwish tables, GlobalAveragePool, Gemm: every op the exact form
+    rewrites, with channels wide enough that sums reach far beyond one code."""
+    weights = {
+        "w1": RNG.normal(size=(8, 3, 3, 3)) * 0.4,
+        "b1": RNG.normal(size=8),
+        "wd": RNG.normal(size=(8, 1, 3, 3)) * 0.5,
+        "bd": RNG.normal(size=8) * 0.3,
+        "wt": RNG.normal(size=(8, 6, 2, 2)) * 0.3,
+        "bt": RNG.normal(size=6) * 0.2,
+        "k": RNG.normal(size=(1, 6, 1, 1)),
+        "wg": RNG.normal(size=(6, 5)) * 0.5,
+        "bg": RNG.normal(size=5) * 0.1,
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv"),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu"),
+        helper.make_node("Conv", ["r1", "wd", "bd"], ["d"], pads=[1, 1, 1, 1], group=8, name="depthwise"),
+        helper.make_node("Add", ["d", "r1"], ["res"], name="residual"),
+        helper.make_node("ConvTranspose", ["res", "wt", "bt"], ["up"], strides=[2, 2], name="up"),
+        helper.make_node("HardSwish", ["up"], ["hs"], name="hardswish"),
+        helper.make_node("Add", ["hs", "k"], ["shifted"], name="add_constant"),
+        helper.make_node("Sigmoid", ["shifted"], ["sg"], name="sigmoid"),
+        helper.make_node("GlobalAveragePool", ["sg"], ["pooled"], name="gap"),
+        helper.make_node("Flatten", ["pooled"], ["flat"], name="flatten"),
+        helper.make_node("Gemm", ["flat", "wg", "bg"], ["y"], name="gemm"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "every_exact_kind",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])],
+        [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in weights.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    model.ir_version = 8
+    return onnx.shape_inference.infer_shapes(model)
+
+
+def _quantized(tmp_path, settings: dict):
+    model_path = tmp_path / "m.onnx"
+    onnx.save(_every_exact_kind(), model_path)
+    np.save(tmp_path / "cal.npy", RNG.normal(size=(8, 3, 8, 8)).astype(np.float32))
+    for d in ("cal", "q"):
+        (tmp_path / d).mkdir()
+    cal = calibrate.run({}, {"model": model_path, "calibration": tmp_path / "cal.npy"}, tmp_path / "cal")
+    out = quantize_stage.run(settings, {"model": model_path, "stats": cal["stats"]}, tmp_path / "q")
+    return onnx.load(out["qdq"]), *load_integer_model(out["integer"])
+
+
+SIXTEEN = [{"match": name, "bits": 16} for name in ("depthwise", "residual", "hardswish", "gap")]
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [SETTINGS, {**SETTINGS, "activation_bits": 16}, {**SETTINGS, "overrides": SIXTEEN}],
+    ids=["int8", "int16", "mixed"],
+)
+def test_onnxruntime_computes_the_integer_models_codes_on_every_tensor(tmp_path, settings):
+    qdq, program, _, interpreter = _quantized(tmp_path, settings)
+    assert {op.kind for op in program.ops} >= {"conv", "add", "lut", "global_avgpool"}
+    if settings["overrides"]:
+        assert {t.bits for t in program.tensors.values()} == {8, 16}
+    names = sorted(program.tensors)
+    fetch = [f"{t}__q" for t in names]
+    qdq_session = session(with_outputs(qdq, fetch))
+    input_name = qdq.graph.input[0].name
+    for x in (RNG.normal(size=(1, 3, 8, 8)) * scale for scale in (0.5, 1.0, 3.0)):
+        x = x.astype(np.float32)
+        codes = dict(zip(names, qdq_session.run(fetch, {input_name: x})))
+        _, env = interpreter.run({input_name: x}, keep=True)
+        for name in names:
+            np.testing.assert_array_equal(
+                codes[name].astype(np.int64), env[name].astype(np.int64), err_msg=name
+            )
+
+
+def test_the_exact_form_reads_codes_and_the_standard_form_dequantizes(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    exact, *_ = _quantized(tmp_path / "a", SETTINGS)
+    standard, *_ = _quantized(tmp_path / "b", {**SETTINGS, "qdq_export": "standard"})
+    exact_ops = {n.op_type for n in exact.graph.node}
+    standard_ops = {n.op_type for n in standard.graph.node}
+    assert "Gather" in exact_ops and "Floor" in exact_ops
+    assert not standard_ops & {"Gather", "Floor", "Sign", "Clip"}
+    # standard: every Conv reads a dequantized weight
+    producers = {o: n.op_type for n in standard.graph.node for o in n.output}
+    assert all(
+        producers.get(n.input[1]) == "DequantizeLinear" for n in standard.graph.node if n.op_type == "Conv"
+    )
+    # neither keeps the float weights it replaced
+    for model in (exact, standard):
+        assert not {"w1", "wd", "wt", "wg"} & {t.name for t in model.graph.initializer}
