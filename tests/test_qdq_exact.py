@@ -114,3 +114,42 @@ def test_the_exact_form_reads_codes_and_the_standard_form_dequantizes(tmp_path):
     # neither keeps the float weights it replaced
     for model in (exact, standard):
         assert not {"w1", "wd", "wt", "wg"} & {t.name for t in model.graph.initializer}
+
+
+def test_a_16_bit_layer_with_a_bias_beyond_int64_products_is_exact(tmp_path):
+    """A bias of 300 on the grid of a 16-bit input of ~0.01 and weights of ~0.1 is ~2^40 codes:
+    times a 31-bit multiplier it leaves int64, and the export takes the split product."""
+    w = RNG.normal(size=(2, 3, 1, 1)).astype(np.float32) * 0.1
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w", "b"], ["y"], name="conv")],
+        "bias",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4, 4])],
+        [
+            numpy_helper.from_array(w, "w"),
+            numpy_helper.from_array(np.array([300.0, -250.0], np.float32), "b"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "m.onnx")
+    np.save(tmp_path / "cal.npy", (RNG.normal(size=(4, 3, 4, 4)) * 0.01).astype(np.float32))
+    for d in ("cal", "q"):
+        (tmp_path / d).mkdir()
+    cal = calibrate.run(
+        {}, {"model": tmp_path / "m.onnx", "calibration": tmp_path / "cal.npy"}, tmp_path / "cal"
+    )
+    out = quantize_stage.run(
+        {**SETTINGS, "activation_bits": 16},
+        {"model": tmp_path / "m.onnx", "stats": cal["stats"]},
+        tmp_path / "q",
+    )
+    qdq = onnx.load(out["qdq"])
+    assert any(n.output[0].endswith("__carry") for n in qdq.graph.node)  # the split product
+    _, _, interpreter = load_integer_model(out["integer"])
+    probe = session(with_outputs(qdq, ["y__q"]))
+    for scale in (0.01, 0.03):
+        x = (RNG.normal(size=(1, 3, 4, 4)) * scale).astype(np.float32)
+        _, env = interpreter.run({"x": x}, keep=True)
+        (codes,) = probe.run(["y__q"], {"x": x})
+        np.testing.assert_array_equal(codes.astype(np.int64), env["y"].astype(np.int64))
