@@ -113,6 +113,8 @@ class _Export:
                 replaced[id(node)] = exact_add
             elif op.kind in ("add", "mul", "concat") and op.constants:
                 replaced[id(node)] = self._constant_operands(node, op)
+        # codes an exact op writes itself: their QuantizeLinear goes (the DequantizeLinear stays)
+        written = {o for group in replaced.values() for n in group for o in n.output if o.endswith("__q")}
         new_nodes: list[onnx.NodeProto] = list(self.extra_nodes) + inputs_qdq
         for node in nodes:
             group = replaced.get(id(node), [node])
@@ -121,8 +123,10 @@ class _Export:
                     if i in rename:
                         n.input[k] = rename[i]
                 new_nodes.append(n)
-                for o in n.output:
-                    new_nodes += qdq_after.get(o, [])
+            # after the group: the pairs of what it wrote, and of what the node it replaced wrote
+            # (an exact op writes only codes; the DequantizeLinear of its output still belongs here)
+            for o in dict.fromkeys([o for n in group for o in n.output] + list(node.output)):
+                new_nodes += [q for q in qdq_after.get(o, []) if q.output[0] not in written]
         del self.graph.node[:]
         self.graph.node.extend(_live(new_nodes, {o.name for o in self.graph.output}))
         self.graph.initializer.extend(self.new_inits)
@@ -132,7 +136,7 @@ class _Export:
         del self.graph.initializer[:]
         self.graph.initializer.extend(kept)
         del self.graph.value_info[:]
-        if self.uses_ms:
+        if self.uses_ms or (self.exact and self.exact.uses_ms):
             self.model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
         return self.model
 

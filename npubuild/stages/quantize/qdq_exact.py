@@ -4,11 +4,12 @@ A QDQ model computes each op in float32 between DequantizeLinear and QuantizeLin
 rounding and the fixed-point rule disagree by one code, deep networks amplify the difference
 (PP-OCRv4 det at 320, all int8: a few 1-code flips in 10^5 elements gave an output cosine of
 0.9989). Each builder here turns one integer op into nodes that compute its output codes exactly
-as `npubuild/intmodel` does, from the input codes (the inputs' QuantizeLinear outputs, `NAME__q`),
-and hands the result on as dequantized codes, which the output's QuantizeLinear maps back to the
-same codes (a 16-bit code times a scale and divided by it again is off by at most 2^-8 in
-float32). A builder returns None when it cannot prove its arithmetic exact; the export then keeps
-the standard DequantizeLinear -> op -> QuantizeLinear form for that op.
+as `npubuild/intmodel` does, from the input codes (the inputs' QuantizeLinear outputs, `NAME__q`,
+read through a DequantizeLinear of scale 1: the centred codes), and writes the output codes
+`NAME__q` itself (a QuantizeLinear of scale 1 and the output's zero point rounds nothing and
+saturates; the export then leaves out that tensor's own QuantizeLinear). A builder returns None
+when it cannot prove its arithmetic exact; the export then keeps the standard DequantizeLinear ->
+op -> QuantizeLinear form for that op.
 
 Exactness comes from bounds, as in `intmodel/ortconv.py` and `fixedpoint._requantize_block`:
 float32 holds integers below 2^24, so a convolution of centred codes with integer weights is exact
@@ -32,7 +33,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from npubuild.intmodel.codes import dequantize, qrange
+from npubuild.intmodel.codes import qrange
 from npubuild.intmodel.fixedpoint import ADD_FRACTION_BITS, FLOAT64_EXACT_PRODUCT, WIDE_PRODUCT
 from npubuild.intmodel.ortconv import BYTE, FLOAT32_EXACT, channel_l1
 from npubuild.intmodel.program import IntegerModel, Op
@@ -46,27 +47,37 @@ class ExactOps:
     ):
         self.program, self.arrays, self._init = program, arrays, init
         self._made: set[str] = set()  # per-tensor helpers (centred codes) already in the graph
+        self.uses_ms = False  # 16-bit QuantizeLinear/DequantizeLinear (com.microsoft) were used
 
     def _const(self, label: str, name: str, value, dtype=np.float64) -> str:
         return self._init(f"{label}__{name}", np.asarray(value, dtype))
 
+    def _unit_grid(self, name: str) -> tuple[str, str, str]:
+        """(scale 1, the tensor's zero point, the Q/DQ domain) of tensor `name`'s codes."""
+        t = self.program.tensors[name]
+        scale, zp = f"{name}__unit__scale", f"{name}__unit__zp"
+        if scale not in self._made:  # once per tensor: its producer and its readers share them
+            self._made.add(scale)
+            self.uses_ms |= t.bits == 16
+            self._init(zp, np.asarray(t.zero_point, np.int8 if t.bits == 8 else np.int16))
+            self._init(scale, np.asarray(1.0, np.float32))
+        return scale, zp, "" if t.bits == 8 else "com.microsoft"
+
     def _centred(self, name: str, dtype: int) -> tuple[str, list[onnx.NodeProto]]:
         """Tensor `name`'s codes minus its zero point, as float32 or float64 (exact either way),
         made once per tensor and shared by every op that reads it."""
-        suffix = "f32" if dtype == TensorProto.FLOAT else "f64"
-        out = f"{name}__centred_{suffix}"
-        if out in self._made:
-            return out, []
-        self._made.add(out)
-        zp = self._const(out, "zp", self.program.tensors[name].zero_point, np.float32)
-        nodes = [
-            helper.make_node("Cast", [f"{name}__q"], [f"{out}_codes"], to=TensorProto.FLOAT),
-            helper.make_node(
-                "Sub", [f"{out}_codes", zp], [out if dtype == TensorProto.FLOAT else f"{out}_f32"]
-            ),
-        ]
-        if dtype != TensorProto.FLOAT:
-            nodes.append(helper.make_node("Cast", [f"{out}_f32"], [out], to=dtype))
+        f32 = f"{name}__centred_f32"
+        out = f32 if dtype == TensorProto.FLOAT else f"{name}__centred_f64"
+        nodes = []
+        if f32 not in self._made:
+            self._made.add(f32)
+            scale, zp, domain = self._unit_grid(name)
+            nodes.append(
+                helper.make_node("DequantizeLinear", [f"{name}__q", scale, zp], [f32], domain=domain)
+            )
+        if out not in self._made:
+            self._made.add(out)
+            nodes.append(helper.make_node("Cast", [f32], [out], to=dtype))
         return out, nodes
 
     def _operand(self, label: str, op: Op, k: int) -> tuple[str, list[onnx.NodeProto]]:
@@ -74,61 +85,56 @@ class ExactOps:
         name = op.inputs[k]
         if name in op.constants:
             zero_point = op.operand_params[k].zero_point
-            return self._const(
-                label, f"{k}_centred", self.arrays[op.constants[name]].astype(np.int64) - zero_point
-            ), []
+            centred = self.arrays[op.constants[name]].astype(np.int64) - zero_point
+            return self._const(label, f"{k}_centred", centred), []
         return self._centred(name, TensorProto.DOUBLE)
 
     def _round(self, label: str, value: str) -> list[onnx.NodeProto]:
         """float64 `value` rounded half away from zero, sign(v) * floor(|v| + 1/2): `{label}__rounded`."""
+        half = self._const(label, "one_half", 0.5)
         return [
             helper.make_node("Abs", [value], [f"{label}__abs"]),
-            helper.make_node(
-                "Add", [f"{label}__abs", self._const(label, "one_half", 0.5)], [f"{label}__biased"]
-            ),
+            helper.make_node("Add", [f"{label}__abs", half], [f"{label}__biased"]),
             helper.make_node("Floor", [f"{label}__biased"], [f"{label}__magnitude"]),
             helper.make_node("Sign", [value], [f"{label}__sign"]),
             helper.make_node("Mul", [f"{label}__magnitude", f"{label}__sign"], [f"{label}__rounded"]),
         ]
 
-    def _leave(self, label: str, rounded: str, out: str, op: Op, lo: int, hi: int) -> list[onnx.NodeProto]:
-        """Rounded float64 values (before the zero point) clamped so that value + zero point lies
-        in [lo, hi], times the output scale, as float32 `out`: the dequantized output codes."""
-        t = self.program.tensors[op.outputs[0]]
-        return [
+    def _leave(self, label: str, rounded: str, op: Op, lo: int, hi: int) -> list[onnx.NodeProto]:
+        """Rounded float64 values (before the zero point) as the output codes `OUT__q`: in float32
+        (exact below 2^24; anything larger saturates either way), clamped when [lo, hi] (a fused
+        Relu or Clip) is narrower than the codes' range, then a QuantizeLinear of scale 1 adds
+        the zero point and saturates."""
+        name = op.outputs[0]
+        t = self.program.tensors[name]
+        nodes = [helper.make_node("Cast", [rounded], [f"{label}__rounded_f32"], to=TensorProto.FLOAT)]
+        value = f"{label}__rounded_f32"
+        if (lo, hi) != qrange(t.bits):
+            bounds = [
+                self._const(label, end, v - t.zero_point, np.float32) for end, v in (("lo", lo), ("hi", hi))
+            ]
+            nodes.append(helper.make_node("Clip", [value, *bounds], [f"{label}__clamped"]))
+            value = f"{label}__clamped"
+        scale, zp, domain = self._unit_grid(name)
+        nodes.append(
             helper.make_node(
-                "Clip",
-                [
-                    rounded,
-                    self._const(label, "lo", lo - t.zero_point),
-                    self._const(label, "hi", hi - t.zero_point),
-                ],
-                [f"{label}__clamped"],
-            ),
-            helper.make_node(
-                "Mul",
-                [f"{label}__clamped", self._const(label, "out_scale", t.scale)],
-                [f"{label}__value_f64"],
-            ),
-            helper.make_node(
-                "Cast", [f"{label}__value_f64"], [out], to=TensorProto.FLOAT, name=f"{label}__dequantize"
-            ),
-        ]
+                "QuantizeLinear", [value, scale, zp], [f"{name}__q"], name=f"{label}__codes", domain=domain
+            )
+        )
+        return nodes
 
     def lut(self, node: onnx.NodeProto, op: Op) -> list[onnx.NodeProto]:
         label = node.name or node.output[0]
-        values = dequantize(self.arrays[op.arrays.table], self.program.tensors[op.outputs[0]])
+        t = self.program.tensors[op.outputs[0]]
+        table = self.arrays[op.arrays.table].astype(np.int8 if t.bits == 8 else np.int16)
+        offset = self._const(label, "offset", op.attrs.offset, np.int64)
         return [
             helper.make_node("Cast", [f"{op.inputs[0]}__q"], [f"{label}__codes"], to=TensorProto.INT64),
-            helper.make_node(
-                "Add",
-                [f"{label}__codes", self._const(label, "offset", op.attrs.offset, np.int64)],
-                [f"{label}__index"],
-            ),
+            helper.make_node("Add", [f"{label}__codes", offset], [f"{label}__index"]),
             helper.make_node(
                 "Gather",
-                [self._init(f"{label}__table", values), f"{label}__index"],
-                [node.output[0]],
+                [self._init(f"{label}__table", table), f"{label}__index"],
+                [f"{op.outputs[0]}__q"],
                 name=label,
             ),
         ]
@@ -154,7 +160,7 @@ class ExactOps:
         nodes.append(helper.make_node("Add", scaled, [f"{label}__sum"]))
         nodes += self._round(label, f"{label}__sum")
         lo, hi = qrange(self.program.tensors[op.outputs[0]].bits)
-        return nodes + self._leave(label, f"{label}__rounded", node.output[0], op, lo, hi)
+        return nodes + self._leave(label, f"{label}__rounded", op, lo, hi)
 
     def mac(self, node: onnx.NodeProto, op: Op) -> list[onnx.NodeProto] | None:
         if node.op_type not in ("Conv", "ConvTranspose", "MatMul", "Gemm"):
@@ -219,8 +225,10 @@ class ExactOps:
             acc = f"{label}__all_acc"
         else:  # x~ = 256 high + low, low in [0, 255]: each half's sums stay below 2^24
             byte = self._const(label, "byte", BYTE, np.float32)
-            nodes += [
-                helper.make_node("Div", [x, byte], [f"{label}__x_scaled"]),
+            nodes += [  # x / 256 as a product by 2^-8: exact, and cheaper than a division
+                helper.make_node(
+                    "Mul", [x, self._const(label, "per_byte", 1.0 / BYTE, np.float32)], [f"{label}__x_scaled"]
+                ),
                 helper.make_node("Floor", [f"{label}__x_scaled"], [f"{label}__x_high"]),
                 helper.make_node("Mul", [f"{label}__x_high", byte], [f"{label}__x_high_part"]),
                 helper.make_node("Sub", [x, f"{label}__x_high_part"], [f"{label}__x_low"]),
@@ -242,7 +250,7 @@ class ExactOps:
                 helper.make_node("Add", [acc, self._const(label, "bias", bias.reshape(per_channel))], [value])
             )
         nodes += requantize(value)
-        return nodes + self._leave(label, f"{label}__rounded", node.output[0], op, op.attrs.min, op.attrs.max)
+        return nodes + self._leave(label, f"{label}__rounded", op, op.attrs.min, op.attrs.max)
 
     def global_avgpool(self, node: onnx.NodeProto, op: Op) -> list[onnx.NodeProto] | None:
         label = node.name or node.output[0]
@@ -266,7 +274,7 @@ class ExactOps:
             ),
             *requantize(f"{label}__value"),
         ]
-        return nodes + self._leave(label, f"{label}__rounded", node.output[0], op, *qrange(yt.bits))
+        return nodes + self._leave(label, f"{label}__rounded", op, *qrange(yt.bits))
 
     def _requantize(
         self, label: str, bound: float, m0: np.ndarray, shift: np.ndarray, per_channel: tuple[int, ...]
