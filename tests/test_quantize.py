@@ -184,8 +184,8 @@ def test_int16_activations_are_more_accurate(tmp_path):
     _, _, report8, _ = pipeline(tmp_path / "a", small_model())
     _, _, report16, summary = pipeline(tmp_path / "b", small_model(), {**SETTINGS, "activation_bits": 16})
     (o8,), (o16,) = report8["outputs"].values(), report16["outputs"].values()
-    # the weights stay int8, so the gain is bounded by their error: 17.4, 23.5 and 28.0 dB in three orders of the module's
-    # random draws (the draw depends on which tests ran before this one in the same process)
+    # the weights stay int8, so the gain is bounded by their error: 17.4, 23.5 and 28.0 dB measured
+    # in three orders of the module's random draws (which depend on the tests run before this one)
     assert o16["sqnr_db"] > o8["sqnr_db"] + 10
     assert set(summary["tensor_bits"]) == {"16"}
     assert report16["golden_vs_qdq"]["op_by_op"]["within_1_lsb"] >= 0.999
