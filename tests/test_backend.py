@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from conftest import cli, run_build
 from npubuild.targets import npub
-from npubuild.targets.npub import ENTRY, HEADER, TRAILER, NpubError
+from npubuild.targets.npub import ENTRY, FORMAT_MAJOR, HEADER, TRAILER, NpubError
 from npubuild.targets.runtime import Runtime
 from npubuild.targets.spec import BUILTIN_TARGETS
 
@@ -78,7 +78,7 @@ def test_run_and_disasm_on_the_built_model(small_ws, tmp_path):
 
 def _damaged(data: bytes) -> dict[str, bytes]:
     newer = bytearray(data[:-TRAILER])
-    newer[8:10] = (2).to_bytes(2, "little")
+    newer[8:10] = (FORMAT_MAJOR + 1).to_bytes(2, "little")
     flipped = bytearray(data)
     flipped[len(data) // 2] ^= 0x04
     return {

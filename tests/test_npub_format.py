@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from npubuild.targets import npub
-from npubuild.targets.npub import ENTRY, HEADER, TRAILER, Npub, NpubError
+from npubuild.targets.npub import ENTRY, FORMAT_MAJOR, HEADER, TRAILER, Npub, NpubError
 
 
 def sample() -> bytes:
@@ -55,7 +55,7 @@ def test_round_trip_is_exact_and_deterministic():
         (lambda d: d[:-1], "truncated or padded"),
         (lambda d: b"XPUB" + d[4:], "bad magic"),
         (lambda d: d[:200] + bytes([d[200] ^ 0x10]) + d[201:], "checksum mismatch"),
-        (lambda d: reseal(d[:8] + struct.pack("<H", 2) + d[10:]), "newer than this npubuild"),
+        (lambda d: reseal(d[:8] + struct.pack("<H", FORMAT_MAJOR + 1) + d[10:]), "newer than this npubuild"),
         (lambda d: reseal(d[:200] + bytes([d[200] ^ 0x10]) + d[201:]), "CRC mismatch"),
     ],
 )

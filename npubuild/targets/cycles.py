@@ -3,9 +3,9 @@ four in-order engine queues synchronised by tokens.
 
 An instruction starts when its engine is free and every token it waits for has been signalled by
 the most recent instruction before it that signals that token; it then occupies its engine for its
-cost. DMA: latency + bytes / bandwidth. MAC array (R rows x C columns): one output position per
-cycle per fold, folds = ceil(output channels per group / C) x ceil(reduction length / R), per
-group; int16 inputs run at `int16_rate`. Vector unit: elements / lanes (x2 for 16-bit data).
+cost. DMA: latency + bytes / bandwidth. MAC array (R rows x C columns): by the instruction's
+mapping (`conv_cycles`); int16 inputs run at `int16_rate`. Vector unit: elements / lanes (x2 for
+16-bit data).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from npubuild.targets.isa import ENGINES, NO_SIGNAL, TOKENS, Instruction
+from npubuild.targets.isa import ENGINES, MAPPINGS, NO_SIGNAL, TOKENS, Instruction
 
 SRAM_COPY_LATENCY = 4
 
@@ -28,15 +28,7 @@ def cost(i: Instruction, target: dict) -> int:
         return target["dram_latency_cycles"] + math.ceil(max(moved, 0) / target["dram_bytes_per_cycle"])
     slow = 1.0 / target["int16_rate"] if a.get("in_bits", 8) == 16 else 1.0
     if i.op == "conv":
-        group = a["group"]
-        if a["transpose"]:
-            per_group_out, reduction = a["out_c"] // group, (a["in_c"] // group)
-            positions = a["in_h"] * a["in_w"] * a["kh"] * a["kw"]
-        else:
-            per_group_out, reduction = a["out_c"] // group, (a["in_c"] // group) * a["kh"] * a["kw"]
-            positions = a["out_h"] * a["out_w"]
-        folds = group * math.ceil(per_group_out / cols) * math.ceil(reduction / rows)
-        return math.ceil(folds * positions * slow)
+        return math.ceil(conv_cycles(a, a["mapping"], rows, cols) * slow)
     if i.op == "bmm":
         slow = 1.0 / target["int16_rate"] if max(a["a_bits"], a["b_bits"]) == 16 else 1.0
         return math.ceil(math.ceil(a["n"] / cols) * math.ceil(a["k"] / rows) * a["m"] * slow)
@@ -58,6 +50,45 @@ def cost(i: Instruction, target: dict) -> int:
     else:  # requant, lut, clamp
         elements = a["n"]
     return math.ceil(elements * width / lanes)
+
+
+def conv_cycles(a: dict, mapping: int, rows: int, cols: int) -> int:
+    """Cycles of one conv instruction at int8 under a mapping (docs/npu.md, "Mappings").
+
+    channels: group x ceil(out_c per group / C) x ceil(in_c per group x kh x kw / R) folds, one
+    output position per cycle per fold (transposed: one input position per tap).
+    depthwise: ceil(out_c / C) x ceil(kh x kw / R) folds: C channels side by side, each column
+    holding its channel's taps and fed its own channel's input.
+    spatial: u = floor(C / out_c) output positions side by side (each with its own copy of the
+    filters in out_c columns), ceil(reduction / R) folds over ceil(positions / u) steps."""
+    group = a["group"]
+    taps = a["kh"] * a["kw"]
+    if a["transpose"]:
+        per_group_out, reduction = a["out_c"] // group, a["in_c"] // group
+        positions = a["in_h"] * a["in_w"] * taps
+    else:
+        per_group_out, reduction = a["out_c"] // group, (a["in_c"] // group) * taps
+        positions = a["out_h"] * a["out_w"]
+    if mapping == MAPPINGS["depthwise"]:
+        return math.ceil(a["out_c"] / cols) * math.ceil(taps / rows) * positions
+    if mapping == MAPPINGS["spatial"]:
+        side_by_side = max(cols // max(per_group_out, 1), 1)
+        return group * math.ceil(reduction / rows) * math.ceil(positions / side_by_side)
+    return group * math.ceil(per_group_out / cols) * math.ceil(reduction / rows) * positions
+
+
+def conv_mapping(a: dict, target: dict) -> int:
+    """The mapping the code generator gives a conv instruction: depthwise for a depthwise
+    convolution (one input channel per group), spatial for an ungrouped one with fewer output
+    channels than the array has columns, channels otherwise. Each is the cheapest one allowed for
+    its geometry (a transposed convolution scatters, so it keeps the channels mapping)."""
+    if a["transpose"]:
+        return MAPPINGS["channels"]
+    if a["group"] > 1 and a["in_c"] == a["group"]:
+        return MAPPINGS["depthwise"]
+    if a["group"] == 1 and a["out_c"] < target["mac_cols"]:
+        return MAPPINGS["spatial"]
+    return MAPPINGS["channels"]
 
 
 @dataclass

@@ -28,7 +28,7 @@ def disassemble(binary: npub.Npub) -> str:
             lines.append(f"; CPU subgraph {k} (onnxruntime): {', '.join(sg['ops'])}")
             continue
         start, size = sg["code"]
-        program = decode(binary.code[start : start + size])
+        program = decode(binary.code[start : start + size], binary.version[0])
         lines.append(f"; NPU subgraph {k}: {len(sg['ops'])} ops, {len(program)} instructions")
         for spec in sg["inputs"]:
             lines.append(f";   in  {spec['name']} int{spec['bits']} {spec['shape']} @ {spec['dram']:#x}")

@@ -75,6 +75,7 @@ OPERANDS: dict[str, tuple[str, ...]] = {
         "lut",
         "lut_offset",
         "lut_bits",
+        "mapping",  # how the MAC array takes the convolution (MAPPINGS); format 2.0 on
     ),
     "matmul": (
         "src",
@@ -146,6 +147,14 @@ OPERANDS: dict[str, tuple[str, ...]] = {
     ),
 }
 OPCODES = {name: i + 1 for i, name in enumerate(OPERANDS)}
+# How a convolution occupies the R x C MAC array (docs/npu.md, "Mappings"): "channels" puts output
+# channels across the columns and the reduction (input channels x taps) across the rows;
+# "depthwise" puts channels across the columns and one channel's taps down its column, each column
+# fed its own channel; "spatial" gives each of several output positions its own set of columns
+# when a layer has fewer output channels than the array has columns. The numbers are the encoding.
+MAPPINGS = {"channels": 0, "depthwise": 1, "spatial": 2}
+# Format 1.x streams: the conv instruction had no mapping operand (every conv mapped "channels").
+_LEGACY_OPERANDS = {**OPERANDS, "conv": OPERANDS["conv"][:-1]}
 NAMES = {v: k for k, v in OPCODES.items()}
 ENGINES = {
     "load": "dma_in",
@@ -200,8 +209,10 @@ def encode(program: list[Instruction]) -> bytes:
     return b"".join(i.encode() for i in program)
 
 
-def decode(code: bytes) -> list[Instruction]:
-    """Parse a whole stream; anything malformed is an NpubError (never another exception)."""
+def decode(code: bytes, format_major: int = 2) -> list[Instruction]:
+    """Parse a whole stream; anything malformed is an NpubError (never another exception).
+    A stream of a format 1.x binary gets its convolutions' "channels" mapping filled in."""
+    operands = OPERANDS if format_major >= 2 else _LEGACY_OPERANDS
     out, at = [], 0
     while at < len(code):
         if at + HEAD.size > len(code):
@@ -210,7 +221,7 @@ def decode(code: bytes) -> list[Instruction]:
         op = NAMES.get(opcode)
         if op is None:
             raise NpubError(f"unknown opcode {opcode} at byte {at}")
-        names = OPERANDS[op]
+        names = operands[op]
         if nargs != len(names) or reserved:
             raise NpubError(f"'{op}' at byte {at} has {nargs} operands, expected {len(names)}")
         if signal != NO_SIGNAL and signal >= TOKENS:
@@ -220,7 +231,10 @@ def decode(code: bytes) -> list[Instruction]:
             raise NpubError(f"instruction stream truncated in '{op}' at byte {at}")
         values = struct.unpack_from(f"<{nargs}q", code, at)
         at += 8 * nargs
-        out.append(Instruction(op, dict(zip(names, values)), wait, signal))
+        args = dict(zip(names, values))
+        if op == "conv" and "mapping" not in args:
+            args["mapping"] = MAPPINGS["channels"]
+        out.append(Instruction(op, args, wait, signal))
     if not out or out[-1].op != "end":
         raise NpubError("instruction stream does not finish with 'end'")
     if any(i.op == "end" for i in out[:-1]):

@@ -100,7 +100,7 @@ class Runtime:
                 start, size = sg["code"]
                 if start + size > len(binary.code):
                     raise NpubError(f"subgraph {k}: instruction stream outside the code section")
-                self.programs[k] = decode(binary.code[start : start + size])
+                self.programs[k] = decode(binary.code[start : start + size], binary.version[0])
             else:
                 start, size = sg["model"]
                 if start + size > len(binary.sections.get("cpu", b"")):

@@ -22,7 +22,7 @@ from npubuild.intmodel.ortconv import ExactConvs
 from npubuild.intmodel.program import ConvGeometry
 from npubuild.intmodel.rowwise import EPS_CODES_MAX, layernorm_rows, softmax_rows
 from npubuild.targets.cycles import Timeline
-from npubuild.targets.isa import ENGINES, Instruction
+from npubuild.targets.isa import ENGINES, MAPPINGS, Instruction
 from npubuild.targets.npub import NpubError
 
 DTYPES = {8: np.dtype("<i1"), 16: np.dtype("<i2"), 32: np.dtype("<i4"), 64: np.dtype("<i8")}
@@ -129,6 +129,13 @@ class Simulator:
         group = a["group"]
         if group <= 0 or a["in_c"] % group:
             raise NpubError(f"conv with {a['in_c']} input channels in {group} groups")
+        mapping = a["mapping"]
+        if mapping not in MAPPINGS.values():
+            raise NpubError(f"conv with mapping {mapping}; the array knows {sorted(MAPPINGS.values())}")
+        if mapping == MAPPINGS["depthwise"] and (a["transpose"] or a["in_c"] != group):
+            raise NpubError(f"depthwise mapping of a conv with {a['in_c']} input channels in {group} groups")
+        if mapping == MAPPINGS["spatial"] and a["transpose"]:
+            raise NpubError("spatial mapping of a transposed conv")
         kernel = (a["kh"], a["kw"])
         if a["transpose"]:
             wshape = (a["in_c"], a["out_c"] // group, *kernel)

@@ -6,13 +6,13 @@ from __future__ import annotations
 from npubuild.intmodel.program import Op
 from npubuild.targets.backend import emit_data, emit_mac, emit_rows, emit_vector
 from npubuild.targets.backend.allocation import Allocation
-from npubuild.targets.backend.commands import Command
+from npubuild.targets.backend.commands import Command, Step
 from npubuild.targets.backend.context import OpContext
 from npubuild.targets.backend.fusion import Fusion
 from npubuild.targets.backend.lowering import Lowering
 from npubuild.targets.backend.memory import DoesNotFit
 from npubuild.targets.backend.schedule import OpSchedule, schedule
-from npubuild.targets.cycles import estimate
+from npubuild.targets.cycles import conv_mapping, estimate
 from npubuild.targets.isa import Instruction
 
 # Row splits of the largest fitting tile that `choose_split` tries, and the cycles a split must save
@@ -47,7 +47,9 @@ def fits(ctx: OpContext, op: Op) -> bool:
     return True
 
 
-def emit(ctx: OpContext, op: Op, sched: OpSchedule | None, activation: Op | None = None) -> list[Command]:
+def emit(
+    ctx: OpContext, op: Op, sched: OpSchedule | None, target: dict, activation: Op | None = None
+) -> list[Command]:
     if sched is None:
         return []
     if op.kind == "move":
@@ -55,8 +57,17 @@ def emit(ctx: OpContext, op: Op, sched: OpSchedule | None, activation: Op | None
             return emit_vector.pool(ctx, op, sched, maxpool=True)
         return emit_data.copy(ctx, op, sched)
     if op.kind == "conv":
-        return emit_mac.conv(ctx, op, sched, activation)
+        return map_convolutions(emit_mac.conv(ctx, op, sched, activation), target)
     return EMITTERS[op.kind](ctx, op, sched)
+
+
+def map_convolutions(commands: list[Command], target: dict) -> list[Command]:
+    """Each conv tile's mapping onto the MAC array (cycles.conv_mapping), written into its step."""
+    for command in commands:
+        step = getattr(command, "compute", None)
+        if isinstance(step, Step) and step.op == "conv":
+            step.args["mapping"] = conv_mapping(step.args, target)
+    return commands
 
 
 def lower_subgraph(
@@ -71,7 +82,7 @@ def lower_subgraph(
             continue
         activation = ops[fusion.activation[i]] if i in fusion.activation else None
         split = choose_split(ctx, op, activation, lowering, target)
-        lowering.add_op(op, emit(ctx, op, schedule(ctx, op, split, activation), activation))
+        lowering.add_op(op, emit(ctx, op, schedule(ctx, op, split, activation), target, activation))
     return lowering.finish()
 
 
@@ -83,7 +94,7 @@ def choose_split(ctx: OpContext, op: Op, activation: Op | None, lowering: Loweri
     for split in PIPELINE_SPLITS:
         mark = ctx.consts.mark()
         try:
-            commands = emit(ctx, op, schedule(ctx, op, split, activation), activation)
+            commands = emit(ctx, op, schedule(ctx, op, split, activation), target, activation)
         except DoesNotFit:
             if split == 1:
                 raise

@@ -1,0 +1,135 @@
+"""How a convolution occupies the MAC array (docs/npu.md, "Mappings"): cycles under each mapping
+worked out by hand, the code generator's choice, the simulator's refusal of a mapping the geometry
+does not allow, format 1.x streams, and a real depthwise network compiled with it."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+
+from npubuild.targets.cycles import conv_cycles, conv_mapping
+from npubuild.targets.isa import MAPPINGS, OPERANDS, Instruction, decode, encode
+from npubuild.targets.npub import NpubError
+from npubuild.targets.simulator import Simulator
+from npubuild.targets.spec import BUILTIN_TARGETS
+
+M = BUILTIN_TARGETS["vnpu-m"].model_dump()  # a 32 x 32 array
+
+
+def _conv(**geometry) -> dict:
+    base = dict(
+        src=0, in_c=16, in_h=12, in_w=12, in_bits=8, in_zp=0, weights=4096, params=8192, dst=16384,
+        out_c=16, out_h=10, out_w=10, out_bits=8, out_zp=0, kh=3, kw=3, sh=1, sw=1, dh=1, dw=1,
+        group=1, min=-128, max=127, transpose=0, crop_top=0, crop_left=0, lut=-1, lut_offset=0, lut_bits=8,
+        mapping=0,
+    )  # fmt: skip
+    return {**base, **geometry}
+
+
+def test_cycles_of_each_mapping_worked_out_by_hand():
+    depthwise = _conv(in_c=64, out_c=64, group=64)
+    # channels: 64 groups of one output channel, 9 taps in 32 rows: 64 folds x 100 positions
+    assert conv_cycles(depthwise, MAPPINGS["channels"], 32, 32) == 6400
+    # depthwise: 64 channels over 32 columns, 9 taps in 32 rows: 2 folds x 100 positions
+    assert conv_cycles(depthwise, MAPPINGS["depthwise"], 32, 32) == 200
+    narrow = _conv(in_c=16, out_c=8)
+    # channels: 1 column fold, 144 = 16 x 9 reduction over 32 rows: 5 folds x 100 positions
+    assert conv_cycles(narrow, MAPPINGS["channels"], 32, 32) == 500
+    # spatial: 4 positions side by side (32 // 8 columns), 5 folds x 25 steps
+    assert conv_cycles(narrow, MAPPINGS["spatial"], 32, 32) == 125
+    wide = _conv(in_c=16, out_c=48)
+    # spatial with more output channels than columns places one position at a time: as channels
+    assert (
+        conv_cycles(wide, MAPPINGS["spatial"], 32, 32) == conv_cycles(wide, MAPPINGS["channels"], 32, 32) / 2
+    )
+
+
+def test_the_code_generator_picks_depthwise_spatial_or_channels_by_geometry():
+    assert conv_mapping(_conv(in_c=32, out_c=64, group=32), M) == MAPPINGS["depthwise"]  # multiplier 2
+    assert conv_mapping(_conv(in_c=16, out_c=8), M) == MAPPINGS["spatial"]
+    assert conv_mapping(_conv(in_c=16, out_c=32), M) == MAPPINGS["channels"]
+    assert conv_mapping(_conv(in_c=16, out_c=16, group=4), M) == MAPPINGS["channels"]
+    assert conv_mapping(_conv(in_c=16, out_c=8, transpose=1), M) == MAPPINGS["channels"]
+
+
+@pytest.mark.parametrize(
+    "geometry, message",
+    [
+        (dict(mapping=3), "mapping 3"),
+        (dict(mapping=-1), "mapping -1"),
+        (dict(mapping=MAPPINGS["depthwise"]), "depthwise mapping"),  # 16 channels in one group
+        (dict(mapping=MAPPINGS["depthwise"], group=16, out_c=16, transpose=1), "depthwise mapping"),
+        (dict(mapping=MAPPINGS["spatial"], transpose=1), "spatial mapping"),
+    ],
+)
+def test_a_mapping_the_geometry_does_not_allow_is_one_npub_error(geometry, message):
+    sim = Simulator(M["sram_kib"] * 1024, 1024, M)
+    with pytest.raises(NpubError, match=message):
+        sim.execute([Instruction("conv", _conv(**geometry))])
+
+
+def test_every_mapping_computes_the_same_codes():
+    """The mapping changes the cycles, never the sums: a depthwise tile under both mappings it
+    allows, and a narrow tile under both of its, write the same codes."""
+    rng = np.random.default_rng(3)
+    for geometry, mappings in (
+        (dict(in_c=16, out_c=16, group=16), ("channels", "depthwise")),
+        (dict(in_c=16, out_c=8), ("channels", "spatial")),
+    ):
+        a = _conv(**geometry)
+        x = rng.integers(-128, 128, 16 * 12 * 12).astype(np.int8)
+        w = rng.integers(-128, 128, a["out_c"] * (a["in_c"] // a["group"]) * 9).astype(np.int8)
+        params = np.array([[5, 1 << 30, 10]] * a["out_c"], np.int64).reshape(-1)  # bias, m0, shift
+        written = []
+        for mapping in mappings:
+            sim = Simulator(M["sram_kib"] * 1024, 1024, M)
+            sim.sram.write(a["src"], 8, x)
+            sim.sram.write(a["weights"], 8, w)
+            sim.sram.write(a["params"], 64, params)
+            sim.execute([Instruction("conv", {**a, "mapping": MAPPINGS[mapping]}), Instruction("end", {})])
+            written.append(sim.sram.view(a["dst"], 8, (a["out_c"] * 100,)).copy())
+        np.testing.assert_array_equal(written[0], written[1])
+        assert np.unique(written[0]).size > 10  # neither saturated nor empty
+
+
+def test_a_format_1_stream_decodes_with_the_channels_mapping():
+    args = _conv()
+    legacy = [n for n in OPERANDS["conv"] if n != "mapping"]
+    head = struct.pack("<BBBBI", 3, 0, 0xFF, len(legacy), 0)
+    stream = (
+        head + struct.pack(f"<{len(legacy)}q", *(args[n] for n in legacy)) + encode([Instruction("end", {})])
+    )
+    (conv, _) = decode(stream, format_major=1)
+    assert conv.args == {**args, "mapping": MAPPINGS["channels"]}
+    with pytest.raises(NpubError, match="operands"):  # the same bytes are a short conv in format 2
+        decode(stream)
+
+
+def test_the_real_direction_classifier_runs_its_depthwise_layers_in_the_depthwise_mapping(cls_binary):
+    """PP-OCR cls (MobileNetV3-style) on vnpu-s: every depthwise tile is encoded depthwise, every
+    other conv channels or spatial, and each costs no more than under the channels mapping."""
+    from npubuild.targets import npub
+
+    binary = npub.read(cls_binary.read_bytes())
+    rows, cols = BUILTIN_TARGETS["vnpu-s"].mac_rows, BUILTIN_TARGETS["vnpu-s"].mac_cols
+    convs = [
+        i
+        for sg in binary.meta["subgraphs"]
+        if sg["device"] == "npu"
+        for i in decode(binary.code[sg["code"][0] : sg["code"][0] + sg["code"][1]], binary.version[0])
+        if i.op == "conv"
+    ]
+    depthwise = [i for i in convs if i.args["group"] > 1 and i.args["group"] == i.args["in_c"]]
+    assert depthwise and all(i.args["mapping"] == MAPPINGS["depthwise"] for i in depthwise)
+    assert {i.args["mapping"] for i in convs if i not in depthwise} <= {
+        MAPPINGS["channels"],
+        MAPPINGS["spatial"],
+    }
+    for i in convs:
+        assert conv_cycles(i.args, i.args["mapping"], rows, cols) <= conv_cycles(
+            i.args, MAPPINGS["channels"], rows, cols
+        )
+    saved = sum(conv_cycles(i.args, MAPPINGS["channels"], rows, cols) for i in depthwise)
+    assert saved > 4 * sum(conv_cycles(i.args, MAPPINGS["depthwise"], rows, cols) for i in depthwise)
