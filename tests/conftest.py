@@ -75,9 +75,10 @@ def small_ws(tmp_path, cls_model) -> Path:
 
 
 @pytest.fixture(scope="session")
-def cls_binary(tmp_path_factory, cls_model) -> Path:
-    """model.npub of the small workspace's cls_npu (vnpu-s), built once per session."""
-    root = tmp_path_factory.mktemp("cls_binary")
+def small_build(tmp_path_factory, cls_model) -> Path:
+    """The small workspace built once per session (per test process); returns its root, whose
+    `cache` holds every action of the cold build and `ws` the workspace."""
+    root = tmp_path_factory.mktemp("small_build")
     ws = make_small_ws(root / "ws", cls_model)
     store = Store(root / "cache")
     try:
@@ -85,7 +86,29 @@ def cls_binary(tmp_path_factory, cls_model) -> Path:
         assert outcome.ok, outcome.errors
     finally:
         store.close()
-    return ws / "npubuild-out" / "models" / "cls_npu" / "model.npub"
+    return root
+
+
+@pytest.fixture(scope="session")
+def cls_binary(small_build) -> Path:
+    """model.npub of the small workspace's cls_npu (vnpu-s)."""
+    return small_build / "ws" / "npubuild-out" / "models" / "cls_npu" / "model.npub"
+
+
+@pytest.fixture
+def warm_cache(tmp_path, small_build) -> Path:
+    """A cache directory holding every action of the small workspace's cold build: a test about
+    what a rebuild runs starts from a copy instead of its own cold build (seconds each). Action
+    keys are content hashes, not paths, so any small workspace finds its actions there."""
+    shutil.copytree(small_build / "cache", tmp_path / "cache")
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def warm_store(warm_cache) -> Store:
+    s = Store(warm_cache)
+    yield s
+    s.close()
 
 
 def make_small_ws(ws: Path, cls_model: Path) -> Path:

@@ -32,8 +32,8 @@ def one_error_line(proc) -> str:
     return errors[0]
 
 
-def test_changing_the_target_reruns_only_the_back_end(small_ws, store):
-    first = run_build(small_ws, store)
+def test_changing_the_target_reruns_only_the_back_end(small_ws, warm_store):
+    first = run_build(small_ws, warm_store)
     assert first.ok, first.errors
     small = json.loads(out(small_ws, "partition.json").read_text())
     build = small_ws / "models" / "BUILD"
@@ -43,7 +43,7 @@ def test_changing_the_target_reruns_only_the_back_end(small_ws, store):
             '    optimize = {"check_samples": 2},\n    target = "vnpu-s",\n',
         )
     )
-    second = run_build(small_ws, store)
+    second = run_build(small_ws, warm_store)
     assert second.ok, second.errors
     assert second.executed() == BACK_END
     large = json.loads(out(small_ws, "partition.json").read_text())
@@ -52,8 +52,8 @@ def test_changing_the_target_reruns_only_the_back_end(small_ws, store):
     assert sim["bit_exact"]["ok"] and sim["bit_exact"]["elements"] > 0
 
 
-def test_run_and_disasm_on_the_built_model(small_ws, tmp_path):
-    cache = tmp_path / "cache"
+def test_run_and_disasm_on_the_built_model(small_ws, tmp_path, warm_cache):
+    cache = warm_cache
     assert cli(["build", "//models:cls_npu"], small_ws, cache).returncode == 0
     x = np.random.default_rng(0).normal(size=(1, 3, 48, 192)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)

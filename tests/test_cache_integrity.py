@@ -33,25 +33,25 @@ def corrupt(store: Store, digest: str) -> None:
         f.write(bytes([byte[0] ^ 0xFF]))
 
 
-def test_corrupt_input_blob_is_evicted_and_its_producer_rebuilt(small_ws, store):
-    first = run_build(small_ws, store)
+def test_corrupt_input_blob_is_evicted_and_its_producer_rebuilt(small_ws, warm_store):
+    first = run_build(small_ws, warm_store)
     canonical = result_of(first, "import").outputs["model"]
-    corrupt(store, canonical)
+    corrupt(warm_store, canonical)
     # Make optimize rerun, so it reads the corrupt canonical model.
     build = small_ws / "models" / "BUILD"
     build.write_text(build.read_text().replace('"check_samples": 2', '"check_samples": 1'))
-    outcome = run_build(small_ws, store)
+    outcome = run_build(small_ws, warm_store)
     assert outcome.ok, outcome.errors
     assert outcome.executed() == {("import", "//models:cls"), ("optimize", "//models:cls_npu")}
-    assert store.read_bytes(canonical)  # rebuilt, verified
+    assert warm_store.read_bytes(canonical)  # rebuilt, verified
 
 
-def test_corrupt_blob_found_while_materialising_is_rebuilt(small_ws, store):
-    first = run_build(small_ws, store)
+def test_corrupt_blob_found_while_materialising_is_rebuilt(small_ws, warm_store):
+    first = run_build(small_ws, warm_store)
     expected = outputs(small_ws)
-    corrupt(store, result_of(first, "optimize").outputs["model"])
+    corrupt(warm_store, result_of(first, "optimize").outputs["model"])
     (small_ws / "npubuild-out" / "models" / "cls_npu" / "optimized.onnx").unlink()
-    outcome = run_build(small_ws, store)
+    outcome = run_build(small_ws, warm_store)
     assert outcome.ok
     assert outcome.executed() == {("optimize", "//models:cls_npu")}
     assert outputs(small_ws) == expected
@@ -99,8 +99,8 @@ def test_noop_build_imports_no_onnx_onnxruntime_or_numpy(small_ws, tmp_path):
     assert "Build OK: 10 actions (10 cached)" in proc.stdout
 
 
-def test_explain_names_the_input_that_changed(small_ws, tmp_path):
-    cache = tmp_path / "cache"
+def test_explain_names_the_input_that_changed(small_ws, warm_cache):
+    cache = warm_cache
     assert cli(["build", "//models:cls_npu"], small_ws, cache).returncode == 0
     build = small_ws / "data" / "BUILD"
     build.write_text(build.read_text().replace('"mean": [0.5]', '"mean": [0.4]'))
@@ -132,8 +132,8 @@ def test_explain_names_the_input_that_changed(small_ws, tmp_path):
     assert target_lines == {"target: vnpu-m -> vnpu-s"}, moved
 
 
-def test_query_and_cache_stats(small_ws, tmp_path):
-    cache = tmp_path / "cache"
+def test_query_and_cache_stats(small_ws, warm_cache):
+    cache = warm_cache
     listing = cli(["query"], small_ws, cache)
     assert listing.returncode == 0
     assert [ln.split()[0] for ln in listing.stdout.splitlines()] == [
@@ -157,13 +157,13 @@ def test_query_and_cache_stats(small_ws, tmp_path):
     assert not cache.exists()
 
 
-def test_noop_build_does_not_rehash_unchanged_sources(small_ws, store, monkeypatch):
+def test_noop_build_does_not_rehash_unchanged_sources(small_ws, warm_store, monkeypatch):
     past = 1_600_000_000_000_000_000
     for p in small_ws.rglob("*"):
         if p.is_file():
             os.utime(p, ns=(past, past))
-    assert run_build(small_ws, store).ok
-    assert run_build(small_ws, store).executed() == set()  # settles the stat cache
+    assert run_build(small_ws, warm_store).ok
+    assert run_build(small_ws, warm_store).executed() == set()  # settles the stat cache
 
     import npubuild.cache.store as store_module
 
@@ -171,7 +171,7 @@ def test_noop_build_does_not_rehash_unchanged_sources(small_ws, store, monkeypat
         raise AssertionError(f"re-hashed {path}")
 
     monkeypatch.setattr(store_module, "sha256_file", no_hashing)
-    outcome = run_build(small_ws, store)
+    outcome = run_build(small_ws, warm_store)
     assert outcome.ok and outcome.executed() == set()
 
 

@@ -1,4 +1,6 @@
-"""Edit scenarios on a real model: each asserts the exact set of actions that ran."""
+"""Edit scenarios on a real model: each asserts the exact set of actions that ran. Most start from
+a copy of a cache the small workspace's cold build filled (`warm_store`): what a rebuild runs after
+an edit depends on the cache's contents, not on whether this test filled it."""
 
 from __future__ import annotations
 
@@ -34,41 +36,41 @@ def test_first_build_runs_everything_once(small_ws, store):
     assert sum(1 for a in outcome.actions if a.stage == "import") == 1
 
 
-def test_a_noop_rebuild_runs_nothing(small_ws, store):
-    run_build(small_ws, store)
-    outcome = run_build(small_ws, store)
+def test_a_noop_rebuild_runs_nothing(small_ws, warm_store):
+    run_build(small_ws, warm_store)
+    outcome = run_build(small_ws, warm_store)
     assert outcome.ok
     assert outcome.executed() == set()
     assert {r.status for r in outcome.results.values()} == {"cached"}
 
 
-def test_b_touching_a_model_file_runs_nothing(small_ws, store):
-    run_build(small_ws, store)
+def test_b_touching_a_model_file_runs_nothing(small_ws, warm_store):
+    run_build(small_ws, warm_store)
     model = small_ws / "models" / "cls.onnx"
     st = model.stat()
     os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
-    assert run_build(small_ws, store).executed() == set()
+    assert run_build(small_ws, warm_store).executed() == set()
 
 
-def test_c_comment_and_reformatting_of_build_file_runs_nothing(small_ws, store):
-    run_build(small_ws, store)
+def test_c_comment_and_reformatting_of_build_file_runs_nothing(small_ws, warm_store):
+    run_build(small_ws, warm_store)
     build = small_ws / "models" / "BUILD"
     text = build.read_text()
     build.write_text(
         "# The classifier.\n\n" + text.replace(" = ", "=").replace("\n)", "  # end of rule\n)\n\n")
     )
-    assert run_build(small_ws, store).executed() == set()
+    assert run_build(small_ws, warm_store).executed() == set()
 
 
-def test_d_dataset_preprocessing_reruns_only_its_prepare_and_readers(small_ws, store):
-    run_build(small_ws, store)
+def test_d_dataset_preprocessing_reruns_only_its_prepare_and_readers(small_ws, warm_store):
+    run_build(small_ws, warm_store)
     edit(
         small_ws / "data" / "BUILD",
         'dataset(name = "calib", srcs = glob(["calib/*.png"]), preprocess = PRE)',
         'dataset(name = "calib", srcs = glob(["calib/*.png"]),\n'
         '        preprocess = {"resize": [48, 192], "color": "BGR", "mean": [0.45], "std": [0.5]})',
     )
-    assert run_build(small_ws, store).executed() == {PREPARE_CALIB, OPTIMIZE} | QUANTIZED
+    assert run_build(small_ws, warm_store).executed() == {PREPARE_CALIB, OPTIMIZE} | QUANTIZED
 
 
 def test_d_a_loaded_macro_is_a_build_input_its_comments_are_not(small_ws, store):
@@ -92,33 +94,33 @@ def test_d_a_loaded_macro_is_a_build_input_its_comments_are_not(small_ws, store)
     assert run_build(small_ws, store).executed() == {PREPARE_CALIB, OPTIMIZE} | QUANTIZED
 
 
-def test_e_optimize_option_reruns_only_that_optimize(small_ws, store):
-    run_build(small_ws, store)
+def test_e_optimize_option_reruns_only_that_optimize(small_ws, warm_store):
+    run_build(small_ws, warm_store)
     build = small_ws / "models" / "BUILD"
     edit(build, '"check_samples": 2', '"check_samples": 1')
     # optimize reran and wrote the same model: calibrate and what follows did not (early cutoff)
-    assert run_build(small_ws, store).executed() == {OPTIMIZE}
+    assert run_build(small_ws, warm_store).executed() == {OPTIMIZE}
     # a pass switched off changes the optimized model, so everything reading it reruns
     edit(build, '"check_samples": 1', '"check_samples": 1, "disable": ["fuse_hardswish"]')
-    assert run_build(small_ws, store).executed() == {OPTIMIZE} | QUANTIZED
+    assert run_build(small_ws, warm_store).executed() == {OPTIMIZE} | QUANTIZED
 
 
-def test_f_early_cutoff_when_an_upstream_rerun_yields_identical_bytes(small_ws, store):
-    run_build(small_ws, store)
+def test_f_early_cutoff_when_an_upstream_rerun_yields_identical_bytes(small_ws, warm_store):
+    run_build(small_ws, warm_store)
     # Re-encode one calibration photo: different file bytes, identical pixels.
     photo = sorted((small_ws / "data" / "calib").glob("*.png"))[0]
     before = photo.read_bytes()
     Image.open(photo).save(photo, compress_level=1)
     assert photo.read_bytes() != before
     # prepare reran (its input changed) and wrote the same tensors: nothing after it reran.
-    assert run_build(small_ws, store).executed() == {PREPARE_CALIB}
+    assert run_build(small_ws, warm_store).executed() == {PREPARE_CALIB}
 
 
-def test_new_file_matched_by_a_glob_reruns_its_dataset(small_ws, store):
-    run_build(small_ws, store)
+def test_new_file_matched_by_a_glob_reruns_its_dataset(small_ws, warm_store):
+    run_build(small_ws, warm_store)
     src = sorted((small_ws / "data" / "calib").glob("*.png"))[0]
     (small_ws / "data" / "calib" / "zz_copy.png").write_bytes(src.read_bytes())
-    assert run_build(small_ws, store).executed() == {PREPARE_CALIB, OPTIMIZE} | QUANTIZED
+    assert run_build(small_ws, warm_store).executed() == {PREPARE_CALIB, OPTIMIZE} | QUANTIZED
 
 
 @pytest.mark.parametrize(
@@ -131,14 +133,14 @@ def test_new_file_matched_by_a_glob_reruns_its_dataset(small_ws, store):
     ],
     ids=["method", "percentile", "bits", "override"],
 )
-def test_quantize_settings_rerun_quantize_and_readers_never_calibrate(small_ws, store, setting):
-    run_build(small_ws, store)
+def test_quantize_settings_rerun_quantize_and_readers_never_calibrate(small_ws, warm_store, setting):
+    run_build(small_ws, warm_store)
     edit(
         small_ws / "models" / "BUILD",
         '    optimize = {"check_samples": 2},\n',
         '    optimize = {"check_samples": 2},\n' + setting,
     )
-    outcome = run_build(small_ws, store)
+    outcome = run_build(small_ws, warm_store)
     assert outcome.ok, outcome.errors
     assert outcome.executed() == AFTER_CALIBRATE
 

@@ -20,9 +20,9 @@ def junit(ws):
     return ET.parse(ws / "npubuild-out" / "testlogs" / "junit.xml").getroot()
 
 
-def test_passing_gates_exit_0_with_junit(small_ws, tmp_path):
+def test_passing_gates_exit_0_with_junit(small_ws, warm_cache):
     with_gates(small_ws, '{"min_cosine": 0.9, "min_top1": 0.5, "max_latency_ms": 100.0}')
-    proc = cli(["test", "//models:cls_npu"], small_ws, tmp_path / "cache")
+    proc = cli(["test", "//models:cls_npu"], small_ws, warm_cache)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("PASS //models:cls_npu") == 3
     suite = junit(small_ws)
@@ -31,10 +31,10 @@ def test_passing_gates_exit_0_with_junit(small_ws, tmp_path):
     assert case.get("name") == "//models:cls_npu" and case.find("failure") is None
 
 
-def test_a_failing_gate_exits_3_and_names_it(small_ws, tmp_path):
+def test_a_failing_gate_exits_3_and_names_it(small_ws, warm_cache):
     # a latency no NPU meets, and an accuracy that int8 on this model does not reach
     with_gates(small_ws, '{"min_cosine": 0.9, "max_latency_ms": 0.001, "min_sqnr": 60.0}')
-    proc = cli(["test", "//models:cls_npu"], small_ws, tmp_path / "cache")
+    proc = cli(["test", "//models:cls_npu"], small_ws, warm_cache)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "PASS //models:cls_npu min_cosine" in proc.stdout
     assert "FAIL //models:cls_npu max_latency_ms" in proc.stdout
@@ -55,10 +55,10 @@ def test_a_build_error_exits_1(small_ws, tmp_path):
     assert case.find("error") is not None
 
 
-def test_html_report_is_self_contained_and_has_every_section(small_ws, tmp_path):
+def test_html_report_is_self_contained_and_has_every_section(small_ws, warm_cache):
     import re
 
-    cache = tmp_path / "cache"
+    cache = warm_cache
     assert cli(["build", "//models:cls_npu"], small_ws, cache).returncode == 0
     proc = cli(["report", "//models:cls_npu", "--html"], small_ws, cache)
     assert proc.returncode == 0, proc.stderr
