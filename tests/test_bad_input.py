@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from conftest import CLS, cli, make_small_ws, write
+from conftest import CLS, cli, write
 from npubuild.cache.store import Store
 
 
@@ -35,13 +35,9 @@ def ac_entries(cache) -> int:
 
 
 @pytest.fixture(scope="module")
-def built_once(tmp_path_factory, cls_model):
-    """The small workspace, built once per module through the CLI."""
-    root = tmp_path_factory.mktemp("built")
-    ws, cache = make_small_ws(root / "ws", cls_model), root / "cache"
-    proc = cli(["build", "//...", "-j", "1"], ws, cache)
-    assert proc.returncode == 0, proc.stderr
-    return ws, cache
+def built_once(small_build):
+    """The small workspace and its cache, built once per session (conftest.small_build)."""
+    return small_build / "ws", small_build / "cache"
 
 
 @pytest.fixture
