@@ -97,15 +97,20 @@ def _line(points: list[tuple[float, float, bool]], y_label: str, width: int = 70
     return f'<svg width="{width}" height="{height}">{axes}<path d="{path}" fill="none" stroke="#5b8def"/>{dots}</svg>'
 
 
+# a layer's dot by how its convolutions took the MAC array (docs/npu.md, "Mappings")
+MAPPING_COLOURS = {"channels": "#5b8def", "depthwise": "#2e9d5b", "spatial": "#e39b22"}
+
+
 def _roofline(layers: list[dict], target: dict, width: int = 700, height: int = 380) -> str:
-    """Log-log: arithmetic intensity (MACs per DRAM byte) against attained MACs per cycle."""
+    """Log-log: arithmetic intensity (MACs per DRAM byte) against attained MACs per cycle, each
+    layer coloured by its mapping."""
     peak = target["mac_rows"] * target["mac_cols"]
     bw = target["dram_bytes_per_cycle"]
     pts = []
     for r in layers:
         span = r["end"] - r["start"]
         if r["macs"] and span > 0 and r["dram_bytes"] > 0:
-            pts.append((r["macs"] / r["dram_bytes"], r["macs"] / span, r["node"]))
+            pts.append((r["macs"] / r["dram_bytes"], r["macs"] / span, r["node"], r.get("mapping", "")))
     if not pts:
         return '<p class="muted">no MAC layers</p>'
     x_lo = 10 ** math.floor(math.log10(min(p[0] for p in pts) / 2))
@@ -131,9 +136,16 @@ def _roofline(layers: list[dict], target: dict, width: int = 700, height: int = 
         f'<text x="{sx(knee) - 8:.1f}" y="{sy(peak) + 16:.1f}" text-anchor="end">{bw:g} B/cycle</text>'
     )
     dots = "".join(
-        f'<circle cx="{sx(x):.1f}" cy="{sy(max(y, y_lo)):.1f}" r="3" fill="#5b8def" opacity="0.75">'
-        f"<title>{escape(name)}: {x:.3g} MAC/B, {y:.3g} MAC/cycle</title></circle>"
-        for x, y, name in pts
+        f'<circle cx="{sx(x):.1f}" cy="{sy(max(y, y_lo)):.1f}" r="3" fill="{MAPPING_COLOURS.get(m, "#888")}" '
+        f'opacity="0.75"><title>{escape(name)}: {x:.3g} MAC/B, {y:.3g} MAC/cycle'
+        f"{', ' + escape(m) + ' mapping' if m else ''}</title></circle>"
+        for x, y, name, m in pts
+    )
+    used = sorted({m for *_, m in pts if m})
+    legend = "".join(
+        f'<circle cx="{76 + 110 * k}" cy="32" r="4" fill="{MAPPING_COLOURS.get(m, "#888")}"/>'
+        f'<text x="{84 + 110 * k}" y="36">{escape(m)}</text>'
+        for k, m in enumerate(used)
     )
     ticks = ""
     for e in range(int(math.log10(x_lo)), int(math.log10(x_hi)) + 1):
@@ -145,7 +157,7 @@ def _roofline(layers: list[dict], target: dict, width: int = 700, height: int = 
         f'<text x="{width / 2}" y="{height - 6}" text-anchor="middle">arithmetic intensity (MACs per DRAM byte)</text>'
         f'<text x="14" y="{height / 2}" transform="rotate(-90 14 {height / 2})" text-anchor="middle">MACs per cycle</text>'
     )
-    return f'<svg width="{width}" height="{height}">{axes}{ticks}{roof}{dots}</svg>'
+    return f'<svg width="{width}" height="{height}">{axes}{ticks}{roof}{dots}{legend}</svg>'
 
 
 def _cycle_bars(layers: list[dict], width: int = 1050) -> str:

@@ -133,3 +133,26 @@ def test_the_real_direction_classifier_runs_its_depthwise_layers_in_the_depthwis
         )
     saved = sum(conv_cycles(i.args, MAPPINGS["channels"], rows, cols) for i in depthwise)
     assert saved > 4 * sum(conv_cycles(i.args, MAPPINGS["depthwise"], rows, cols) for i in depthwise)
+
+
+def test_a_target_without_the_depthwise_engine_maps_and_accepts_channels_only():
+    from npubuild.targets.spec import TargetSpec
+
+    plain = TargetSpec(**{**M, "name": "plain", "conv_mappings": ("channels",)}).model_dump()
+    assert conv_mapping(_conv(in_c=32, out_c=32, group=32), plain) == MAPPINGS["channels"]
+    assert conv_mapping(_conv(in_c=16, out_c=8), plain) == MAPPINGS["channels"]
+    sim = Simulator(plain["sram_kib"] * 1024, 1024, plain)
+    with pytest.raises(NpubError, match="this target's array takes"):
+        sim.execute([Instruction("conv", _conv(in_c=16, out_c=16, group=16, mapping=MAPPINGS["depthwise"]))])
+    with pytest.raises(ValueError, match="must include 'channels'"):
+        TargetSpec(**{**M, "conv_mappings": ("depthwise",)})
+
+
+def test_codegen_reports_each_layers_mapping(cls_binary):
+    import json
+
+    layers = json.loads((cls_binary.parent / "codegen.json").read_text())["layers"]
+    conv_layers = [r for r in layers if r["kind"] == "conv"]
+    assert conv_layers and all("mapping" in r for r in conv_layers)
+    assert {r["mapping"] for r in conv_layers} >= {"depthwise"}
+    assert all("mapping" not in r for r in layers if r["kind"] not in ("conv",))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from npubuild.targets.isa import ENGINES, MAPPINGS, NO_SIGNAL, TOKENS, Instruction
 
 SRAM_COPY_LATENCY = 4
+MAPPING_NAMES = {code: name for name, code in MAPPINGS.items()}
 
 
 def cost(i: Instruction, target: dict) -> int:
@@ -80,13 +81,15 @@ def conv_cycles(a: dict, mapping: int, rows: int, cols: int) -> int:
 def conv_mapping(a: dict, target: dict) -> int:
     """The mapping the code generator gives a conv instruction: depthwise for a depthwise
     convolution (one input channel per group), spatial for an ungrouped one with fewer output
-    channels than the array has columns, channels otherwise. Each is the cheapest one allowed for
-    its geometry (a transposed convolution scatters, so it keeps the channels mapping)."""
+    channels than the array has columns, channels otherwise, among the target's `conv_mappings`.
+    Each is the cheapest one allowed for its geometry (a transposed convolution scatters, so it
+    keeps the channels mapping)."""
+    offered = target.get("conv_mappings", tuple(MAPPINGS))
     if a["transpose"]:
         return MAPPINGS["channels"]
-    if a["group"] > 1 and a["in_c"] == a["group"]:
+    if a["group"] > 1 and a["in_c"] == a["group"] and "depthwise" in offered:
         return MAPPINGS["depthwise"]
-    if a["group"] == 1 and a["out_c"] < target["mac_cols"]:
+    if a["group"] == 1 and a["out_c"] < target["mac_cols"] and "spatial" in offered:
         return MAPPINGS["spatial"]
     return MAPPINGS["channels"]
 
@@ -169,7 +172,10 @@ def per_op(program: list[Instruction], marks: list, target: dict) -> list[dict]:
             continue
         first = last = None
         compute = dma = moved = work = 0
+        mappings = set()
         for i in program[start:end]:
+            if i.op == "conv":
+                mappings.add(MAPPING_NAMES.get(i.args["mapping"], "?"))
             ready, done = timeline.add(i)
             first = ready if first is None else min(first, ready)
             last = done if last is None else max(last, done)
@@ -191,6 +197,7 @@ def per_op(program: list[Instruction], marks: list, target: dict) -> list[dict]:
                 "dma_cycles": dma,
                 "dram_bytes": moved,
                 "macs": work,
+                **({"mapping": "+".join(sorted(mappings))} if mappings else {}),
             }
         )
     return rows

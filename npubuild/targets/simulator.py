@@ -130,8 +130,9 @@ class Simulator:
         if group <= 0 or a["in_c"] % group:
             raise NpubError(f"conv with {a['in_c']} input channels in {group} groups")
         mapping = a["mapping"]
-        if mapping not in MAPPINGS.values():
-            raise NpubError(f"conv with mapping {mapping}; the array knows {sorted(MAPPINGS.values())}")
+        offered = [MAPPINGS[m] for m in (self.target or {}).get("conv_mappings", MAPPINGS)]
+        if mapping not in offered:
+            raise NpubError(f"conv with mapping {mapping}; this target's array takes {sorted(offered)}")
         if mapping == MAPPINGS["depthwise"] and (a["transpose"] or a["in_c"] != group):
             raise NpubError(f"depthwise mapping of a conv with {a['in_c']} input channels in {group} groups")
         if mapping == MAPPINGS["spatial"] and a["transpose"]:

@@ -35,6 +35,12 @@ class TargetSpec(BaseModel):
     transition_us: float = Field(20.0, ge=0, le=1e6, description="cost of one NPU/CPU hand-over")
     activation_dtypes: tuple[Literal["int8", "int16"], ...] = ("int8", "int16")
     supported_ops: tuple[str, ...] = ()
+    # how the MAC array can take a convolution (docs/npu.md, "Mappings"); every array has channels
+    conv_mappings: tuple[Literal["channels", "depthwise", "spatial"], ...] = (
+        "channels",
+        "depthwise",
+        "spatial",
+    )
 
     @model_validator(mode="after")
     def _banks_divide_sram(self) -> TargetSpec:
@@ -42,6 +48,8 @@ class TargetSpec(BaseModel):
             raise ValueError(
                 f"sram_kib ({self.sram_kib}) must be a multiple of sram_banks ({self.sram_banks})"
             )
+        if "channels" not in self.conv_mappings:
+            raise ValueError("conv_mappings must include 'channels' (the mapping every convolution has)")
         return self
 
 
