@@ -19,8 +19,8 @@ def footprint(store: Store, outcome) -> int:
     return sum(len(store.read_bytes(d)) for d in digests)
 
 
-def test_gc_evicts_the_least_recently_used_results(small_ws, tmp_path):
-    cache = tmp_path / "cache"
+def test_gc_evicts_the_least_recently_used_results(small_ws, warm_cache):
+    cache = warm_cache  # the first configuration's results: the session's build of it
     build = small_ws / "models" / "BUILD"
     on_m = build.read_text()
     on_s = on_m.replace('evaluation = "//data:eval",', 'evaluation = "//data:eval",\n    target = "vnpu-s",')
