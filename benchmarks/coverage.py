@@ -1,7 +1,9 @@
 """Model coverage: build the conformance corpus (corpus/) on both built-in targets and print one
 table: stages passed, ops on the NPU, NPU/CPU transitions, fallback reasons, int8 accuracy against
 the float model (cos, SQNR: the minimum over outputs), the QDQ export against the integer model
-(QDQ: the minimum output cosine), estimated latency, and whether the simulator was bit-exact.
+(QDQ: the minimum output cosine), estimated latency, the NPU cycles against the roofline bound
+(xroof) and the DRAM bytes against the compulsory ones (xDRAM), and whether the simulator was
+bit-exact.
 
     python benchmarks/coverage.py                       # the whole corpus (long: a benchmark)
     python benchmarks/coverage.py --only squeezenet_m   # some npu_models, by name
@@ -100,7 +102,12 @@ def row(ws: Path, name: str, errors: list[str]) -> dict:
         if export:  # the QDQ export against the integer model, every output
             result["qdq_cosine"] = min(o.get("cosine", 1.0) for o in export.values())
     if (out / "codegen.json").exists():
-        result["latency_ms"] = json.loads((out / "codegen.json").read_text())["estimated_latency_ms"]
+        codegen = json.loads((out / "codegen.json").read_text())
+        result["latency_ms"] = codegen["estimated_latency_ms"]
+        if codegen.get("roofline_cycles"):  # issue 19: the NPU's cycles against its roofline bound
+            result["x_roofline"] = codegen["estimated_cycles"] / codegen["roofline_cycles"]
+        if codegen.get("compulsory_dram_bytes"):
+            result["x_dram"] = codegen["dram_bytes"] / codegen["compulsory_dram_bytes"]
     if (out / "simulate.json").exists():
         result["bit_exact"] = json.loads((out / "simulate.json").read_text())["bit_exact"]["ok"]
     return result
@@ -108,7 +115,7 @@ def row(ws: Path, name: str, errors: list[str]) -> dict:
 
 def table(rows: list[dict]) -> str:
     head = f"{'model':<18}{'stages':>7}{'NPU ops':>16}{'trans':>6}{'cos':>8}{'SQNR':>7}{'QDQ':>8}{'ms':>8}"
-    head += "  exact"
+    head += f"{'xroof':>7}{'xDRAM':>7}  exact"
     lines = [head, "-" * len(head)]
     for r in rows:
         ops = f"{r['npu_ops']}/{r['ops']}" if "ops" in r else "-"
@@ -119,6 +126,8 @@ def table(rows: list[dict]) -> str:
             f"{'-' if 'sqnr_db' not in r else format(r['sqnr_db'], '.1f'):>7}"
             f"{'-' if 'qdq_cosine' not in r else format(r['qdq_cosine'], '.4f'):>8}"
             f"{'-' if 'latency_ms' not in r else format(r['latency_ms'], '.2f'):>8}"
+            f"{'-' if 'x_roofline' not in r else format(r['x_roofline'], '.2f'):>7}"
+            f"{'-' if 'x_dram' not in r else format(r['x_dram'], '.1f'):>7}"
             f"  {r.get('bit_exact', '-')}"
         )
     lines.append("")
