@@ -4,6 +4,7 @@ does not allow, format 1.x streams, and a real depthwise network compiled with i
 
 from __future__ import annotations
 
+import json
 import struct
 
 import numpy as np
@@ -108,12 +109,13 @@ def test_a_format_1_stream_decodes_with_the_channels_mapping():
 
 
 def test_the_real_direction_classifier_runs_its_depthwise_layers_in_the_depthwise_mapping(cls_binary):
-    """PP-OCR cls (MobileNetV3-style) on vnpu-s: every depthwise tile is encoded depthwise, every
+    """PP-OCR cls (MobileNetV3-style) on vnpu-m: every depthwise tile is encoded depthwise, every
     other conv channels or spatial, and each costs no more than under the channels mapping."""
+    assert json.loads((cls_binary.parent / "partition.json").read_text())["target"] == "vnpu-m"
     from npubuild.targets import npub
 
     binary = npub.read(cls_binary.read_bytes())
-    rows, cols = BUILTIN_TARGETS["vnpu-s"].mac_rows, BUILTIN_TARGETS["vnpu-s"].mac_cols
+    rows, cols = BUILTIN_TARGETS["vnpu-m"].mac_rows, BUILTIN_TARGETS["vnpu-m"].mac_cols
     convs = [
         i
         for sg in binary.meta["subgraphs"]
@@ -135,6 +137,16 @@ def test_the_real_direction_classifier_runs_its_depthwise_layers_in_the_depthwis
     assert saved > 4 * sum(conv_cycles(i.args, MAPPINGS["depthwise"], rows, cols) for i in depthwise)
 
 
+def test_vnpu_s_and_a_target_written_from_scratch_offer_the_channels_mapping_only():
+    from npubuild.targets.spec import TargetSpec
+
+    small = BUILTIN_TARGETS["vnpu-s"].model_dump()
+    assert small["conv_mappings"] == ("channels",)
+    assert conv_mapping(_conv(in_c=32, out_c=32, group=32), small) == MAPPINGS["channels"]
+    fresh = {k: v for k, v in M.items() if k != "conv_mappings"}
+    assert TargetSpec(**fresh).conv_mappings == ("channels",)
+
+
 def test_a_target_without_the_depthwise_engine_maps_and_accepts_channels_only():
     from npubuild.targets.spec import TargetSpec
 
@@ -149,8 +161,6 @@ def test_a_target_without_the_depthwise_engine_maps_and_accepts_channels_only():
 
 
 def test_codegen_reports_each_layers_mapping(cls_binary):
-    import json
-
     layers = json.loads((cls_binary.parent / "codegen.json").read_text())["layers"]
     conv_layers = [r for r in layers if r["kind"] == "conv"]
     assert conv_layers and all("mapping" in r for r in conv_layers)

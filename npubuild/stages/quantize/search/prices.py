@@ -5,7 +5,10 @@ Two tables are compiled exactly as the build compiles one (quantize, partition, 
 layer int8 and every layer int16. An op's span on the code generator's timeline (its first
 instruction's start to its last one's end; consecutive spans add up to the estimate) is its price
 at that width. A table's cost is the sum of its ops' prices at the widths the table gives them: a
-MAC op pays for the width of its input (the array runs 16-bit inputs at `int16_rate`); a lookup
+MAC op pays for its span's growth from int8 to int16 split as its compute and its DMA grew, the
+compute part by its input's width (the array runs 16-bit inputs at `int16_rate`), the DMA part by
+the widths of the elements it moves in and out (since the depthwise and spatial mappings many
+convolutions are bound by their DMA, whose bytes follow both widths); a lookup
 table for its size, entries by the input's width (65,536 for 16 bits) times the output's bytes
 (a 16-bit input and an 8-bit output: half the int16 price); any other op pays halfway between its
 input's and its output's width (it streams both); no op is cheaper than at int8. A layer the table
@@ -17,6 +20,7 @@ result is in NPU cycles of estimated latency, the figure codegen reports as
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import onnx
@@ -57,9 +61,18 @@ def compile_table(
 
 
 @dataclass(frozen=True)
+class Busy:
+    """An op's share of one compile's timeline: its span, and its compute and DMA busy cycles."""
+
+    span: int = 0
+    compute: int = 0
+    dma: int = 0
+
+
+@dataclass(frozen=True)
 class Prices:
-    int8: dict[str, int]  # node -> its span in the every-layer-int8 compile
-    int16: dict[str, int]
+    int8: dict[str, Busy]  # node -> its share of the every-layer-int8 compile
+    int16: dict[str, Busy]
     fixed: float  # cycles of the int8 compile's latency off the NPU timeline (CPU ops, hand-overs)
     target: TargetSpec
 
@@ -76,29 +89,46 @@ class Prices:
         """Compile every layer at int8 and, when a table may hold int16 layers, every layer at
         int16 (`settings`: quantize, target)."""
         target = TargetSpec.model_validate(settings["target"])
-        spans: dict[int, dict[str, int]] = {}
+        busy: dict[int, dict[str, Busy]] = {}
         fixed = 0.0
         for width in (8, 16) if with_int16 else (8,):
             stats = compile_table(
                 model, stats_meta, stats_arrays, settings, {u: f"int{width}" for u in layers.units}, layers
             )
-            spans[width] = {}
+            busy[width] = {}
             for row in stats["layers"]:
-                spans[width][row["node"]] = spans[width].get(row["node"], 0) + row["end"] - row["start"]
+                seen = busy[width].get(row["node"], Busy())
+                busy[width][row["node"]] = Busy(
+                    seen.span + row["end"] - row["start"],
+                    seen.compute + row["compute_cycles"],
+                    seen.dma + row["dma_cycles"],
+                )
             if width == 8:
-                fixed = latency_cycles(stats, target) - sum(spans[8].values())
-        return cls(spans[8], spans.get(16, spans[8]), fixed, target)
+                fixed = latency_cycles(stats, target) - sum(b.span for b in busy[8].values())
+        return cls(busy[8], busy.get(16, busy[8]), fixed, target)
 
-    def op(self, label: str, op_type: str, input_16: bool, output_16: bool) -> float:
+    def op(
+        self, label: str, op_type: str, input_16: bool, output_16: bool, input_share: float = 0.5
+    ) -> float:
+        """An op's price at these widths. A MAC op is bound by the slower of its array time (the
+        input's width sets the rate) and its DMA time, which grows with the bytes it moves in and
+        out (`input_share`: the input's part of the elements it moves); the price is its int8
+        span plus what that bound grows by. Other ops interpolate their int8 and int16 spans."""
+        base, wide = self.int8.get(label, Busy()), self.int16.get(label, Busy())
         if op_type in MAC_OPS:
-            weight = float(input_16)
+            # the span's growth at int16, split as its compute and DMA grew: compute by the input's
+            # width, DMA by the widths of what it moves
+            compute, dma = max(wide.compute - base.compute, 0), max(wide.dma - base.dma, 0)
+            moved = input_share * input_16 + (1.0 - input_share) * output_16
+            weight = (
+                (compute * input_16 + dma * moved) / (compute + dma) if compute + dma else float(input_16)
+            )
         elif op_type in TABLE_OPS:
             weight = input_16 * (1.0 + output_16) / 2.0
         else:
             weight = (input_16 + output_16) / 2.0
         # 16 bits never run faster than 8: a shorter int16 span is the timeline's overlap shifting
-        base = self.int8.get(label, 0)
-        return base + max(self.int16.get(label, 0) - base, 0) * weight
+        return base.span + max(wide.span - base.span, 0) * weight
 
     def float_layer(self, work: dict) -> float:
         """A layer moved to the CPU: its multiply-accumulates and the elements it reads and writes
@@ -114,6 +144,7 @@ class Prices:
         """The cost of a planned table: `tensor_bits` and `integer_nodes` from the quantizer's
         plan, `floats` the work (stages/quantize/cost.op_work) of the layers the table keeps float."""
         total = self.fixed + sum(self.float_layer(w) for w in floats)
+        elements = _elements(graph)
         for node in graph.node:
             label = node_label(node)
             if label not in integer_nodes:
@@ -122,10 +153,22 @@ class Prices:
             outs = [tensor_bits[o] for o in node.output if o in tensor_bits]
             by_input = node.op_type in MAC_OPS or node.op_type in TABLE_OPS
             data_input = tensor_bits.get(node.input[0]) if by_input else None
+            moved_in, moved_out = elements.get(node.input[0], 0), elements.get(node.output[0], 0)
             total += self.op(
                 label,
                 node.op_type,
                 (data_input if data_input is not None else max(ins, default=8)) == 16,
                 max(outs, default=8) == 16,
+                moved_in / (moved_in + moved_out) if moved_in + moved_out else 0.5,
             )
         return total
+
+
+def _elements(graph: onnx.GraphProto) -> dict[str, int]:
+    """Elements of every tensor whose shape the graph records (inputs, outputs, value_info)."""
+    found = {}
+    for v in [*graph.input, *graph.value_info, *graph.output]:
+        dims = [d.dim_value for d in v.type.tensor_type.shape.dim]
+        if dims and all(d > 0 for d in dims):
+            found[v.name] = math.prod(dims)
+    return found
