@@ -20,7 +20,6 @@ result is in NPU cycles of estimated latency, the figure codegen reports as
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import onnx
@@ -139,12 +138,17 @@ class Prices:
         return ms * t.clock_mhz * 1000.0
 
     def table_cycles(
-        self, graph: onnx.GraphProto, tensor_bits: dict[str, int], integer_nodes: set[str], floats: list[dict]
+        self,
+        graph: onnx.GraphProto,
+        tensor_bits: dict[str, int],
+        integer_nodes: set[str],
+        floats: list[dict],
+        work: dict[str, dict],
     ) -> float:
         """The cost of a planned table: `tensor_bits` and `integer_nodes` from the quantizer's
-        plan, `floats` the work (stages/quantize/cost.op_work) of the layers the table keeps float."""
+        plan, `floats` the work (stages/quantize/cost.op_work) of the layers the table keeps float,
+        `work` every node's (the elements it reads and writes split a MAC op's DMA)."""
         total = self.fixed + sum(self.float_layer(w) for w in floats)
-        elements = _elements(graph)
         for node in graph.node:
             label = node_label(node)
             if label not in integer_nodes:
@@ -153,7 +157,8 @@ class Prices:
             outs = [tensor_bits[o] for o in node.output if o in tensor_bits]
             by_input = node.op_type in MAC_OPS or node.op_type in TABLE_OPS
             data_input = tensor_bits.get(node.input[0]) if by_input else None
-            moved_in, moved_out = elements.get(node.input[0], 0), elements.get(node.output[0], 0)
+            done = work.get(label, {"bytes": 0, "elements": 0})
+            moved_in, moved_out = done["bytes"] - done["elements"], done["elements"]
             total += self.op(
                 label,
                 node.op_type,
@@ -162,13 +167,3 @@ class Prices:
                 moved_in / (moved_in + moved_out) if moved_in + moved_out else 0.5,
             )
         return total
-
-
-def _elements(graph: onnx.GraphProto) -> dict[str, int]:
-    """Elements of every tensor whose shape the graph records (inputs, outputs, value_info)."""
-    found = {}
-    for v in [*graph.input, *graph.value_info, *graph.output]:
-        dims = [d.dim_value for d in v.type.tensor_type.shape.dim]
-        if dims and all(d > 0 for d in dims):
-            found[v.name] = math.prod(dims)
-    return found
