@@ -84,7 +84,7 @@ def conv_mapping(a: dict, target: dict) -> int:
     channels than the array has columns, channels otherwise, among the target's `conv_mappings`.
     Each is the cheapest one allowed for its geometry (a transposed convolution scatters, so it
     keeps the channels mapping)."""
-    offered = target.get("conv_mappings", tuple(MAPPINGS))
+    offered = target["conv_mappings"]
     if a["transpose"]:
         return MAPPINGS["channels"]
     if a["group"] > 1 and a["in_c"] == a["group"] and "depthwise" in offered:

@@ -114,7 +114,7 @@ class _Export:
             elif op.kind in ("add", "mul", "concat") and op.constants:
                 replaced[id(node)] = self._constant_operands(node, op)
         # codes an exact op writes itself: their QuantizeLinear goes (the DequantizeLinear stays)
-        written = {o for group in replaced.values() for n in group for o in n.output if o.endswith("__q")}
+        written = {f"{t}__q" for t in self.exact.written} if self.exact else set()
         new_nodes: list[onnx.NodeProto] = list(self.extra_nodes) + inputs_qdq
         for node in nodes:
             group = replaced.get(id(node), [node])

@@ -48,6 +48,7 @@ class ExactOps:
         self.program, self.arrays, self._init = program, arrays, init
         self._made: set[str] = set()  # per-tensor helpers (centred codes) already in the graph
         self.uses_ms = False  # 16-bit QuantizeLinear/DequantizeLinear (com.microsoft) were used
+        self.written: set[str] = set()  # tensors whose codes (NAME__q) an exact op writes itself
 
     def _const(self, label: str, name: str, value, dtype=np.float64) -> str:
         return self._init(f"{label}__{name}", np.asarray(value, dtype))
@@ -106,6 +107,7 @@ class ExactOps:
         Relu or Clip) is narrower than the codes' range, then a QuantizeLinear of scale 1 adds
         the zero point and saturates."""
         name = op.outputs[0]
+        self.written.add(name)
         t = self.program.tensors[name]
         nodes = [helper.make_node("Cast", [rounded], [f"{label}__rounded_f32"], to=TensorProto.FLOAT)]
         value = f"{label}__rounded_f32"
@@ -127,6 +129,7 @@ class ExactOps:
         label = node.name or node.output[0]
         t = self.program.tensors[op.outputs[0]]
         table = self.arrays[op.arrays.table].astype(np.int8 if t.bits == 8 else np.int16)
+        self.written.add(op.outputs[0])
         offset = self._const(label, "offset", op.attrs.offset, np.int64)
         return [
             helper.make_node("Cast", [f"{op.inputs[0]}__q"], [f"{label}__codes"], to=TensorProto.INT64),
