@@ -18,7 +18,6 @@ from test_row_ops import _cosine
 
 from npubuild.errors import UserError
 
-RNG = np.random.default_rng(31)
 SETTINGS = {"disable": [], "max_iterations": 8, "check_samples": 4, "check_rtol": 1e-3, "check_atol": 1e-4}
 
 
@@ -51,7 +50,9 @@ def _compile(tmp, quantized, calibration: np.ndarray):
 @pytest.mark.parametrize("form", ["static", "dynamic"])
 def test_qoperator_models_compile_with_one_warning_and_agree_with_onnxruntime(tmp_path, form):
     onnx.save(_float_model(), tmp_path / "float.onnx")
-    samples = RNG.standard_normal((24, 3, 16, 16)).astype(np.float32)
+    # each test its own generator: a shared one gives each test other numbers depending on which
+    # tests ran before it in the same worker
+    samples = np.random.default_rng(31).standard_normal((24, 3, 16, 16)).astype(np.float32)
     quantized = tmp_path / "q.onnx"
     if form == "static":
         quantize_static(
@@ -87,14 +88,14 @@ def test_qoperator_models_compile_with_one_warning_and_agree_with_onnxruntime(tm
         assert _cosine(float_form.run(None, feed)[0], original.run(None, feed)[0]) >= 0.999
 
 
-def _lstm_matmul_model() -> onnx.ModelProto:
+def _lstm_matmul_model(rng: np.random.Generator) -> onnx.ModelProto:
     """x [5, 1, 8] -> LSTM (hidden 6) -> MatMul [6, 4]: what quantize_dynamic turns into
     DynamicQuantizeLSTM and DynamicQuantizeLinear + MatMulInteger."""
     inits = {
-        "W": (RNG.standard_normal((1, 24, 8)) * 0.4).astype(np.float32),
-        "R": (RNG.standard_normal((1, 24, 6)) * 0.4).astype(np.float32),
-        "B": (RNG.standard_normal((1, 48)) * 0.1).astype(np.float32),
-        "M": RNG.standard_normal((6, 4)).astype(np.float32),
+        "W": (rng.standard_normal((1, 24, 8)) * 0.4).astype(np.float32),
+        "R": (rng.standard_normal((1, 24, 6)) * 0.4).astype(np.float32),
+        "B": (rng.standard_normal((1, 48)) * 0.1).astype(np.float32),
+        "M": rng.standard_normal((6, 4)).astype(np.float32),
         "shape": np.array([5, 6], np.int64),
     }
     nodes = [
@@ -115,11 +116,12 @@ def _lstm_matmul_model() -> onnx.ModelProto:
 
 
 def test_dynamic_lstm_and_matmul_become_float_lstm_and_matmul(tmp_path):
-    onnx.save(_lstm_matmul_model(), tmp_path / "float.onnx")
+    rng = np.random.default_rng(31)
+    onnx.save(_lstm_matmul_model(rng), tmp_path / "float.onnx")
     quantized = tmp_path / "q.onnx"
     quantize_dynamic(tmp_path / "float.onnx", quantized, op_types_to_quantize=["LSTM", "MatMul"])
     assert {"DynamicQuantizeLSTM", "MatMulInteger"} <= {n.op_type for n in onnx.load(quantized).graph.node}
-    samples = RNG.standard_normal((40, 1, 8)).astype(np.float32)
+    samples = rng.standard_normal((40, 1, 8)).astype(np.float32)
     opt, _, interpreter = _compile(tmp_path, quantized, samples[:20])
     assert {"LSTM", "MatMul"} <= {n.op_type for n in onnx.load(opt["model"]).graph.node}
     session = ort.InferenceSession(str(quantized), providers=["CPUExecutionProvider"])
@@ -128,9 +130,10 @@ def test_dynamic_lstm_and_matmul_become_float_lstm_and_matmul(tmp_path):
     for start in (20, 25, 30, 35):
         feed = {"x": samples[start : start + 5]}
         want = session.run(None, feed)[0]
-        # the float form is the original float model up to the rounding of its weights (the
-        # dynamic model also rounds its inputs and states at run time: 0.993 from both here)
-        assert _cosine(dequantized.run(None, feed)[0], original.run(None, feed)[0]) >= 0.9999
+        # the float form is the original float model up to the rounding of its weights to int8
+        # (0.9995-0.99997 over seeds 25-44); the dynamic model also rounds its inputs and states
+        # at run time, which costs far more (0.997 from the float form here, 0.70 on other seeds)
+        assert _cosine(dequantized.run(None, feed)[0], original.run(None, feed)[0]) >= 0.999
         assert _cosine(dequantized.run(None, feed)[0], want) >= 0.99
         got, _ = interpreter.run(feed)
         assert _cosine(got["y"], want) >= 0.98  # two quantizations apart: onnxruntime's and ours
