@@ -23,8 +23,11 @@ RNG = np.random.default_rng(23)
 
 
 def _float_model() -> onnx.ModelProto:
-    w1 = (RNG.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32)
-    w2 = (RNG.standard_normal((8, 8, 3, 3)) * 0.2).astype(np.float32)
+    """The same weights on every call: its own generator, not the shared one (a module fixture
+    builds it before the per-test reseeding in conftest)."""
+    rng = np.random.default_rng(23)
+    w1 = (rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32)
+    w2 = (rng.standard_normal((8, 8, 3, 3)) * 0.2).astype(np.float32)
     nodes = [
         helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c1"], ["r1"]),
@@ -34,9 +37,9 @@ def _float_model() -> onnx.ModelProto:
         helper.make_node("Add", ["m2", "skip"], ["y"]),
     ]
     inits = {
-        "w1": w1, "b1": (RNG.standard_normal(8) * 0.1).astype(np.float32),
-        "w2": w2, "b2": (RNG.standard_normal(8) * 0.1).astype(np.float32),
-        "skip": (RNG.standard_normal((1, 8, 1, 1)) * 0.5).astype(np.float32),
+        "w1": w1, "b1": (rng.standard_normal(8) * 0.1).astype(np.float32),
+        "w2": w2, "b2": (rng.standard_normal(8) * 0.1).astype(np.float32),
+        "skip": (rng.standard_normal((1, 8, 1, 1)) * 0.5).astype(np.float32),
     }  # fmt: skip
     graph = helper.make_graph(
         nodes,
@@ -54,7 +57,7 @@ def _float_model() -> onnx.ModelProto:
 def qdq(tmp_path_factory, request):
     tmp = tmp_path_factory.mktemp("qdq")
     onnx.save(_float_model(), tmp / "float.onnx")
-    samples = RNG.standard_normal((16, 3, 16, 16)).astype(np.float32)
+    samples = np.random.default_rng(24).standard_normal((16, 3, 16, 16)).astype(np.float32)
     ort_qdq(tmp / "float.onnx", tmp / "qdq.onnx", samples[:8], "x", unsigned=request.param == "uint8")
     np.save(tmp / "eval.npy", samples[8:])
     return tmp
@@ -93,7 +96,13 @@ def test_qdq_model_compiles_with_its_own_grids_and_no_calibration(qdq):
     assert program.tensors["x"].scale == pytest.approx(x_scale)
     zp = inits[q_nodes["x"].input[2]]
     assert program.tensors["x"].zero_point == int(zp) - (128 if zp.dtype == np.uint8 else 0)
-    session = ort.InferenceSession(str(qdq_path), providers=["CPUExecutionProvider"])
+    # the QDQ model's own semantics (dequantize, float op, quantize), which onnxruntime computes
+    # with its graph rewrites off; with them on it fuses QLinear kernels that round elsewhere and
+    # differ from its unfused form by cosine 0.989-0.9995 on this net (other seeds), while the
+    # integer model agrees with the unfused form to >= 0.99997 on 12 seeds
+    unfused = ort.SessionOptions()
+    unfused.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(str(qdq_path), unfused, providers=["CPUExecutionProvider"])
     for sample in np.load(qdq / "eval.npy"):
         feed = {"x": sample[None]}
         got, _ = interpreter.run(feed)
