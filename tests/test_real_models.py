@@ -15,8 +15,9 @@ from npubuild.cache.store import Store
 
 # Left out of the quick tier (pytest -m "not slow"): it builds the example workspace's three
 # real models end to end (about 4 minutes)
-# one worker builds the example once for every test here (pytest-xdist's --dist loadgroup)
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("example_build")]
+# one worker builds the example once for every test here: CI hands out whole modules
+# (pytest-xdist's --dist loadfile)
+pytestmark = pytest.mark.slow
 
 MODELS = ["yolo", "ocr_det", "ocr_cls"]
 
