@@ -3,11 +3,13 @@
     python benchmarks/simulator.py
 
 Builds YOLOv8n for both built-in targets (the example workspace's data), then times, on the same
-evaluation images and in the same run: onnxruntime on the imported float model (as a user runs it,
-every graph rewrite and its default threads: the ratio's baseline; and as npubuild's stages run it,
-one thread and no rewrites: after the slash), and `model.npub` end to end (NPU subgraphs in the
-instruction-level simulator, CPU subgraphs in onnxruntime), each image after one warm-up. Prints the
-ratios (issue 17's bar: <= 5x).
+images (the example's evaluation and calibration photos, 9) and in the same run: onnxruntime on the
+imported float model one image at a time (as a user runs it, every graph rewrite and its default
+threads: the ratio's baseline; and as npubuild's stages run it, one thread and no rewrites: after
+the slash), and `model.npub` end to end (NPU subgraphs in the instruction-level simulator, CPU
+subgraphs in onnxruntime) two ways: one image at a time, and as the simulate stage runs it (the
+images in even batches of at most stages/simulate.batch_size, its convolutions on the stage's
+threads), per image. Each after one warm-up. Prints the ratios (issue 17's bar: <= 5x).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _workspace_gen import copy_example_unfused, median_seconds, onnxruntime_baselines  # noqa: E402
@@ -26,7 +30,9 @@ ROUNDS = 3
 def main() -> None:
     from npubuild.cache.store import Store
     from npubuild.engine.run import build
+    from npubuild.stages.parallel import sample_workers
     from npubuild.stages.prepare import _image
+    from npubuild.stages.simulate import balanced, batch_size
     from npubuild.targets.runtime import Runtime, load
 
     tmp = Path(tempfile.mkdtemp(prefix="npubuild-sim-"))
@@ -46,7 +52,10 @@ def main() -> None:
         pp = {"resize": [320, 320], "color": "RGB", "scale": 1 / 255, "mean": [0.0], "std": [1.0]}
         pp.update(dtype="float32", layout="NCHW")
         photos = sorted(
-            p for p in (ws / "data" / "photos" / "eval").iterdir() if p.suffix in (".jpg", ".png")
+            p
+            for kind in ("eval", "calib")
+            for p in (ws / "data" / "photos" / kind).iterdir()
+            if p.suffix in (".jpg", ".png")
         )
         images = [_image(p, p.name, pp)[None] for p in photos]
         baselines = onnxruntime_baselines(out / "yolo" / "canonical.onnx")
@@ -62,8 +71,23 @@ def main() -> None:
             runtime = Runtime(load(out / label / "model.npub"))
             sim_s = median_seconds(lambda x, r=runtime: r.run({name: x}), images, ROUNDS)
             print(
-                f"  simulator, {target}:      {sim_s * 1000:8.1f} ms   "
-                f"ratio {sim_s / ort_s:5.1f}x / {sim_s / ref_s:4.1f}x (bar <= 5x)"
+                f"  simulator, {target}, one image at a time:   {sim_s * 1000:8.1f} ms   "
+                f"ratio {sim_s / ort_s:5.1f}x / {sim_s / ref_s:4.1f}x"
+            )
+            size = batch_size(runtime.sim.sram.size, runtime.sim.dram.size)
+            stage = Runtime(load(out / label / "model.npub"), size, sample_workers())
+            starts = np.cumsum([0, *balanced(len(images), size)])
+            batches = [[{name: x} for x in images[a:b]] for a, b in zip(starts[:-1], starts[1:])]
+
+            def all_batches(_, r=stage, bs=batches):
+                return [r.run_batch(b) for b in bs]
+
+            whole = median_seconds(all_batches, [None], ROUNDS)
+            stage_s = whole / len(images)
+            print(
+                f"  simulator, {target}, as the stage runs it:  {stage_s * 1000:8.1f} ms   "
+                f"ratio {stage_s / ort_s:5.1f}x / {stage_s / ref_s:4.1f}x (bar <= 5x; batches "
+                f"{np.diff(starts).tolist()}, {sample_workers()} threads)"
             )
         store.close()
     finally:

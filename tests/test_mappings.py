@@ -86,11 +86,11 @@ def test_every_mapping_computes_the_same_codes():
         written = []
         for mapping in mappings:
             sim = Simulator(M["sram_kib"] * 1024, 1024, M)
-            sim.sram.write(a["src"], 8, x)
-            sim.sram.write(a["weights"], 8, w)
-            sim.sram.write(a["params"], 64, params)
+            sim.sram.write(a["src"], 8, x[None])  # the one image of the batch
+            sim.sram.write(a["weights"], 8, w[None])
+            sim.sram.write(a["params"], 64, params[None])
             sim.execute([Instruction("conv", {**a, "mapping": MAPPINGS[mapping]}), Instruction("end", {})])
-            written.append(sim.sram.view(a["dst"], 8, (a["out_c"] * 100,)).copy())
+            written.append(sim.sram.view(a["dst"], 8, (a["out_c"] * 100,))[0].copy())
         np.testing.assert_array_equal(written[0], written[1])
         assert np.unique(written[0]).size > 10  # neither saturated nor empty
 

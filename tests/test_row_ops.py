@@ -213,7 +213,7 @@ def test_a_forged_layernorm_instruction_is_one_npub_error(field, value):
     params = np.array([[1 << 30, 0, 0]] * 4, np.int64)
     if field in ("shift", "m0"):
         params[:, {"m0": 0, "shift": 1}[field]] = value
-    sim.sram.write(1024, 64, params.reshape(-1))
+    sim.sram.write(1024, 64, params.reshape(1, -1))
     args = {"src": 0, "rows": 2, "n": 4, "in_bits": 8, "in_zp": 0, "eps": 1, "params": 1024, "dst": 512,
             "out_bits": 8, "out_zp": 0}  # fmt: skip
     if field in args:

@@ -38,6 +38,17 @@ def fits_integer(array: np.ndarray, dtype: np.dtype) -> bool:
     return array.size == 0 or (int(array.min()) >= info.min and int(array.max()) <= info.max)
 
 
+def per_code(fn: Callable[[np.ndarray], np.ndarray], x: np.ndarray, bits: int) -> np.ndarray:
+    """fn(x) for an element-wise fn of `bits`-wide integer codes x: when x holds far more elements
+    than its codes can take, fn is computed once for every code and the result gathered (the same
+    values, one pass over x instead of fn's several)."""
+    if x.size < 4 << bits:
+        return fn(x.astype(np.int64))
+    lo, hi = qrange(bits)
+    table = fn(np.arange(lo, hi + 1, dtype=np.int64))
+    return np.take(table, np.subtract(x, lo, dtype=np.int32))
+
+
 def elementwise(
     fn: Callable[[np.ndarray, np.ndarray], np.ndarray],
     a: np.ndarray,

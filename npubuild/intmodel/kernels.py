@@ -52,7 +52,12 @@ def exact_dtype(xc: np.ndarray, w: np.ndarray, terms: int):
 
 
 def conv_accumulate(
-    xc: np.ndarray, w: np.ndarray, attrs: ConvGeometry, exact: ExactConvs | None = None, key: object = None
+    xc: np.ndarray,
+    w: np.ndarray,
+    attrs: ConvGeometry,
+    exact: ExactConvs | None = None,
+    key: object = None,
+    x_bound: float | None = None,
 ) -> np.ndarray:
     """Exact integer convolution of zero-point-free inputs: onnxruntime's float32 Conv when every
     partial sum is exact there (`exact`, the caller's sessions), else sums of integer products in
@@ -64,7 +69,7 @@ def conv_accumulate(
     kernel = list(w.shape[2:])
     nd = len(kernel)
     pads = conv_pads(attrs, xc.shape[2:], kernel)
-    exact32 = exact.accumulate(xc, w, attrs, pads, False, key) if exact is not None else None
+    exact32 = exact.accumulate(xc, w, attrs, pads, False, key, x_bound) if exact is not None else None
     if exact32 is not None:
         return exact32
     n, c = xc.shape[:2]
@@ -108,13 +113,19 @@ def conv_accumulate(
 
 
 def conv_transpose_accumulate(
-    xc: np.ndarray, w: np.ndarray, attrs: ConvGeometry, exact: ExactConvs | None = None, key: object = None
+    xc: np.ndarray,
+    w: np.ndarray,
+    attrs: ConvGeometry,
+    exact: ExactConvs | None = None,
+    key: object = None,
+    x_bound: float | None = None,
 ) -> np.ndarray:
     """Exact integer transposed convolution (group 1 or grouped): onnxruntime's float32
     ConvTranspose when its sums are exact there (ortconv), else by scattering kernel taps in
     float64."""
     if exact is not None:
-        exact32 = exact.accumulate(xc, w, attrs, list(attrs.pads) or [0] * 2 * (w.ndim - 2), True, key)
+        pads = list(attrs.pads) or [0] * 2 * (w.ndim - 2)
+        exact32 = exact.accumulate(xc, w, attrs, pads, True, key, x_bound)
         if exact32 is not None:
             return exact32
     group = attrs.group

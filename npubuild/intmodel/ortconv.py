@@ -42,8 +42,9 @@ class _Entry:
     """One weight tensor and geometry: a copy of the weights, their L1 bound and, once an input
     fits it, the session."""
 
-    def __init__(self, w: np.ndarray, attrs: ConvGeometry, pads: list[int], transpose: bool):
+    def __init__(self, w: np.ndarray, attrs: ConvGeometry, pads: list[int], transpose: bool, threads: int):
         self.weights = np.array(w)
+        self.threads = threads
         self.attrs, self.pads, self.transpose = attrs, pads, transpose
         self.l1 = channel_l1(w, transpose)
         self.session = None
@@ -52,7 +53,7 @@ class _Entry:
         """The sums in onnxruntime, or None when it refuses the geometry (then never again)."""
         try:
             if self.session is None:  # two threads may both build it: harmless
-                self.session = _build(self.weights, self.attrs, self.pads, self.transpose)
+                self.session = _build(self.weights, self.attrs, self.pads, self.transpose, self.threads)
             return self.session.run(None, {"x": np.ascontiguousarray(xc, np.float32)})[0]
         except Exception:  # numpy's kernel sums it instead, or says why it cannot
             self.l1 = math.inf
@@ -67,7 +68,10 @@ class ExactConvs:
     after another at one address, each find their own session, and a name never brings back a
     stale one."""
 
-    def __init__(self) -> None:
+    def __init__(self, threads: int = 1) -> None:
+        """threads: onnxruntime's intra-op threads per session (1 where callers run samples in
+        threads; more for one caller with a batch, the simulator's)."""
+        self.threads = threads
         self._entries: OrderedDict[tuple, list[_Entry]] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -79,6 +83,7 @@ class ExactConvs:
         pads: list[int],
         transpose: bool,
         key: object,
+        x_bound: float | None = None,
     ) -> np.ndarray | None:
         """The convolution (or transposed convolution) of zero-point-free integer inputs xc by
         integer weights w, or None when a partial sum could reach 2^24 even with the input split
@@ -87,8 +92,12 @@ class ExactConvs:
 
         float32 integers when the input fits whole; a wider input (a 16-bit layer's) is split
         into its low byte (0..255) and the rest, x = 256 * high + low, two convolutions of
-        8-bit-sized values combined in float64 (exact: each sum is below 2^24)."""
+        8-bit-sized values combined in float64 (exact: each sum is below 2^24). `x_bound`, when
+        the caller knows one (an 8-bit code less its zero point), spares reading the input for
+        max |x| whenever it already proves the sums exact."""
         entry = self._entry(w, attrs, pads, transpose, key)
+        if x_bound is not None and x_bound * entry.l1 < FLOAT32_EXACT:
+            return entry.run(xc)
         # max |x| from two reductions: no temporary of the input's size on this hot path
         x_bound = max(abs(float(xc.max(initial=0))), abs(float(xc.min(initial=0))))
         if x_bound * entry.l1 < FLOAT32_EXACT:
@@ -131,14 +140,14 @@ class ExactConvs:
             found = next((e for e in entries if np.array_equal(e.weights, w)), None)
             if found is not None:
                 return found
-        entry = _Entry(w, attrs, pads, transpose)
+        entry = _Entry(w, attrs, pads, transpose, self.threads)
         with self._lock:
             entries.insert(0, entry)
             del entries[WEIGHTS_PER_NAME:]
         return entry
 
 
-def _build(w: np.ndarray, attrs: ConvGeometry, pads: list[int], transpose: bool):
+def _build(w: np.ndarray, attrs: ConvGeometry, pads: list[int], transpose: bool, threads: int):
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
@@ -166,7 +175,9 @@ def _build(w: np.ndarray, attrs: ConvGeometry, pads: list[int], transpose: bool)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
+    options.intra_op_num_threads = threads
+    if threads > 1:  # its pool's threads would spin between the caller's calls, starving its Python
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.inter_op_num_threads = 1
     options.log_severity_level = 4  # a refused geometry falls back to numpy: no log line
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])

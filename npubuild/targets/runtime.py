@@ -1,4 +1,7 @@
-"""Run a .npub: NPU subgraphs in the simulator, CPU subgraphs in onnxruntime, in order."""
+"""Run a .npub: NPU subgraphs in the simulator, CPU subgraphs in onnxruntime, in order.
+
+Images go through in batches (the simulator runs one instruction for every image of a batch at
+once); `run` is a batch of one. Values between subgraphs carry the images first."""
 
 from __future__ import annotations
 
@@ -76,7 +79,7 @@ def _check_self_contained(data: bytes, k: int) -> None:
 
 
 class Runtime:
-    def __init__(self, binary: npub.Npub):
+    def __init__(self, binary: npub.Npub, batch: int = 1, threads: int = 1):
         self.binary = binary
         try:
             meta = Meta.model_validate(binary.meta)
@@ -105,9 +108,11 @@ class Runtime:
                 start, size = sg["model"]
                 if start + size > len(binary.sections.get("cpu", b"")):
                     raise NpubError(f"subgraph {k}: CPU model outside the cpu section")
-        self.sim = Simulator(meta.target.sram_kib * 1024, meta.dram_size, meta.target.model_dump())
+        self.batch = batch
+        sram = meta.target.sram_kib * 1024
+        self.sim = Simulator(sram, meta.dram_size, meta.target.model_dump(), batch, threads)
         base = meta.constants_base
-        self.sim.dram.data[base : base + len(constants)] = constants
+        self.sim.dram.data[:, base : base + len(constants)] = np.frombuffer(constants, np.uint8)
         self.sessions: dict[int, object] = {}
 
     def check_inputs(self, feeds: dict[str, np.ndarray]) -> None:
@@ -149,17 +154,22 @@ class Runtime:
         return self.sessions[k]
 
     def run_npu(self, k: int, env: dict[str, np.ndarray]) -> None:
+        """NPU subgraph k on the images of env ([images, *shape] values; at most `batch`)."""
         sg = self.subgraphs[k]
+        images = len(next(iter(env.values()))) if env else 1
+        self.sim.use_rows(0, images)
         for spec in sg["inputs"]:
             codes = np.asarray(env[spec["name"]]).astype(DTYPES[spec["bits"]])
-            self.sim.dram.write(spec["dram"], spec["bits"], codes.reshape(spec["shape"]))
+            self.sim.dram.write(spec["dram"], spec["bits"], codes.reshape(images, *spec["shape"]))
         self.sim.execute(self.programs[k])
         for spec in sg["outputs"]:
             env[spec["name"]] = self.sim.dram.view(spec["dram"], spec["bits"], spec["shape"]).copy()
 
     def run_cpu(self, k: int, env: dict[str, np.ndarray]) -> None:
+        """CPU subgraph k in onnxruntime, image by image (its model takes one)."""
         sg = self.subgraphs[k]
-        feeds = {}
+        images = len(next(iter(env.values())))
+        feeds: list[dict[str, np.ndarray]] = [{} for _ in range(images)]
         for spec in sg["inputs"]:
             value = env[spec["name"]]
             if spec["state"] == "q":
@@ -167,17 +177,34 @@ class Runtime:
                 value = np.asarray(value).astype(DTYPES[bits])
             else:  # a float, or an integer input such as token ids
                 value = np.asarray(value, onnx_dtype(spec["dtype"]))
-            feeds[spec["value"]] = value
-        results = self._session(k).run([o["value"] for o in sg["outputs"]], feeds)
-        for spec, value in zip(sg["outputs"], results):
-            env[spec["name"]] = value
+            for feed, one in zip(feeds, value):
+                feed[spec["value"]] = one
+        names = [o["value"] for o in sg["outputs"]]
+        results = [self._session(k).run(names, feed) for feed in feeds]
+        for i, spec in enumerate(sg["outputs"]):
+            env[spec["name"]] = np.stack([r[i] for r in results])
 
     def run(self, feeds: dict[str, np.ndarray], env: dict | None = None) -> dict[str, np.ndarray]:
-        """The outputs for `feeds`; a given `env` is filled with every subgraph's values."""
-        self.check_inputs(feeds)
+        """The outputs for one image's `feeds`; a given `env` is filled with every subgraph's values."""
+        batch_env: dict[str, np.ndarray] = {}
+        outputs = self.run_batch([feeds], batch_env)[0]
+        if env is not None:
+            env.update({name: value[0] for name, value in batch_env.items()})
+        return outputs
+
+    def run_batch(
+        self, feeds: list[dict[str, np.ndarray]], env: dict | None = None
+    ) -> list[dict[str, np.ndarray]]:
+        """The outputs of each image's feeds (at most `batch` images); a given `env` is filled with
+        every subgraph's values, the images first."""
+        if not 1 <= len(feeds) <= self.batch:
+            raise ValueError(f"{len(feeds)} images for a runtime of batch {self.batch}")
+        for one in feeds:
+            self.check_inputs(one)
         dtypes = {spec["name"]: spec["dtype"] for spec in self.inputs}
         env = {} if env is None else env
-        env.update({k: np.asarray(v, dtypes.get(k, "float32")) for k, v in feeds.items()})
+        for name in feeds[0]:
+            env[name] = np.stack([np.asarray(one[name], dtypes.get(name, "float32")) for one in feeds])
         for spec in self.inputs:
             if spec["pixels"]:  # the input DMA: uint8 pixels to int8 codes, pixel - 128
                 env[spec["name"]] = (env[spec["name"]] ^ np.uint8(0x80)).view(np.int8)
@@ -190,12 +217,12 @@ class Runtime:
             except Exception as exc:  # inconsistent metadata, code or model that passed the checks
                 where = f"subgraph {k} ({sg['device']})"
                 raise NpubError(f"{where} cannot run: {type(exc).__name__}: {_first_line(exc)}") from None
-        outputs = {}
+        outputs: list[dict[str, np.ndarray]] = [{} for _ in feeds]
         for spec in self.outputs:
             if spec.name not in env:
                 raise NpubError(f"output '{spec.name}' is produced by no subgraph")
-            value = env[spec.name]
-            if spec.quant and np.issubdtype(np.asarray(value).dtype, np.integer):
-                value = dequantize(np.asarray(value), spec.quant)
-            outputs[spec.name] = np.asarray(value, np.float32)
+            for i, value in enumerate(env[spec.name]):
+                if spec.quant and np.issubdtype(np.asarray(value).dtype, np.integer):
+                    value = dequantize(np.asarray(value), spec.quant)
+                outputs[i][spec.name] = np.asarray(value, np.float32)
         return outputs

@@ -5,7 +5,16 @@ says; the arithmetic is the golden interpreter's (the same exact-integer kernels
 rounding rule), applied to the tiles the code generator chose, so a wrong tile, halo, padding,
 offset or stride shows up as a mismatch against the integer model.
 
-Counters: instructions per engine, bytes moved by DMA, MACs, and the SRAM high-water mark.
+A batch of images runs as that many NPUs executing the same stream in lockstep: each memory holds
+one row of bytes per image, every view has the images first, and one numpy (or onnxruntime) call
+does an instruction for all of them. A stream has no branches and its addresses are in the
+instructions, so each row computes exactly what a lone NPU would; the per-instruction cost of
+interpreting the stream, most of a small image's time, is paid once per batch. An operand that
+should be a constant (weights, requantization parameters, index tables) is checked to be the same
+in every row; where a stream made them differ, that instruction runs image by image.
+
+Counters (per image): instructions per engine, bytes moved by DMA, MACs, and the SRAM high-water
+mark.
 """
 
 from __future__ import annotations
@@ -15,7 +24,7 @@ from collections import Counter
 
 import numpy as np
 
-from npubuild.intmodel.codes import elementwise, saturate
+from npubuild.intmodel.codes import elementwise, per_code, qrange, saturate
 from npubuild.intmodel.fixedpoint import add_codes, multiply_codes, requantize, requantize_output
 from npubuild.intmodel.kernels import conv_accumulate, conv_transpose_accumulate, windows
 from npubuild.intmodel.ortconv import ExactConvs
@@ -25,17 +34,57 @@ from npubuild.targets.cycles import Timeline
 from npubuild.targets.isa import ENGINES, MAPPINGS, Instruction
 from npubuild.targets.npub import NpubError
 
+
+def _look_up(
+    table: np.ndarray, x: np.ndarray, offset: int, what: str, x_range: tuple[int, int]
+) -> np.ndarray:
+    """table[x + offset] in each image's own table ([rows, entries]; x [rows, ...], its values
+    known to lie in x_range: then the bounds check needs no pass over x when the range fits)."""
+    index = np.add(x, offset, dtype=np.int32)
+    inside = 0 <= x_range[0] + offset and x_range[1] + offset < table.shape[1]
+    if index.size and not inside and (index.min() < 0 or index.max() >= table.shape[1]):
+        raise NpubError(f"{what} index outside its table")
+    try:  # the usual case, one table for all: a plain gather, several times take_along_axis's speed
+        return _same_in_every_row(table)[index]
+    except _Uneven:
+        flat = np.take_along_axis(table, index.reshape(index.shape[0], -1), axis=1)
+        return flat.reshape(index.shape)
+
+
 DTYPES = {8: np.dtype("<i1"), 16: np.dtype("<i2"), 32: np.dtype("<i4"), 64: np.dtype("<i8")}
 ESIZE_BITS = {1: 8, 2: 16, 4: 32, 8: 64}
 
 
+class _Uneven(Exception):
+    """An operand meant to be a constant differs between the images of a batch."""
+
+
 class Memory:
-    def __init__(self, name: str, size: int):
+    """One address space of `size` bytes per image of a batch (`batch` rows). Views put the
+    images first: rows `first` to `first + rows` of it (all of them unless a smaller batch or one
+    image at a time is running)."""
+
+    def __init__(self, name: str, size: int, batch: int = 1):
         self.name = name
-        self.data = bytearray(size)
+        self.size = size
+        self.buffer = bytearray(size * batch)
+        self.data = np.frombuffer(self.buffer, np.uint8).reshape(batch, size)
+        self.first, self.rows = 0, batch
         self.high_water = 0
 
+    def strided(self, addr: int, dtype: np.dtype, shape: tuple, strides: tuple) -> np.ndarray:
+        """The rows' elements at `addr` with the given shape and element strides (in elements);
+        the caller has checked that they lie inside the memory."""
+        return np.ndarray(
+            (self.rows, *shape),
+            dtype,
+            self.buffer,
+            self.first * self.size + addr,
+            (self.size, *(s * dtype.itemsize for s in strides)),
+        )
+
     def view(self, addr: int, bits: int, shape, write: bool = False) -> np.ndarray:
+        """[rows, *shape] elements of `bits` at addr, row-major in each image's memory."""
         dtype = DTYPES.get(bits)
         if dtype is None:
             raise NpubError(f"{self.name}: unsupported element width {bits}")
@@ -44,27 +93,51 @@ class Memory:
         if addr < 0 or (shape and min(shape) < 0):
             raise NpubError(f"{self.name}: negative address or extent")
         end = addr + count * dtype.itemsize
-        if end > len(self.data):
-            raise NpubError(
-                f"{self.name}: access [{addr:#x}, {end:#x}) is outside its {len(self.data)} bytes"
-            )
+        if end > self.size:
+            raise NpubError(f"{self.name}: access [{addr:#x}, {end:#x}) is outside its {self.size} bytes")
         if write and end > self.high_water:
             self.high_water = end
-        return np.frombuffer(self.data, dtype, count, addr).reshape(shape)
+        strides, step = [], 1
+        for extent in reversed(shape):
+            strides.append(step)
+            step *= extent
+        return self.strided(addr, dtype, shape, tuple(reversed(strides)))
 
     def write(self, addr: int, bits: int, values: np.ndarray) -> None:
-        target = self.view(addr, bits, values.shape, write=True)
+        """values: [rows, *shape], one block per image."""
+        target = self.view(addr, bits, values.shape[1:], write=True)
         target[...] = values
 
 
+def _same_in_every_row(rows: np.ndarray) -> np.ndarray:
+    """The one value of an operand that every image of the batch holds alike (weights, tables,
+    requantization parameters: loaded from the constants); _Uneven when a stream made them differ."""
+    first = rows[0]
+    if rows.shape[0] > 1 and not (rows[1:] == first).all():
+        raise _Uneven
+    return first
+
+
 class Simulator:
-    def __init__(self, sram_bytes: int, dram_bytes: int, target: dict | None = None):
-        self.sram = Memory("SRAM", sram_bytes)
-        self.dram = Memory("DRAM", dram_bytes)
+    def __init__(
+        self, sram_bytes: int, dram_bytes: int, target: dict | None = None, batch: int = 1, threads: int = 1
+    ):
+        self.batch = batch
+        self.sram = Memory("SRAM", sram_bytes, batch)
+        self.dram = Memory("DRAM", dram_bytes, batch)
         self.counts: Counter = Counter()
         self.target = target
         self._static: dict[int, tuple[list[Instruction], dict[str, int]]] = {}
-        self._exact_convs = ExactConvs()  # onnxruntime sessions, named by the weights' address
+        # onnxruntime sessions, named by the weights' address; `threads` each: a batch's
+        # convolutions are large enough to share out
+        self._exact_convs = ExactConvs(threads)
+
+    def use_rows(self, first: int, rows: int) -> None:
+        """Run the next instructions on images first .. first + rows - 1 of the batch."""
+        if not (0 <= first and rows >= 1 and first + rows <= self.batch):
+            raise ValueError(f"rows {first}..{first + rows} of a batch of {self.batch}")
+        for memory in (self.sram, self.dram):
+            memory.first, memory.rows = first, rows
 
     # --- DMA ------------------------------------------------------------------------------------
     def _dram_box(self, a: dict) -> tuple[np.ndarray, tuple]:
@@ -81,19 +154,9 @@ class Simulator:
             raise NpubError(f"DMA memory space {a['space']}")
         span = sum((d - 1) * s for d, s in zip(inner, strides)) + 1 if all(inner) else 0
         end = a["dram"] + span * esize
-        if end > len(far.data):
+        if end > far.size:
             raise NpubError(f"DMA reads or writes {far.name} past its end ({end:#x})")
-        base = np.frombuffer(far.data, DTYPES[ESIZE_BITS[esize]], max(span, 0), a["dram"])
-        if (
-            strides[3] == 1
-            and strides[2] == inner[3]
-            and strides[1] == inner[2] * inner[3]
-            and (inner[0] == 1 or strides[0] == inner[1] * inner[2] * inner[3])
-        ):  # a contiguous box: a plain reshape, no strided view
-            return base.reshape(inner), tuple(inner)
-        box = np.lib.stride_tricks.as_strided(
-            base, shape=inner, strides=[s * esize for s in strides], writeable=True
-        )
+        box = far.strided(a["dram"], DTYPES[ESIZE_BITS[esize]], tuple(inner), tuple(strides))
         return box, tuple(inner)
 
     def _load(self, a: dict) -> None:
@@ -105,8 +168,9 @@ class Simulator:
         pt, pl = a["pad_top"], a["pad_left"]
         if pt or pl or inner[2] != a["d2"] or inner[3] != a["d3"]:  # a padded tile: the pad first
             out[...] = a["pad_value"]
-        out[:, :, pt : pt + inner[2], pl : pl + inner[3]] = box  # SRAM written in place
-        self.counts["dma_in_bytes" if a["space"] == 0 else "sram_copy_bytes"] += box.size * a["esize"]
+        out[:, :, :, pt : pt + inner[2], pl : pl + inner[3]] = box  # SRAM written in place
+        moved = math.prod(inner) * a["esize"]  # per image
+        self.counts["dma_in_bytes" if a["space"] == 0 else "sram_copy_bytes"] += moved
 
     def _store(self, a: dict) -> None:
         bits = ESIZE_BITS.get(a["esize"])
@@ -115,9 +179,10 @@ class Simulator:
         src = self.sram.view(a["sram"], bits, (a["d0"], a["d1"], a["d2"], a["d3"]))
         box, _ = self._dram_box({**a, "pad_top": 0, "pad_bottom": 0, "pad_left": 0, "pad_right": 0})
         box[...] = src
+        moved = math.prod(src.shape[1:]) * a["esize"]  # per image
         if a["space"] == 1:
-            self.sram.high_water = max(self.sram.high_water, a["dram"] + src.size * a["esize"])
-        self.counts["dma_out_bytes" if a["space"] == 0 else "sram_copy_bytes"] += src.size * a["esize"]
+            self.sram.high_water = max(self.sram.high_water, a["dram"] + moved)
+        self.counts["dma_out_bytes" if a["space"] == 0 else "sram_copy_bytes"] += moved
 
     # --- MAC array ------------------------------------------------------------------------------
     def _finish(self, acc: np.ndarray, params: np.ndarray, a: dict, channel_axis: int) -> np.ndarray:
@@ -125,7 +190,7 @@ class Simulator:
         return requantize_output(acc, bias, m0, shift, channel_axis, a["out_zp"], a["min"], a["max"])
 
     def _conv(self, a: dict) -> None:
-        x = self.sram.view(a["src"], a["in_bits"], (1, a["in_c"], a["in_h"], a["in_w"]))
+        x = self.sram.view(a["src"], a["in_bits"], (a["in_c"], a["in_h"], a["in_w"]))
         group = a["group"]
         if group <= 0 or a["in_c"] % group:
             raise NpubError(f"conv with {a['in_c']} input channels in {group} groups")
@@ -142,17 +207,18 @@ class Simulator:
             wshape = (a["in_c"], a["out_c"] // group, *kernel)
         else:
             wshape = (a["out_c"], a["in_c"] // group, *kernel)
-        w = self.sram.view(a["weights"], 8, wshape)
-        params = self.sram.view(a["params"], 64, (a["out_c"], 3))
+        w = _same_in_every_row(self.sram.view(a["weights"], 8, wshape))
+        params = _same_in_every_row(self.sram.view(a["params"], 64, (a["out_c"], 3)))
         if min(a["sh"], a["sw"], a["dh"], a["dw"], a["kh"], a["kw"]) <= 0:
             raise NpubError("conv with a non-positive kernel, stride or dilation")
         attrs = ConvGeometry(
             strides=[a["sh"], a["sw"]], dilations=[a["dh"], a["dw"]], pads=[0, 0, 0, 0], group=group
         )
+        x_bound = 2 ** (a["in_bits"] - 1) + abs(a["in_zp"])  # |code - zero point|
         if a["transpose"]:
             xc = np.subtract(x, a["in_zp"], dtype=np.float32)  # codes: exact in float32
-            full = conv_transpose_accumulate(xc, w, attrs, self._exact_convs, key=a["weights"])
-            acc = np.zeros((1, a["out_c"], a["out_h"], a["out_w"]))
+            full = conv_transpose_accumulate(xc, w, attrs, self._exact_convs, a["weights"], x_bound)
+            acc = np.zeros((x.shape[0], a["out_c"], a["out_h"], a["out_w"]))
             t, left = a["crop_top"], a["crop_left"]
             r0, r1 = max(t, 0), min(t + a["out_h"], full.shape[2])
             c0, c1 = max(left, 0), min(left + a["out_w"], full.shape[3])
@@ -160,27 +226,25 @@ class Simulator:
                 acc[:, :, r0 - t : r1 - t, c0 - left : c1 - left] = full[:, :, r0:r1, c0:c1]
         else:
             xc = np.subtract(x, a["in_zp"], dtype=np.float32)  # codes: exact in float32
-            acc = conv_accumulate(xc, w, attrs, self._exact_convs, key=a["weights"])
+            acc = conv_accumulate(xc, w, attrs, self._exact_convs, a["weights"], x_bound)
             if acc.shape[2:] != (a["out_h"], a["out_w"]):
                 raise NpubError(f"conv tile gives {acc.shape[2:]}, instruction says {a['out_h'], a['out_w']}")
-        self.counts["macs"] += math.prod(acc.shape) * math.prod(w.shape[1:])
+        self.counts["macs"] += math.prod(acc.shape[1:]) * math.prod(w.shape[1:])
         y = self._finish(acc, params, a, 1)
         if a["lut"] >= 0:  # an activation table in the output path (a LUT op fused into the conv)
             table = self.sram.view(a["lut"], a["lut_bits"], (2 ** a["out_bits"],))
-            index = y.astype(np.int64) + a["lut_offset"]
-            if index.size and (index.min() < 0 or index.max() >= table.size):
-                raise NpubError("conv output table index outside its table")
-            self.sram.write(a["dst"], a["lut_bits"], table[index][0])
+            looked_up = _look_up(table, y, a["lut_offset"], "conv output table", (a["min"], a["max"]))
+            self.sram.write(a["dst"], a["lut_bits"], looked_up)
             return
-        self.sram.write(a["dst"], a["out_bits"], y[0])
+        self.sram.write(a["dst"], a["out_bits"], y)
 
     def _matmul(self, a: dict) -> None:
         x = self.sram.view(a["src"], a["in_bits"], (a["m"], a["k"]))
-        w = self.sram.view(a["weights"], 8, (a["k"], a["n"]))
-        params = self.sram.view(a["params"], 64, (a["n"], 3))
+        w = _same_in_every_row(self.sram.view(a["weights"], 8, (a["k"], a["n"])))
+        params = _same_in_every_row(self.sram.view(a["params"], 64, (a["n"], 3)))
         acc = (x.astype(np.float64) - a["in_zp"]) @ w.astype(np.float64)
         self.counts["macs"] += a["m"] * a["k"] * a["n"]
-        self.sram.write(a["dst"], a["out_bits"], self._finish(acc, params, a, 1))
+        self.sram.write(a["dst"], a["out_bits"], self._finish(acc, params, a, 2))
 
     def _bmm(self, a: dict) -> None:
         x = self.sram.view(a["a"], a["a_bits"], (a["m"], a["k"])).astype(np.float64) - a["za"]
@@ -194,12 +258,13 @@ class Simulator:
     def _operands(self, a: dict):
         x = self.sram.view(a["a"], a["a_bits"], [a[f"a{i}"] for i in range(4)])
         y = self.sram.view(a["b"], a["b_bits"], [a[f"b{i}"] for i in range(4)])
-        shape = tuple(a[f"o{i}"] for i in range(4))
+        shape = (x.shape[0], *(a[f"o{i}"] for i in range(4)))
         try:
             if np.broadcast_shapes(x.shape, y.shape) != shape:
                 raise ValueError
         except ValueError:
-            raise NpubError(f"operands {x.shape} and {y.shape} do not broadcast to {shape}") from None
+            broadcast = f"operands {x.shape[1:]} and {y.shape[1:]} do not broadcast to {shape[1:]}"
+            raise NpubError(broadcast) from None
         return x, y
 
     def _add(self, a: dict) -> None:
@@ -219,30 +284,30 @@ class Simulator:
         self.sram.write(a["dst"], a["out_bits"], elementwise(multiply, x, a["a_bits"], y, a["b_bits"]))
 
     def _requant(self, a: dict) -> None:
-        x = self.sram.view(a["src"], a["in_bits"], (a["n"],)).astype(np.int64)
-        out = saturate(requantize(x - a["in_zp"], a["m0"], a["shift"]) + a["out_zp"], a["out_bits"])
-        self.sram.write(a["dst"], a["out_bits"], out)
+        x = self.sram.view(a["src"], a["in_bits"], (a["n"],))
+
+        def requantized(codes: np.ndarray) -> np.ndarray:
+            return saturate(requantize(codes - a["in_zp"], a["m0"], a["shift"]) + a["out_zp"], a["out_bits"])
+
+        self.sram.write(a["dst"], a["out_bits"], per_code(requantized, x, a["in_bits"]))
 
     def _lut(self, a: dict) -> None:
-        x = self.sram.view(a["src"], a["in_bits"], (a["n"],)).astype(np.int64)
+        x = self.sram.view(a["src"], a["in_bits"], (a["n"],))
         table = self.sram.view(a["table"], a["out_bits"], (2 ** a["in_bits"],))
-        index = x + a["offset"]
-        if index.size and (index.min() < 0 or index.max() >= table.size):
-            raise NpubError("LUT index outside its table")
-        self.sram.write(a["dst"], a["out_bits"], saturate(table[index], a["out_bits"]))
+        self.sram.write(a["dst"], a["out_bits"], _look_up(table, x, a["offset"], "LUT", qrange(a["in_bits"])))
 
     def _softmax(self, a: dict) -> None:
         x = self.sram.view(a["src"], a["in_bits"], (a["rows"], a["n"])).astype(np.int64)
         if not 1 <= a["table_len"] <= 1 << 16 or not 0 <= a["rshift"] <= 16:
             raise NpubError("softmax table length or shift out of range")
-        table = self.sram.view(a["table"], 32, (a["table_len"],)).astype(np.int64)
+        table = _same_in_every_row(self.sram.view(a["table"], 32, (a["table_len"],))).astype(np.int64)
         if a["out_bits"] not in (8, 16):
             raise NpubError("softmax output width must be 8 or 16")
         self.sram.write(a["dst"], a["out_bits"], softmax_rows(x, table, a["rshift"], a["out_bits"]))
 
     def _layernorm(self, a: dict) -> None:
         x = self.sram.view(a["src"], a["in_bits"], (a["rows"], a["n"])).astype(np.int64)
-        params = self.sram.view(a["params"], 64, (a["n"], 3)).astype(np.int64)
+        params = _same_in_every_row(self.sram.view(a["params"], 64, (a["n"], 3))).astype(np.int64)
         if not 0 <= a["eps"] <= EPS_CODES_MAX or a["out_bits"] not in (8, 16):
             raise NpubError("layernorm epsilon or output width out of range")
         if params.size and not (
@@ -259,7 +324,7 @@ class Simulator:
     def _gap(self, a: dict) -> None:
         x = self.sram.view(a["src"], a["in_bits"], (a["c"], a["hw"])).astype(np.int64) - a["in_zp"]
         acc = self.sram.view(a["acc"], 64, (a["c"],), write=True)
-        partial = x.sum(axis=1)
+        partial = x.sum(axis=-1)
         acc[...] = partial if a["first"] else acc + partial
         if a["last"]:
             y = saturate(requantize(acc, a["m0"], a["shift"]) + a["out_zp"], a["out_bits"])
@@ -267,7 +332,7 @@ class Simulator:
 
     def _pool(self, a: dict) -> None:
 
-        x = self.sram.view(a["src"], a["in_bits"], (1, a["c"], a["in_h"], a["in_w"]))
+        x = self.sram.view(a["src"], a["in_bits"], (a["c"], a["in_h"], a["in_w"]))
         kernel, strides, dil = [a["kh"], a["kw"]], [a["sh"], a["sw"]], [a["dh"], a["dw"]]
         if min(*kernel, *strides, *dil) <= 0:
             raise NpubError("pool with a non-positive window, stride or dilation")
@@ -278,16 +343,17 @@ class Simulator:
         else:
             xc = x.astype(np.float64) - a["in_zp"]
             total = np.rint(windows(xc, kernel, strides, dil, [0, 0, 0, 0], 0.0).sum(axis=(-2, -1)))
-            params = self.sram.view(a["params"], 64, (*shape, 2))
+            params = _same_in_every_row(self.sram.view(a["params"], 64, (*shape, 2)))
             y = requantize(total.astype(np.int64), params[..., 0], params[..., 1]) + a["out_zp"]
             y = saturate(y, a["out_bits"])
         if y.shape[2:] != shape:
             raise NpubError(f"pool tile gives {y.shape[2:]}, instruction says {shape}")
-        self.sram.write(a["dst"], a["out_bits"], y[0])
+        self.sram.write(a["dst"], a["out_bits"], y)
 
     def _resize(self, a: dict) -> None:
         x = self.sram.view(a["src"], a["bits"], (a["c"], a["in_h"], a["in_w"]))
-        index = self.sram.view(a["index"], 32, (a["out_h"] + a["out_w"],)).astype(np.int64)
+        index = self.sram.view(a["index"], 32, (a["out_h"] + a["out_w"],))
+        index = _same_in_every_row(index).astype(np.int64)
         rows, cols = index[: a["out_h"]], index[a["out_h"] :]
         if index.size and (
             rows.min(initial=0) < 0 or rows.max(initial=0) >= a["in_h"] or cols.max(initial=0) >= a["in_w"]
@@ -295,7 +361,7 @@ class Simulator:
             raise NpubError("resize index outside its tile")
         if cols.size and cols.min() < 0:
             raise NpubError("resize index outside its tile")
-        self.sram.write(a["dst"], a["bits"], x[:, rows][:, :, cols])
+        self.sram.write(a["dst"], a["bits"], x[:, :, rows][:, :, :, cols])
 
     # --- the stream -----------------------------------------------------------------------------
     def _static_counts(self, program: list[Instruction]) -> dict[str, int]:
@@ -320,13 +386,30 @@ class Simulator:
         self._static[id(program)] = (program, counts)
         return counts
 
+    def _image_by_image(self, handler, args: dict) -> None:
+        first, rows = self.sram.first, self.sram.rows
+        once = None  # the counters are per image: the first image's run counts
+        try:
+            for row in range(first, first + rows):
+                self.use_rows(row, 1)
+                handler(args)
+                if once is None:
+                    once = Counter(self.counts)
+        finally:
+            self.use_rows(first, rows)
+        self.counts = once
+
     def execute(self, program: list[Instruction]) -> None:
         static = self._static_counts(program)
         for instruction in program:
             if instruction.op == "end":
                 break
+            handler = getattr(self, f"_{instruction.op}")
             try:
-                getattr(self, f"_{instruction.op}")(instruction.args)
+                try:
+                    handler(instruction.args)
+                except _Uneven:  # nothing written yet: the constants are read first
+                    self._image_by_image(handler, instruction.args)
             except (ValueError, IndexError, KeyError, TypeError, OverflowError, MemoryError) as exc:
                 raise NpubError(f"'{instruction.op}' failed: {exc}") from None
         for name, value in static.items():
