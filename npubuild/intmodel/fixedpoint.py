@@ -160,9 +160,13 @@ def _requantize_block(acc: np.ndarray, bias, m0, shift, zero_point: int, lo: int
         v += bias
         v *= np.ldexp(m0.astype(np.float64), -total)
         v += np.copysign(0.5, v)
-        np.trunc(v, out=v)
-    else:
-        v = requantize(np.asarray(acc).astype(np.int64) + bias.astype(np.int64), m0, shift)
+        # clipped to integer bounds before the cast's truncation toward zero: the same as
+        # truncating first (both monotone), one pass fewer over a float64 feature map
+        np.clip(v, lo - zero_point, hi - zero_point, out=v)
+        out = v.astype(np.int32)
+        out += zero_point
+        return out
+    v = requantize(np.asarray(acc).astype(np.int64) + bias.astype(np.int64), m0, shift)
     v += zero_point
     return np.clip(v, lo, hi, out=v).astype(np.int32)
 
