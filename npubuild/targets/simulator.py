@@ -51,6 +51,8 @@ def _look_up(
         return flat.reshape(index.shape)
 
 
+VIEWS_KEPT = 1 << 16  # a large stream's distinct views; beyond that they are built again
+
 DTYPES = {8: np.dtype("<i1"), 16: np.dtype("<i2"), 32: np.dtype("<i4"), 64: np.dtype("<i8")}
 ESIZE_BITS = {1: 8, 2: 16, 4: 32, 8: 64}
 
@@ -71,20 +73,41 @@ class Memory:
         self.data = np.frombuffer(self.buffer, np.uint8).reshape(batch, size)
         self.first, self.rows = 0, batch
         self.high_water = 0
+        # views by (where, what shape, which rows): a stream's instructions ask for the same
+        # ones every run, and a view of the fixed buffer stays valid; building one costs more
+        # than the small tiles' arithmetic
+        self._views: dict[tuple, tuple[np.ndarray, int]] = {}
 
     def strided(self, addr: int, dtype: np.dtype, shape: tuple, strides: tuple) -> np.ndarray:
         """The rows' elements at `addr` with the given shape and element strides (in elements);
         the caller has checked that they lie inside the memory."""
-        return np.ndarray(
+        key = ("strided", addr, dtype.char, shape, strides, self.first, self.rows)
+        known = self._views.get(key)
+        if known is not None:
+            return known[0]
+        array = np.ndarray(
             (self.rows, *shape),
             dtype,
             self.buffer,
             self.first * self.size + addr,
             (self.size, *(s * dtype.itemsize for s in strides)),
         )
+        self._remember(key, array, 0)
+        return array
+
+    def _remember(self, key: tuple, array: np.ndarray, end: int) -> None:
+        if len(self._views) >= VIEWS_KEPT:
+            self._views.clear()
+        self._views[key] = (array, end)
 
     def view(self, addr: int, bits: int, shape, write: bool = False) -> np.ndarray:
         """[rows, *shape] elements of `bits` at addr, row-major in each image's memory."""
+        key = ("view", addr, bits, tuple(shape), self.first, self.rows)
+        known = self._views.get(key)
+        if known is not None:  # checked when it was first built
+            if write and known[1] > self.high_water:
+                self.high_water = known[1]
+            return known[0]
         dtype = DTYPES.get(bits)
         if dtype is None:
             raise NpubError(f"{self.name}: unsupported element width {bits}")
@@ -101,7 +124,9 @@ class Memory:
         for extent in reversed(shape):
             strides.append(step)
             step *= extent
-        return self.strided(addr, dtype, shape, tuple(reversed(strides)))
+        array = self.strided(addr, dtype, shape, tuple(reversed(strides)))
+        self._remember(key, array, end)
+        return array
 
     def write(self, addr: int, bits: int, values: np.ndarray) -> None:
         """values: [rows, *shape], one block per image."""
