@@ -64,9 +64,8 @@ def elementwise(
     for big, bits, small, big_first in ((a, a_bits, b, True), (b, b_bits, a, False)):
         if bits is None or small.size != 1 or small.ndim > big.ndim or big.size < 4 << bits:
             continue
-        lo, hi = qrange(bits)
-        codes = np.arange(lo, hi + 1, dtype=np.int32)
         one = small.reshape(())
-        table = fn(codes, one) if big_first else fn(one, codes)
-        return np.take(table, np.subtract(big, lo, dtype=np.int32))
+        if big_first:
+            return per_code(lambda codes, one=one: fn(codes, one), big, bits)
+        return per_code(lambda codes, one=one: fn(one, codes), big, bits)
     return fn(a, b)

@@ -85,15 +85,18 @@ class Memory:
         known = self._views.get(key)
         if known is not None:
             return known[0]
-        array = np.ndarray(
+        array = self._array(addr, dtype, shape, strides)
+        self._remember(key, array, 0)
+        return array
+
+    def _array(self, addr: int, dtype: np.dtype, shape: tuple, strides: tuple) -> np.ndarray:
+        return np.ndarray(
             (self.rows, *shape),
             dtype,
             self.buffer,
             self.first * self.size + addr,
             (self.size, *(s * dtype.itemsize for s in strides)),
         )
-        self._remember(key, array, 0)
-        return array
 
     def _remember(self, key: tuple, array: np.ndarray, end: int) -> None:
         if len(self._views) >= VIEWS_KEPT:
@@ -124,8 +127,8 @@ class Memory:
         for extent in reversed(shape):
             strides.append(step)
             step *= extent
-        array = self.strided(addr, dtype, shape, tuple(reversed(strides)))
-        self._remember(key, array, end)
+        array = self._array(addr, dtype, shape, tuple(reversed(strides)))
+        self._remember(key, array, end)  # under its own key only: one entry per view
         return array
 
     def write(self, addr: int, bits: int, values: np.ndarray) -> None:
