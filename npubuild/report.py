@@ -228,7 +228,7 @@ def render_search(console, sensitivity: dict | None, search: dict | None) -> Non
                 r["op_type"],
                 f"{r['macs']:,}",
                 f"{r['quantized_alone']['cosine']:.5f}",
-                f"{r['float_alone']['cosine']:.5f}",
+                f"{r['float_alone']['cosine']:.5f}" if r["float_alone"] else "-",  # not measured
                 f"{r['score']:.2e}",
             )
         console.print(table)

@@ -40,6 +40,15 @@ def test_goal_is_met_at_least_cost_and_changing_it_reruns_only_the_search(small_
     first = run_build(small_ws, store)
     assert first.ok, first.errors
     assert {SENSITIVITY, SEARCH} <= first.executed()
+    # sensitivity: every layer quantized alone; float alone only for the 25 most damaging
+    sensitivity = read(small_ws, "sensitivity.json")
+    layers = sensitivity["layers"]
+    damage = sorted(layers, key=lambda r: (r["quantized_alone"]["cosine"], r["node"]))
+    shortlist = {r["node"] for r in damage[:25]}
+    assert len(layers) > 25 and sensitivity["float_alone_layers"] == 25
+    assert {r["node"] for r in layers if r["float_alone"] is not None} == shortlist
+    assert sensitivity["probe_runs"] == 1 + len(layers) + 25
+    assert set(sensitivity["ranking"][:25]) == shortlist and len(sensitivity["ranking"]) == len(layers)
     search = read(small_ws, "search.json")
     int8 = search["path"][0]
     assert int8["action"] == "all layers int8" and not int8["goal_met"]

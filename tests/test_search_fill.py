@@ -57,7 +57,7 @@ def stub_price(work: dict):
     return price
 
 
-def make_search(probe, units, goal, work, noise_ranking, exact=None) -> strategies.Search:
+def make_search(probe, units, goal, work, noise_ranking, exact=True) -> strategies.Search:
     costs = Costs(probe, units, ["int8", "int16"], work, stub_price(work))
     return strategies.Search(Measurer(probe, goal, exact), costs, SearchLog(costs, goal), goal, noise_ranking)
 

@@ -22,7 +22,7 @@ from npubuild.stages.quantize.probe import PrecisionProbe
 from npubuild.stages.quantize.search import strategies
 from npubuild.stages.quantize.search.costs import Costs, planned_price
 from npubuild.stages.quantize.search.log import SearchLog
-from npubuild.stages.quantize.search.measure import Measurer, meets
+from npubuild.stages.quantize.search.measure import Measurer, golden_is_cheap, meets
 from npubuild.stages.quantize.search.prices import Prices
 from npubuild.stages.wording import goal_text, metrics_text
 
@@ -52,7 +52,7 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     costs = replace(costs, units=units)  # searched in that order
     by_noise = sorted(sensitivity["layers"], key=lambda r: (r["quantized_alone"]["sqnr_db"], r["node"]))
     search = strategies.Search(
-        Measurer(probe, params["goal"]),
+        Measurer(probe, params["goal"], golden_is_cheap(work, len(feeds))),
         costs,
         SearchLog(costs, params["goal"]),
         params["goal"],
