@@ -55,12 +55,11 @@ def bias_correction(mean, w, wq, wscale, bias, group: int, transpose: bool) -> n
     shape = [-1] + [1] * (w.ndim - 1)
     delta = wq.astype(np.float64) * wscale.reshape(shape) - w  # [Cout, Cin/g, k...]
     cout, cin_g = w.shape[0], w.shape[1]
-    per_out_group = cout // group
-    means = mean.astype(np.float64).reshape(group, cin_g)
-    correction = np.empty(cout)
-    for o in range(cout):
-        correction[o] = np.sum(delta[o].reshape(cin_g, -1).sum(axis=1) * means[o // per_out_group])
-    return bias - correction
+    per_input = delta.reshape(cout, cin_g, -1).sum(axis=2)  # [Cout, Cin/g]
+    # each output channel's group's input means, [Cout, Cin/g]; the products summed along the
+    # last axis, the same reduction per channel as one channel at a time (the same bits)
+    means = mean.astype(np.float64).reshape(group, cin_g)[np.arange(cout) // (cout // group)]
+    return bias - (per_input * means).sum(axis=1)
 
 
 def constant_params(value: np.ndarray, bits: int) -> tuple[TensorParams, np.ndarray]:
