@@ -133,3 +133,43 @@ def test_the_measurer_runs_each_table_once_and_keeps_what_the_integer_model_pass
     failing = {"a": "int16"}
     measurer.golden_metrics(failing)
     assert failing not in measurer.confirmed_tables
+
+
+class PessimisticProbe(StubProbe):
+    """A probe that sees 1.3x the noise the integer model has."""
+
+    NOISE = {"a": 0.5, "b": 0.3, "c": 0.1}
+
+    def __init__(self):
+        super().__init__()
+        self.confirmed: list[dict] = []
+
+    def run(self, table):
+        self.runs += 1
+        return self.metrics(table, 1.3)
+
+    def confirm(self, table):
+        self.confirmed.append(dict(table))
+        return self.metrics(table)
+
+
+def test_hand_back_steps_run_on_the_integer_model_when_the_probe_measures_the_search():
+    probe = PessimisticProbe()
+    work = {u: {"macs": 1000, "elements": 64} for u in probe.NOISE}
+    goal = {"sqnr": 10 * math.log10(1 / 0.45)}  # at most 0.45 of noise may remain
+    s = make_search(probe, list(probe.NOISE), goal, work, list(probe.NOISE), exact=False)
+    table = strategies.hand_back(s, {u: "int16" for u in probe.NOISE}, goal)
+    # by hand, least sensitive first: all three back leaves 0.9 (fails); c back leaves 0.1
+    # (passes); b and a back 0.9 (fails); b back 0.4: passes on the integer model, where the
+    # probe would see 0.52 and keep b at int16; a back 0.9 (fails)
+    assert table == {"a": "int16", "b": "int8", "c": "int8"}
+    # every step on the integer model, each distinct table once (all int8 is tried three times)
+    assert probe.runs == 0
+    assert probe.confirmed == [{}, {"a": "int16", "b": "int16"}, {"a": "int16"}]
+    assert [p["action"] for p in s.log.path] == [
+        "hand 3 layers (c ...) back one level",
+        "hand c back one level",
+        "hand 2 layers (b ...) back one level",
+        "hand b back one level",
+        "hand a back one level",
+    ]
