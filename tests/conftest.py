@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import zlib
@@ -210,8 +211,15 @@ def shared(tmp_path_factory, cls_model):
 
 def cli_build(ws: Path, cache: Path, *args: str, new_session: bool = False) -> subprocess.Popen:
     """A build running in the background; with new_session in its own process group, as a
-    shell runs a foreground job (so a test can send the group Ctrl-C)."""
+    shell runs a foreground job (so a test can send the group Ctrl-C), and with Ctrl-C's default
+    handling: a test suite started in the background by a shell without job control inherits
+    SIGINT ignored, and so would the build (a clean-clone CI run so started saw the build ignore
+    the test's Ctrl-C and finish)."""
     env = {**os.environ, "NPUBUILD_CACHE": str(cache), "COLUMNS": "200"}
+
+    def default_ctrl_c() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
     return subprocess.Popen(
         [sys.executable, "-m", "npubuild", "build", "//...", *args],
         cwd=ws,
@@ -221,4 +229,5 @@ def cli_build(ws: Path, cache: Path, *args: str, new_session: bool = False) -> s
         text=True,
         stdin=subprocess.DEVNULL,
         start_new_session=new_session,
+        preexec_fn=default_ctrl_c if new_session else None,
     )
