@@ -5,7 +5,7 @@ layer: the search orders its promotions by it;
 float alone: every layer int8 but this one (what keeping it float buys back), for the
 FLOAT_ALONE_LAYERS layers that do the most damage alone: it is a figure for the reports (which show
 at most that many layers), and measuring it for every layer doubled the pass (PP-OCRv4 det at 480:
-184 layers, 369 probe runs, half the wait of a precision search).
+184 layers, 369 probe runs, 90 s; with the shortlist 210 runs, 45-49 s).
 Both on a subset of the evaluation set, through the precision probe (no recalibration: the
 calibration statistics and the float reference outputs are reused). The ranking puts those layers
 first, by the sum of the two effects, then the others by their damage alone.
