@@ -71,6 +71,10 @@ class QuantPlan:
 class GraphInfo:
     """What does not depend on the settings: shared by every plan of one model."""
 
+    # the graph's nodes, held: plans key their choices by id(node), and python-protobuf makes a
+    # new wrapper object per access for an element nobody holds, reusing a freed one's id (five
+    # input-less nodes, one pass: two distinct ids)
+    nodes: tuple[onnx.NodeProto, ...]
     constants: dict
     shapes: dict[str, list[int]]
     consumers: dict[str, list[onnx.NodeProto]]
@@ -80,12 +84,13 @@ class GraphInfo:
 
     @classmethod
     def of(cls, graph: onnx.GraphProto) -> GraphInfo:
+        nodes = tuple(graph.node)
         constants = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
         shapes = {}
         for v in [*graph.input, *graph.value_info, *graph.output]:
             shapes[v.name] = [d.dim_value for d in v.type.tensor_type.shape.dim]
         consumers: dict[str, list[onnx.NodeProto]] = {}
-        for n in graph.node:
+        for n in nodes:
             for i in n.input:
                 consumers.setdefault(i, []).append(n)
         floats = (TensorProto.FLOAT, TensorProto.FLOAT16)
@@ -93,8 +98,10 @@ class GraphInfo:
             v.name for v in graph.input if v.name not in constants and v.type.tensor_type.elem_type in floats
         ]
         image_inputs = frozenset(float_inputs if len(float_inputs) == 1 else [])
-        head = next((n.output[0] for n in graph.node if n.name == FUSED_HEAD), None)
-        return cls(constants, shapes, consumers, frozenset(o.name for o in graph.output), image_inputs, head)
+        head = next((n.output[0] for n in nodes if n.name == FUSED_HEAD), None)
+        return cls(
+            nodes, constants, shapes, consumers, frozenset(o.name for o in graph.output), image_inputs, head
+        )
 
 
 def attr(node: onnx.NodeProto, name: str, default=None):
@@ -153,6 +160,7 @@ class Planner:
         self.matched_overrides: set[int] = set()
         self._overrides = _OverrideIndex(config.get("overrides", []))
         # what the target's integer ops cannot take depends on the graph alone: once per model
+        # (by id(node): GraphInfo holds the nodes, so an id names one node while the cache lives)
         self._blockers: dict[int, str | None] = self.range_cache.setdefault("__blockers__", {})
 
     # choices ----------------------------------------------------------------------------------
@@ -253,9 +261,9 @@ class Planner:
     # the plan ---------------------------------------------------------------------------------
     def build(self) -> QuantPlan:
         plan, info = self.plan, self.info
-        choices = {id(n): self.choose(n) for n in self.graph.node}
+        choices = {id(n): self.choose(n) for n in info.nodes}
         fused: dict[int, onnx.NodeProto] = {}  # id(MAC) -> the Relu/Clip folded into it
-        for n in self.graph.node:
+        for n in info.nodes:
             if n.op_type in MAC_OPS and choices[id(n)].integer:
                 users = info.consumers.get(n.output[0], [])
                 if (
@@ -273,7 +281,7 @@ class Planner:
             if any(choices[id(u)].integer for u in users):
                 bits = max(choices[id(u)].bits for u in users if choices[id(u)].integer)
                 self.ensure_quantized(value.name, bits, self.config["method"])
-        for node in self.graph.node:
+        for node in info.nodes:
             if id(node) in skip:
                 continue
             choice = choices[id(node)]
