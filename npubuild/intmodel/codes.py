@@ -38,6 +38,12 @@ def fits_integer(array: np.ndarray, dtype: np.dtype) -> bool:
     return array.size == 0 or (int(array.min()) >= info.min and int(array.max()) <= info.max)
 
 
+def centred_bound(bits: int, zero_point: int) -> int:
+    """A bound on |code - zero point| for every `bits`-wide code: what a convolution's exactness
+    check may take instead of reading its input for the largest value."""
+    return 2 ** (bits - 1) + abs(zero_point)
+
+
 def per_code(fn: Callable[[np.ndarray], np.ndarray], x: np.ndarray, bits: int) -> np.ndarray:
     """fn(x) for an element-wise fn of `bits`-wide integer codes x: when x holds far more elements
     than its codes can take, fn is computed once for every code and the result gathered (the same

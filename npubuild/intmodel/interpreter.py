@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 
 from npubuild.intmodel import tensorfile
-from npubuild.intmodel.codes import dequantize, elementwise, qrange, quantize_float, saturate
+from npubuild.intmodel.codes import centred_bound, dequantize, elementwise, qrange, quantize_float, saturate
 from npubuild.intmodel.fixedpoint import add_codes, multiply_codes, requantize, requantize_output
 from npubuild.intmodel.kernels import (
     conv_accumulate,
@@ -108,9 +108,7 @@ class Interpreter:
         w = self.arrays[op.arrays.weight]
         attrs = op.attrs
         accumulate = conv_transpose_accumulate if attrs.transpose else conv_accumulate
-        # |code - zero point| for any code of the input's width: spares reading the input for its
-        # largest value where that already proves the sums exact (as the simulator does)
-        x_bound = 2 ** (t.bits - 1) + abs(t.zero_point)
+        x_bound = centred_bound(t.bits, t.zero_point)  # spares reading xc for its largest value
         acc = accumulate(xc, w, attrs, self.exact_convs, op.outputs[0], x_bound)
         env[op.outputs[0]] = self._mac_finish(op, acc, 1)
 

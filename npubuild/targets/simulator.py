@@ -24,7 +24,7 @@ from collections import Counter
 
 import numpy as np
 
-from npubuild.intmodel.codes import elementwise, per_code, qrange, saturate
+from npubuild.intmodel.codes import centred_bound, elementwise, per_code, qrange, saturate
 from npubuild.intmodel.fixedpoint import add_codes, multiply_codes, requantize, requantize_output
 from npubuild.intmodel.kernels import conv_accumulate, conv_transpose_accumulate, windows
 from npubuild.intmodel.ortconv import ExactConvs
@@ -242,7 +242,7 @@ class Simulator:
         attrs = ConvGeometry(
             strides=[a["sh"], a["sw"]], dilations=[a["dh"], a["dw"]], pads=[0, 0, 0, 0], group=group
         )
-        x_bound = 2 ** (a["in_bits"] - 1) + abs(a["in_zp"])  # |code - zero point|
+        x_bound = centred_bound(a["in_bits"], a["in_zp"])
         if a["transpose"]:
             xc = np.subtract(x, a["in_zp"], dtype=np.float32)  # codes: exact in float32
             full = conv_transpose_accumulate(xc, w, attrs, self._exact_convs, a["weights"], x_bound)

@@ -82,13 +82,12 @@ class Search:
         float layers in onnx's reference evaluator, far slower than onnxruntime)."""
         if "float" in table.values():
             return self.evaluate(table, action, goal)
-        metrics = self.measurer.golden_metrics(table)
-        return self.log.note(table, metrics, meets(metrics, goal), action)
+        return self.confirm(table, action, goal)
 
-    def confirm(self, table: Table, action: str = CONFIRM_ACTION) -> bool:
-        """Run a table on the integer model, against the user's goal."""
+    def confirm(self, table: Table, action: str = CONFIRM_ACTION, goal: dict | None = None) -> bool:
+        """Run a table on the integer model, against `goal` (default: the user's)."""
         metrics = self.measurer.golden_metrics(table)
-        return self.log.note(table, metrics, meets(metrics, self.goal), action)
+        return self.log.note(table, metrics, meets(metrics, self.goal if goal is None else goal), action)
 
     def prefix(self, base: Table, level: str, k: int) -> Table:
         table = dict(base)
