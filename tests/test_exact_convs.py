@@ -100,13 +100,15 @@ def test_other_weights_under_the_same_name_get_their_own_session():
 
 
 @pytest.mark.parametrize("transpose", [False, True])
-def test_a_16_bit_input_is_summed_as_two_byte_convolutions(transpose):
+@pytest.mark.parametrize("images", [1, 3])
+def test_a_16_bit_input_is_summed_as_two_byte_convolutions(transpose, images):
     """int16 codes times int8 weights overflow float32's exact range whole; split in bytes they
-    do not, and the float64 combination equals numpy's float64 sums."""
+    do not, and the float64 combination equals numpy's float64 sums, image by image (the halves
+    of every image go through the session as one batch), from float32 or int32 codes."""
     rng = np.random.default_rng(16)
     w_shape = (8, 4, 3, 3)  # Conv [out, in]; ConvTranspose [in, out]
     attrs = ConvGeometry(strides=[2, 2], dilations=[1, 1], pads=[1, 1, 1, 1], group=1, transpose=transpose)
-    xc = rng.integers(-32768, 32768, (1, 8 if transpose else 4, 9, 9)).astype(np.float32)
+    xc = rng.integers(-32768, 32768, (images, 8 if transpose else 4, 9, 9)).astype(np.float32)
     w = rng.integers(-127, 128, w_shape).astype(np.int8)
     assert np.abs(xc).max() * channel_l1(w, transpose) >= FLOAT32_EXACT
     accumulate = conv_transpose_accumulate if transpose else conv_accumulate
@@ -117,3 +119,4 @@ def test_a_16_bit_input_is_summed_as_two_byte_convolutions(transpose):
         exact.accumulate(xc, w, attrs, pads, transpose, key=None) is not None
     )  # the byte split, not numpy's path
     np.testing.assert_array_equal(accumulate(xc, w, attrs, exact), reference)
+    np.testing.assert_array_equal(accumulate(xc.astype(np.int32), w, attrs, exact), reference)

@@ -158,7 +158,8 @@ def test_tabulated_functions_and_a_reciprocal_are_lookup_tables_on_the_npu(tmp_p
     samples = RNG.standard_normal((8, 4, 8, 8)).astype(np.float32)
     plan, summary, results = _compile_and_compare(tmp_path, model, samples, sram_kib=64)
     assert summary["float_ops"] == 0 and summary["op_kinds"]["lut"] == 4
-    assert plan["npu_ops"] == 6
+    # the Add of a constant after Pow reads only Pow's table: the table absorbs it (absorb.py)
+    assert "add" not in summary["op_kinds"] and plan["npu_ops"] == 5
     for got, ref in results:
         assert _cosine(got, ref) > 0.99
 

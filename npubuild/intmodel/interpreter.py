@@ -14,7 +14,15 @@ import numpy as np
 import onnx
 
 from npubuild.intmodel import tensorfile
-from npubuild.intmodel.codes import centred_bound, dequantize, elementwise, qrange, quantize_float, saturate
+from npubuild.intmodel.codes import (
+    centred_bound,
+    code_indexed,
+    dequantize,
+    elementwise,
+    qrange,
+    quantize_float,
+    saturate,
+)
 from npubuild.intmodel.fixedpoint import add_codes, multiply_codes, requantize, requantize_output
 from npubuild.intmodel.kernels import (
     conv_accumulate,
@@ -200,8 +208,11 @@ class Interpreter:
 
     def _lut(self, op, env):
         x = env[op.inputs[0]]
-        table = self.arrays[op.arrays.table]
-        env[op.outputs[0]] = np.take(table, x + op.attrs.offset)
+        table, offset = self.arrays[op.arrays.table], op.attrs.offset
+        if 0 <= offset < table.size:  # the codes index the table as they are: no pass adding the offset
+            env[op.outputs[0]] = code_indexed(table, -offset)[x]
+        else:
+            env[op.outputs[0]] = table[x + offset]
 
     def _softmax(self, op, env):
         x = env[op.inputs[0]].astype(np.int64)

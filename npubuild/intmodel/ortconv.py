@@ -92,7 +92,8 @@ class ExactConvs:
 
         float32 integers when the input fits whole; a wider input (a 16-bit layer's) is split
         into its low byte (0..255) and the rest, x = 256 * high + low, two convolutions of
-        8-bit-sized values combined in float64 (exact: each sum is below 2^24). `x_bound`, when
+        8-bit-sized values (one session call on a batch of both) combined in float64 (exact: each
+        sum is below 2^24). xc may also be an integer array. `x_bound`, when
         the caller knows one (an 8-bit code less its zero point), spares reading the input for
         max |x| whenever it already proves the sums exact."""
         entry = self._entry(w, attrs, pads, transpose, key)
@@ -105,15 +106,18 @@ class ExactConvs:
         high_bound = math.floor(x_bound / BYTE) + 1
         if max(BYTE - 1, high_bound) * entry.l1 >= FLOAT32_EXACT:
             return None
-        low = np.mod(xc, BYTE, dtype=np.float32)  # exact on integers below 2^24
-        high = np.subtract(xc, low, dtype=np.float32)
-        high *= 1.0 / BYTE
-        high_sums, low_sums = entry.run(high), entry.run(low)
-        if high_sums is None or low_sums is None:
+        # both halves in one batch (one session call): high = floor(x / 256) by an arithmetic
+        # shift, low = x mod 256 by a mask, on int32 (exact; float32's np.mod is ~50x slower)
+        whole = xc if xc.dtype.kind == "i" else xc.astype(np.int32)
+        n = xc.shape[0]
+        halves = np.empty((2 * n, *xc.shape[1:]), np.float32)
+        np.right_shift(whole, 8, out=halves[:n], casting="unsafe")
+        np.bitwise_and(whole, BYTE - 1, out=halves[n:], casting="unsafe")
+        both = entry.run(halves)
+        if both is None:
             return None
-        sums = high_sums.astype(np.float64)
-        sums *= BYTE
-        sums += low_sums
+        sums = np.multiply(both[:n], float(BYTE), dtype=np.float64)
+        sums += both[n:]
         return sums
 
     def _entry(

@@ -10,6 +10,7 @@ from npubuild.intmodel import tensorfile
 from npubuild.intmodel.program import parse
 from npubuild.stages.onnx_utils import load_model, save_model, write_json
 from npubuild.stages.optimize.graph import recorded_grids
+from npubuild.stages.quantize.absorb import absorb_into_tables, known_ranks
 from npubuild.stages.quantize.integer_model import build_integer_model
 from npubuild.stages.quantize.precision import Layers, load_table, precision_overrides
 from npubuild.stages.quantize.qdq import export_qdq
@@ -37,13 +38,16 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
             **params,
             "overrides": list(params["overrides"]) + precision_overrides(layers.expand(table)),
         }
-    program, meta, arrays = build_integer_model(model, stats["tensors"], stats_arrays, params)
-    tensorfile.save(outdir / "quantized.npq", arrays, meta)
-    integer = parse(meta, "the integer model quantize made")  # what every later stage reads
-    try:
-        qdq = export_qdq(model, integer, arrays, params.get("qdq_export", "exact"))
+    program, meta, arrays = build_integer_model(model, stats["tensors"], stats_arrays, params, absorb=False)
+    try:  # from every op the float graph has (the tables have not absorbed any yet)
+        qdq = export_qdq(
+            model, parse(meta, "the integer model quantize made"), arrays, params.get("qdq_export", "exact")
+        )
     except NotImplementedError as exc:
         raise UserError(f"cannot export a QDQ model: {exc}") from None
+    meta, arrays = absorb_into_tables(meta, arrays, known_ranks(model))
+    tensorfile.save(outdir / "quantized.npq", arrays, meta)
+    integer = parse(meta, "the integer model quantize made")  # what every later stage reads
     kinds = Counter(op.kind for op in integer.ops)
     bits = Counter(t.bits for t in integer.tensors.values())
     summary = {
