@@ -477,3 +477,45 @@ def test_elementwise_by_table_equals_the_arithmetic(bits, scalar_first):
         got = elementwise(fn, a, None if scalar_first else bits, b, bits if scalar_first else None)
         np.testing.assert_array_equal(got, fn(a, b))
         assert got.shape == feature_map.shape
+
+
+@pytest.mark.parametrize(
+    "a_shape, a_bits, b_shape, b_bits, tabulated",
+    [
+        ((1, 8, 96, 96), 8, (1, 8, 96, 96), 8, True),  # a residual Add: every pair of 8-bit codes
+        ((1, 8, 40, 40), 8, (1, 8, 1, 1), 8, True),  # an SE gate: 8 gate values by every code
+        ((1, 8, 1, 1), None, (2, 8, 40, 40), 16, False),  # a per-channel constant by 16-bit codes
+        ((3, 1, 40, 40), 8, (1, 8, 1, 1), None, True),  # both broadcast
+    ],
+)
+def test_elementwise_of_two_operands_by_table_equals_the_arithmetic(
+    a_shape, a_bits, b_shape, b_bits, tabulated
+):
+    """Two operands whose values are few (8-bit codes, a small constant or gate) are gathered
+    from a table of every pair of values (fn then sees fewer values than the result has):
+    exactly what the arithmetic gives, in either order; too many pairs: the arithmetic itself."""
+    from npubuild.intmodel.codes import elementwise, qrange
+
+    def operand(shape, bits):
+        lo, hi = qrange(bits or 8)
+        return RNG.integers(lo, hi + 1, shape).astype(np.int32)
+
+    a, b = operand(a_shape, a_bits), operand(b_shape, b_bits)
+    m0, shift = quantize_multiplier(0.0173)
+    seen = []
+
+    def add(x, y):
+        seen.append(np.broadcast_shapes(np.shape(x), np.shape(y)))
+        return np.clip(add_rescaled(x, 3, add_multiplier(0.7), y, -5, add_multiplier(1.3)) + 2, -128, 127)
+
+    def multiply(x, y):
+        seen.append(np.broadcast_shapes(np.shape(x), np.shape(y)))
+        return np.clip(multiply_requantized(x, 3, y, -5, m0, shift) - 1, -128, 127)
+
+    size = np.prod(np.broadcast_shapes(a_shape, b_shape))
+    for fn in (add, multiply):
+        for x, x_bits, y, y_bits in ((a, a_bits, b, b_bits), (b, b_bits, a, a_bits)):
+            seen.clear()
+            got = elementwise(fn, x, x_bits, y, y_bits)
+            assert (np.prod(seen[0]) < size) == tabulated
+            np.testing.assert_array_equal(got, fn(x, y))
