@@ -103,6 +103,35 @@ def test_requantize_output_is_the_rounding_rule_bias_zero_point_and_clip(acc_bit
     np.testing.assert_array_equal(got, whole)
 
 
+@pytest.mark.parametrize("out_bits", [8, 16])
+def test_float64_requantization_is_exact_where_its_rounding_cannot_cross_a_boundary(out_bits):
+    """16-bit layers' accumulators (up to 2^36) times a 31-bit M0 are not exact in float64, but
+    where float64_rounding_is_exact says one rounding cannot move p across a rounding boundary
+    inside the output's range, the float64 path gives the int64 rule's codes: on random sums and
+    on ties (M0 = 2^30 makes every other sum a tie for a short shift)."""
+    from npubuild.intmodel.fixedpoint import float64_rounding_is_exact
+
+    lo, hi = (-128, 127) if out_bits == 8 else (-32768, 32767)
+    zero_point = 5 if out_bits == 8 else -300
+    taken = 0
+    for trial in range(60):
+        total = int(RNG.integers(28, 46))
+        m0 = np.array([1 << 30 if trial % 3 == 0 else int(RNG.integers(1 << 30, 1 << 31))])
+        shift = np.array([total - 31])
+        acc = RNG.integers(-(2**36), 2**36, (1, 1, 20_000)).astype(np.float64)
+        # sums near the output's range, where the rounding decides the code
+        step = 2.0**total / m0[0]
+        acc[0, 0, :10_000] = np.round(RNG.uniform(lo - 2, hi + 2, 10_000) * step)
+        acc[0, 0, :200] = np.floor(np.arange(-100, 100) * step / 2)  # half steps: ties for M0 = 2^30
+        bias = np.array([int(RNG.integers(-(2**20), 2**20))])
+        got = requantize_output(acc, bias, m0, shift, 1, zero_point, lo, hi)
+        want = np.clip(requantize(acc.astype(np.int64) + bias[0], m0[0], shift[0]) + zero_point, lo, hi)
+        if float64_rounding_is_exact(2.0**36 + 2**20, m0, 31 + shift, lo - zero_point, hi - zero_point):
+            taken += 1
+        np.testing.assert_array_equal(got, want)
+    assert 5 < taken < 60  # both paths ran
+
+
 def test_rounding_shift_ties():
     assert rounding_shift(np.array([5, -5, 6, -6, 7, -7, 4]), 1).tolist() == [3, -3, 3, -3, 4, -4, 2]
 

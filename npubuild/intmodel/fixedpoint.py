@@ -8,6 +8,7 @@ Products that would not fit int64 (16-bit layers) are split in two exact halves.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 
@@ -120,55 +121,93 @@ def requantize_output(
     zero_point: int,
     lo: int,
     hi: int,
+    acc_bound: float | None = None,
 ) -> np.ndarray:
     """A MAC op's output path: acc + bias (acc holds exact integers, any numeric dtype; bias, m0
     and shift one value per channel along `axis`) requantized by (m0, shift), plus the zero point,
-    clipped to [lo, hi], as int32 codes.
+    clipped to [lo, hi], as int32 codes. `acc_bound`, when the caller knows one, bounds |acc| and
+    spares reading acc for it.
 
-    The rule is requantize's. Large outputs go in blocks of channels (of about CHUNK_ELEMENTS)
-    whose temporaries stay in the processor's cache; every pass of this memory-bound arithmetic
-    over a whole feature map would go to DRAM."""
+    The rule is requantize's, computed in float64 when that gives its codes
+    (`float64_rounding_is_exact`; the usual case), whose multiply and add are vector instructions
+    where int64's multiply is not: p = (acc + bias) M0 2^-n, then trunc(p + copysign(0.5, p)) is
+    rounding half away from zero. Large outputs go in blocks of channels (of about
+    CHUNK_ELEMENTS) whose temporaries stay in the processor's cache; every pass of this
+    memory-bound arithmetic over a whole feature map would go to DRAM."""
     shape = [1] * acc.ndim
     shape[axis] = -1
-    params = [np.asarray(p).reshape(shape) for p in (bias, m0, shift)]
+    bias, m0, shift = (np.asarray(p).reshape(shape) for p in (bias, m0, shift))
+    m0 = m0.astype(np.int64)
+    total = 31 + shift.astype(np.int64)
+    if acc_bound is None:
+        acc_bound = max(abs(float(acc.max(initial=0))), abs(float(acc.min(initial=0))))
+    sum_bound = acc_bound + float(np.abs(bias).max(initial=0))
+    if float64_rounding_is_exact(sum_bound, m0, total, lo - zero_point, hi - zero_point):
+        params = (bias, np.ldexp(m0.astype(np.float64), -total))
+        block_rule = partial(_float64_block, zero_point=zero_point, lo=lo, hi=hi)
+    else:
+        params = (bias, m0, shift)
+        block_rule = partial(_int64_block, zero_point=zero_point, lo=lo, hi=hi)
     channels = acc.shape[axis]
     per_block = max(1, CHUNK_ELEMENTS * channels // max(acc.size, 1))
     if per_block >= channels:
-        return _requantize_block(acc, *params, zero_point, lo, hi)
+        return block_rule(acc, *params)
     out = np.empty(acc.shape, np.int32)
     for start in range(0, channels, per_block):
         block = (slice(None),) * axis + (slice(start, start + per_block),)
-        out[block] = _requantize_block(acc[block], *(p[block] for p in params), zero_point, lo, hi)
+        out[block] = block_rule(acc[block], *(p[block] for p in params))
     return out
 
 
 CHUNK_ELEMENTS = 1 << 17
 
 
-def _requantize_block(acc: np.ndarray, bias, m0, shift, zero_point: int, lo: int, hi: int) -> np.ndarray:
-    """requantize_output on one block. When every product is below 2^52 (the usual case: int8
-    layers' accumulators stay below 2^22) it runs in float64, whose multiply and add are vector
-    instructions where int64's multiply is not: v * M0 * 2^-n is exact there, and
-    trunc(p + copysign(0.5, p)) is rounding half away from zero."""
-    m0 = m0.astype(np.int64)
-    total = 31 + shift.astype(np.int64)
-    acc_bound = max(abs(float(acc.max(initial=0))), abs(float(acc.min(initial=0))))
-    bias_bound = float(np.abs(bias).max(initial=0))
-    multiplier_bound = float(np.ldexp(np.abs(m0).astype(np.float64), np.maximum(-total, 0)).max(initial=0))
-    if (acc_bound + bias_bound) * multiplier_bound < FLOAT64_EXACT_PRODUCT:
-        v = np.array(acc, dtype=np.float64)
-        v += bias
-        v *= np.ldexp(m0.astype(np.float64), -total)
-        v += np.copysign(0.5, v)
-        # clipped to integer bounds before the cast's truncation toward zero: the same as
-        # truncating first (both monotone), one pass fewer over a float64 feature map
-        np.clip(v, lo - zero_point, hi - zero_point, out=v)
-        out = v.astype(np.int32)
-        out += zero_point
-        return out
+def _float64_block(acc: np.ndarray, bias, scale, zero_point: int, lo: int, hi: int) -> np.ndarray:
+    """requantize_output's float64 form on one block (scale = M0 2^-n per channel)."""
+    v = np.add(acc, bias, dtype=np.float64)  # exact: integers below 2^53
+    v *= scale
+    v += np.copysign(0.5, v)
+    # clipped to integer bounds before the cast's truncation toward zero: the same as truncating
+    # first (both monotone), one pass fewer over a float64 feature map
+    np.clip(v, lo - zero_point, hi - zero_point, out=v)
+    out = v.astype(np.int32)
+    out += zero_point
+    return out
+
+
+def _int64_block(acc: np.ndarray, bias, m0, shift, zero_point: int, lo: int, hi: int) -> np.ndarray:
+    """requantize_output's int64 form on one block: requantize itself."""
     v = requantize(np.asarray(acc).astype(np.int64) + bias.astype(np.int64), m0, shift)
     v += zero_point
     return np.clip(v, lo, hi, out=v).astype(np.int32)
+
+
+def float64_rounding_is_exact(sum_bound: float, m0: np.ndarray, total: np.ndarray, lo: int, hi: int) -> bool:
+    """Whether round-half-away-from-zero of p = s M0 2^-total, clipped to [lo, hi], comes out
+    exact from float64 for every integer |s| <= sum_bound: s exact (below 2^53), and for every
+    channel (its m0 and total) one of
+
+    - every product s M0 2^max(-total, 0) below 2^52: p is exact, and so is p + 1/2;
+    - |p| <= 1/4: both p and the rounded p + 1/2 stay inside (-1, 1), whose truncation is 0;
+    - (2B + 2) 2^total <= 2^53 with B = min(max(|lo|, |hi|) + 1, the largest |p|): p is a
+      multiple of 2^-total, so p + 1/2 is an integer or at least 2^-total away from one, while
+      for |p| <= B the product's and the half's roundings together move it by at most
+      (2B + 1/2) 2^-53, less than that; a tie (k + 1/2) is representable, so the product gives
+      it exactly and the half adds to k + 1 exactly; beyond B every rounding is monotone and the
+      clip saturates alike."""
+    if sum_bound >= FLOAT64_EXACT_SUM:
+        return False
+    m0 = np.abs(np.asarray(m0, np.float64))
+    total = np.broadcast_to(np.asarray(total, np.int64), m0.shape)
+    products_exact = sum_bound * np.ldexp(m0, np.maximum(-total, 0)) < FLOAT64_EXACT_PRODUCT
+    largest = sum_bound * np.ldexp(m0, -total)  # the largest |p| of each channel
+    rounds_to_zero = largest <= 0.25
+    reach = np.minimum(max(abs(lo), abs(hi)) + 1, largest)
+    rounding_exact = (2 * reach + 2) * np.ldexp(1.0, np.minimum(total, 1023)) <= FLOAT64_EXACT_SUM
+    return bool(np.all(products_exact | rounds_to_zero | rounding_exact))
+
+
+FLOAT64_EXACT_SUM = float(1 << 53)
 
 
 # Element-wise adds rescale both sides to a common fixed-point grid with this many fraction bits.

@@ -11,7 +11,7 @@ saturates; the export then leaves out that tensor's own QuantizeLinear). A build
 when it cannot prove its arithmetic exact; the export then keeps the standard DequantizeLinear ->
 op -> QuantizeLinear form for that op.
 
-Exactness comes from bounds, as in `intmodel/ortconv.py` and `fixedpoint._requantize_block`:
+Exactness comes from bounds, as in `intmodel/ortconv.py` and `fixedpoint.requantize_output`:
 float32 holds integers below 2^24, so a convolution of centred codes with integer weights is exact
 in any summation order when max |x~| times the largest L1 norm of one output's weights stays below
 it (a 16-bit input is split in bytes, two convolutions); float64 holds integers below 2^53, so
