@@ -8,7 +8,7 @@ Products that would not fit int64 (16-bit layers) are split in two exact halves.
 from __future__ import annotations
 
 import math
-from functools import partial
+from functools import lru_cache, partial
 
 import numpy as np
 
@@ -130,8 +130,8 @@ def requantize_output(
 
     The rule is requantize's, computed in float64 when that gives its codes
     (`float64_rounding_is_exact`; the usual case), whose multiply and add are vector instructions
-    where int64's multiply is not: p = (acc + bias) M0 2^-n, then trunc(p + copysign(0.5, p)) is
-    rounding half away from zero. Large outputs go in blocks of channels (of about
+    where int64's multiply is not: p = (acc + bias) M0 2^-n in float64, rounded half away from
+    zero in int32 (`_float64_block`). Large outputs go in blocks of channels (of about
     CHUNK_ELEMENTS) whose temporaries stay in the processor's cache; every pass of this
     memory-bound arithmetic over a whole feature map would go to DRAM."""
     shape = [1] * acc.ndim
@@ -139,10 +139,15 @@ def requantize_output(
     bias, m0, shift = (np.asarray(p).reshape(shape) for p in (bias, m0, shift))
     m0 = m0.astype(np.int64)
     total = 31 + shift.astype(np.int64)
-    if acc_bound is None:
-        acc_bound = max(abs(float(acc.max(initial=0))), abs(float(acc.min(initial=0))))
-    sum_bound = acc_bound + float(np.abs(bias).max(initial=0))
-    if float64_rounding_is_exact(sum_bound, m0, total, lo - zero_point, hi - zero_point):
+    bias_bound = float(np.abs(bias).max(initial=0))
+
+    def exact_in_float64(acc_bound: float) -> bool:
+        return float64_rounding_is_exact(acc_bound + bias_bound, m0, total, lo - zero_point, hi - zero_point)
+
+    # the caller's bound first; when it is too loose to decide, the largest |acc| itself
+    if (acc_bound is not None and exact_in_float64(acc_bound)) or exact_in_float64(
+        max(abs(float(acc.max(initial=0))), abs(float(acc.min(initial=0))))
+    ):
         params = (bias, np.ldexp(m0.astype(np.float64), -total))
         block_rule = partial(_float64_block, zero_point=zero_point, lo=lo, hi=hi)
     else:
@@ -163,16 +168,25 @@ CHUNK_ELEMENTS = 1 << 17
 
 
 def _float64_block(acc: np.ndarray, bias, scale, zero_point: int, lo: int, hi: int) -> np.ndarray:
-    """requantize_output's float64 form on one block (scale = M0 2^-n per channel)."""
+    """requantize_output's float64 form on one block (scale = M0 2^-n per channel).
+
+    Rounding half away from zero without float64's copysign (several times slower than its add):
+    w = trunc(2p) in int32, then (w + 1 + (w >> 31)) >> 1 with an arithmetic shift. For p = k + f
+    >= 0, w = 2k + [f >= 1/2] and the shift gives k + [f >= 1/2]; for p < 0 with w < 0 it gives
+    floor(w / 2), -(k + [f >= 1/2]) for p = -(k + f); w = 0 gives 0. 2p is p's own rounding
+    scaled by two (exact), so nothing rounds after the product."""
     v = np.add(acc, bias, dtype=np.float64)  # exact: integers below 2^53
-    v *= scale
-    v += np.copysign(0.5, v)
-    # clipped to integer bounds before the cast's truncation toward zero: the same as truncating
-    # first (both monotone), one pass fewer over a float64 feature map
-    np.clip(v, lo - zero_point, hi - zero_point, out=v)
-    out = v.astype(np.int32)
-    out += zero_point
-    return out
+    v *= 2 * scale
+    # clipped one code beyond the output's bounds before the cast (which truncates toward zero):
+    # the same codes after the final clip (every step is monotone), and no int32 overflow
+    np.clip(v, 2 * (lo - zero_point) - 2, 2 * (hi - zero_point) + 2, out=v)
+    w = v.astype(np.int32)
+    w += w >> 31
+    w += 1
+    w >>= 1
+    np.clip(w, lo - zero_point, hi - zero_point, out=w)
+    w += zero_point
+    return w
 
 
 def _int64_block(acc: np.ndarray, bias, m0, shift, zero_point: int, lo: int, hi: int) -> np.ndarray:
@@ -184,27 +198,38 @@ def _int64_block(acc: np.ndarray, bias, m0, shift, zero_point: int, lo: int, hi:
 
 def float64_rounding_is_exact(sum_bound: float, m0: np.ndarray, total: np.ndarray, lo: int, hi: int) -> bool:
     """Whether round-half-away-from-zero of p = s M0 2^-total, clipped to [lo, hi], comes out
-    exact from float64 for every integer |s| <= sum_bound: s exact (below 2^53), and for every
-    channel (its m0 and total) one of
+    exact when p is the float64 product (its one rounding; the rounding to an integer after it is
+    exact, _float64_block) for every integer |s| <= sum_bound: s exact (below 2^53), and for
+    every channel (its m0 and total) one of
 
-    - every product s M0 2^max(-total, 0) below 2^52: p is exact, and so is p + 1/2;
-    - |p| <= 1/4: both p and the rounded p + 1/2 stay inside (-1, 1), whose truncation is 0;
+    - every product s M0 2^max(-total, 0) below 2^52: p is exact;
+    - |p| <= 1/4: the product stays inside (-1/2, 1/2), which rounds to 0;
     - (2B + 2) 2^total <= 2^53 with B = min(max(|lo|, |hi|) + 1, the largest |p|): p is a
-      multiple of 2^-total, so p + 1/2 is an integer or at least 2^-total away from one, while
-      for |p| <= B the product's and the half's roundings together move it by at most
-      (2B + 1/2) 2^-53, less than that; a tie (k + 1/2) is representable, so the product gives
-      it exactly and the half adds to k + 1 exactly; beyond B every rounding is monotone and the
-      clip saturates alike."""
-    if sum_bound >= FLOAT64_EXACT_SUM:
-        return False
-    m0 = np.abs(np.asarray(m0, np.float64))
-    total = np.broadcast_to(np.asarray(total, np.int64), m0.shape)
-    products_exact = sum_bound * np.ldexp(m0, np.maximum(-total, 0)) < FLOAT64_EXACT_PRODUCT
-    largest = sum_bound * np.ldexp(m0, -total)  # the largest |p| of each channel
-    rounds_to_zero = largest <= 0.25
-    reach = np.minimum(max(abs(lo), abs(hi)) + 1, largest)
-    rounding_exact = (2 * reach + 2) * np.ldexp(1.0, np.minimum(total, 1023)) <= FLOAT64_EXACT_SUM
-    return bool(np.all(products_exact | rounds_to_zero | rounding_exact))
+      multiple of 2^-total, so p is a tie (k + 1/2) or at least 2^-total away from one, while
+      for |p| <= B the product's rounding moves it by at most B 2^-53, less than that; a tie is
+      representable, so the product gives it exactly; beyond B the rounding is monotone and the
+      clip saturates alike. (The bound keeps the margin of an earlier form that also rounded an
+      added half: twice what this one needs.)"""
+    m0, total = (np.ascontiguousarray(v, np.int64).reshape(-1) for v in np.broadcast_arrays(m0, total))
+    return sum_bound < _exact_sum_limit(m0.tobytes(), total.tobytes(), lo, hi)
+
+
+@lru_cache(maxsize=4096)
+def _exact_sum_limit(m0_bytes: bytes, total_bytes: bytes, lo: int, hi: int) -> float:
+    """The bound on |s| below which float64_rounding_is_exact holds for every channel: a layer's
+    multipliers and bounds are the same on every call, its accumulators' bound is not."""
+    m0 = np.abs(np.frombuffer(m0_bytes, np.int64).astype(np.float64))
+    total = np.frombuffer(total_bytes, np.int64)
+    with np.errstate(divide="ignore"):
+        products_exact = FLOAT64_EXACT_PRODUCT / np.ldexp(m0, np.maximum(-total, 0))
+        multiplier = np.ldexp(m0, -total)
+        rounds_to_zero = 0.25 / multiplier
+        step = np.ldexp(1.0, np.minimum(total, 1023))
+        within_range = (2 * (max(abs(lo), abs(hi)) + 1) + 2) * step <= FLOAT64_EXACT_SUM
+        small_enough = (FLOAT64_EXACT_SUM / step - 2) / (2 * multiplier)  # (2 |p| + 2) 2^total <= 2^53
+    rounding_exact = np.where(within_range, np.inf, small_enough)
+    limit = np.maximum(np.maximum(products_exact, rounds_to_zero), rounding_exact)
+    return min(float(limit.min(initial=np.inf)), FLOAT64_EXACT_SUM)
 
 
 FLOAT64_EXACT_SUM = float(1 << 53)

@@ -19,13 +19,14 @@ from npubuild.intmodel.codes import (
     code_indexed,
     dequantize,
     elementwise,
+    per_code,
     qrange,
     quantize_float,
     saturate,
 )
 from npubuild.intmodel.fixedpoint import add_codes, multiply_codes, requantize, requantize_output
 from npubuild.intmodel.kernels import (
-    conv_accumulate,
+    conv_sums,
     conv_transpose_accumulate,
     nearest_indices,
     pool_pads,
@@ -103,11 +104,12 @@ class Interpreter:
             if name:
                 env[name] = np.asarray(value)
 
-    def _mac_finish(self, op, acc: np.ndarray, channel_axis: int) -> np.ndarray:
+    def _mac_finish(self, op, acc: np.ndarray, channel_axis: int, acc_bound: float | None = None):
         a = op.arrays
         per_channel = [self.arrays[name] for name in (a.bias, a.m0, a.shift)]
         zero_point = self.tensors[op.outputs[0]].zero_point
-        return requantize_output(acc, *per_channel, channel_axis, zero_point, op.attrs.min, op.attrs.max)
+        at = op.attrs
+        return requantize_output(acc, *per_channel, channel_axis, zero_point, at.min, at.max, acc_bound)
 
     def _conv(self, op, env):
         x = op.inputs[0]
@@ -115,10 +117,13 @@ class Interpreter:
         xc = np.subtract(env[x], t.zero_point, dtype=np.float32)  # codes: exact
         w = self.arrays[op.arrays.weight]
         attrs = op.attrs
-        accumulate = conv_transpose_accumulate if attrs.transpose else conv_accumulate
         x_bound = centred_bound(t.bits, t.zero_point)  # spares reading xc for its largest value
-        acc = accumulate(xc, w, attrs, self.exact_convs, op.outputs[0], x_bound)
-        env[op.outputs[0]] = self._mac_finish(op, acc, 1)
+        key = op.outputs[0]
+        if attrs.transpose:
+            acc, bound = conv_transpose_accumulate(xc, w, attrs, self.exact_convs, key, x_bound), None
+        else:
+            acc, bound = conv_sums(xc, w, attrs, self.exact_convs, key, x_bound)
+        env[op.outputs[0]] = self._mac_finish(op, acc, 1, bound)
 
     def _matmul(self, op, env):
         x = op.inputs[0]
@@ -171,9 +176,13 @@ class Interpreter:
             part = self._value(op, env, name)
             if r.same:  # already on the output's grid: its codes as they are, no int64 copy
                 scaled.append(part)
-            else:
-                shifted = part.astype(np.int64) - r.zin
-                scaled.append(_saturate32(requantize(shifted, r.m0, r.shift) + t.zero_point, t.bits))
+                continue
+
+            def rescaled(codes: np.ndarray, r=r) -> np.ndarray:
+                return _saturate32(requantize(codes - r.zin, r.m0, r.shift) + t.zero_point, t.bits)
+
+            bits = self._bits(op, name)  # a function of each code: gathered from a table of them
+            scaled.append(per_code(rescaled, part, bits) if bits else rescaled(part.astype(np.int64)))
         env[out] = np.concatenate(scaled, axis=op.attrs.axis, dtype=np.int32)
 
     def _global_avgpool(self, op, env):

@@ -59,7 +59,20 @@ def conv_accumulate(
     key: object = None,
     x_bound: float | None = None,
 ) -> np.ndarray:
-    """Exact integer convolution of zero-point-free inputs: onnxruntime's float32 Conv when every
+    """`conv_sums` without the bound."""
+    return conv_sums(xc, w, attrs, exact, key, x_bound)[0]
+
+
+def conv_sums(
+    xc: np.ndarray,
+    w: np.ndarray,
+    attrs: ConvGeometry,
+    exact: ExactConvs | None = None,
+    key: object = None,
+    x_bound: float | None = None,
+) -> tuple[np.ndarray, float | None]:
+    """(sums, a bound on every |sum| where onnxruntime computed them, else None) of the exact
+    integer convolution of zero-point-free inputs: onnxruntime's float32 Conv when every
     partial sum is exact there (`exact`, the caller's sessions), else sums of integer products in
     float32 or float64, whichever holds them exactly (exact_dtype), returned in that type.
 
@@ -69,7 +82,7 @@ def conv_accumulate(
     kernel = list(w.shape[2:])
     nd = len(kernel)
     pads = conv_pads(attrs, xc.shape[2:], kernel)
-    exact32 = exact.accumulate(xc, w, attrs, pads, False, key, x_bound) if exact is not None else None
+    exact32 = exact.sums(xc, w, attrs, pads, False, key, x_bound) if exact is not None else None
     if exact32 is not None:
         return exact32
     n, c = xc.shape[:2]
@@ -98,7 +111,7 @@ def conv_accumulate(
         for k, tap in enumerate(np.ndindex(*kernel)):
             xs = x[tap_slice(tap)][:, :, None]
             out += xs * wg[:, :, k].reshape((1, c, mult) + (1,) * nd)
-        return out.reshape(n, cout, *out_sp)
+        return out.reshape(n, cout, *out_sp), None
     size = math.prod(out_sp)
     if taps == 1 and not any(pads) and all(s == 1 for s in attrs.strides):
         cols = x.reshape(n, c, size)
@@ -109,7 +122,7 @@ def conv_accumulate(
     cols = cols.reshape(n, group, cg * taps, size)
     wmat = wf.reshape(group, og, cg * taps)
     out = np.matmul(wmat[None], cols)  # [N, group, og, size]
-    return out.reshape(n, cout, *out_sp)
+    return out.reshape(n, cout, *out_sp), None
 
 
 def conv_transpose_accumulate(

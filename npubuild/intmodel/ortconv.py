@@ -85,24 +85,40 @@ class ExactConvs:
         key: object,
         x_bound: float | None = None,
     ) -> np.ndarray | None:
-        """The convolution (or transposed convolution) of zero-point-free integer inputs xc by
-        integer weights w, or None when a partial sum could reach 2^24 even with the input split
-        in bytes (the caller then sums in float64). pads are explicit (auto_pad resolved);
-        `transpose` says which of the two (a simulator tile's geometry does not carry the flag).
+        """`sums` without the bound."""
+        found = self.sums(xc, w, attrs, pads, transpose, key, x_bound)
+        return None if found is None else found[0]
+
+    def sums(
+        self,
+        xc: np.ndarray,
+        w: np.ndarray,
+        attrs: ConvGeometry,
+        pads: list[int],
+        transpose: bool,
+        key: object,
+        x_bound: float | None = None,
+    ) -> tuple[np.ndarray, float] | None:
+        """(sums, a bound on every |sum|: max |x| times the weights' L1 bound) of the
+        convolution (or transposed convolution) of zero-point-free integer inputs xc by integer
+        weights w, or None when a partial sum could reach 2^24 even with the input split in bytes
+        (the caller then sums in float64). pads are explicit (auto_pad resolved); `transpose`
+        says which of the two (a simulator tile's geometry does not carry the flag).
 
         float32 integers when the input fits whole; a wider input (a 16-bit layer's) is split
         into its low byte (0..255) and the rest, x = 256 * high + low, two convolutions of
         8-bit-sized values (one session call on a batch of both) combined in float64 (exact: each
-        sum is below 2^24). xc may also be an integer array. `x_bound`, when
-        the caller knows one (an 8-bit code less its zero point), spares reading the input for
-        max |x| whenever it already proves the sums exact."""
+        sum is below 2^24). xc may also be an integer array. `x_bound`, when the caller knows one
+        (an 8-bit code less its zero point), spares reading the input for max |x| whenever it
+        already proves the sums exact."""
         entry = self._entry(w, attrs, pads, transpose, key)
-        if x_bound is not None and x_bound * entry.l1 < FLOAT32_EXACT:
-            return entry.run(xc)
-        # max |x| from two reductions: no temporary of the input's size on this hot path
-        x_bound = max(abs(float(xc.max(initial=0))), abs(float(xc.min(initial=0))))
-        if x_bound * entry.l1 < FLOAT32_EXACT:
-            return entry.run(xc)
+        if x_bound is None or x_bound * entry.l1 >= FLOAT32_EXACT:
+            # max |x| from two reductions: no temporary of the input's size on this hot path
+            x_bound = max(abs(float(xc.max(initial=0))), abs(float(xc.min(initial=0))))
+        bound = x_bound * entry.l1
+        if bound < FLOAT32_EXACT:
+            whole = entry.run(xc)
+            return None if whole is None else (whole, bound)
         high_bound = math.floor(x_bound / BYTE) + 1
         if max(BYTE - 1, high_bound) * entry.l1 >= FLOAT32_EXACT:
             return None
@@ -118,7 +134,7 @@ class ExactConvs:
             return None
         sums = np.multiply(both[:n], float(BYTE), dtype=np.float64)
         sums += both[n:]
-        return sums
+        return sums, bound
 
     def _entry(
         self, w: np.ndarray, attrs: ConvGeometry, pads: list[int], transpose: bool, key: object

@@ -26,7 +26,7 @@ import numpy as np
 
 from npubuild.intmodel.codes import centred_bound, elementwise, per_code, qrange, saturate
 from npubuild.intmodel.fixedpoint import add_codes, multiply_codes, requantize, requantize_output
-from npubuild.intmodel.kernels import conv_accumulate, conv_transpose_accumulate, windows
+from npubuild.intmodel.kernels import conv_sums, conv_transpose_accumulate, windows
 from npubuild.intmodel.ortconv import ExactConvs
 from npubuild.intmodel.program import ConvGeometry
 from npubuild.intmodel.rowwise import EPS_CODES_MAX, layernorm_rows, softmax_rows
@@ -213,9 +213,12 @@ class Simulator:
         self.counts["dma_out_bytes" if a["space"] == 0 else "sram_copy_bytes"] += moved
 
     # --- MAC array ------------------------------------------------------------------------------
-    def _finish(self, acc: np.ndarray, params: np.ndarray, a: dict, channel_axis: int) -> np.ndarray:
+    def _finish(
+        self, acc: np.ndarray, params: np.ndarray, a: dict, channel_axis: int, acc_bound: float | None = None
+    ) -> np.ndarray:
         bias, m0, shift = params.T
-        return requantize_output(acc, bias, m0, shift, channel_axis, a["out_zp"], a["min"], a["max"])
+        lo, hi = a["min"], a["max"]
+        return requantize_output(acc, bias, m0, shift, channel_axis, a["out_zp"], lo, hi, acc_bound)
 
     def _conv(self, a: dict) -> None:
         x = self.sram.view(a["src"], a["in_bits"], (a["in_c"], a["in_h"], a["in_w"]))
@@ -243,6 +246,7 @@ class Simulator:
             strides=[a["sh"], a["sw"]], dilations=[a["dh"], a["dw"]], pads=[0, 0, 0, 0], group=group
         )
         x_bound = centred_bound(a["in_bits"], a["in_zp"])
+        acc_bound = None
         if a["transpose"]:
             xc = np.subtract(x, a["in_zp"], dtype=np.float32)  # codes: exact in float32
             full = conv_transpose_accumulate(xc, w, attrs, self._exact_convs, a["weights"], x_bound)
@@ -254,11 +258,11 @@ class Simulator:
                 acc[:, :, r0 - t : r1 - t, c0 - left : c1 - left] = full[:, :, r0:r1, c0:c1]
         else:
             xc = np.subtract(x, a["in_zp"], dtype=np.float32)  # codes: exact in float32
-            acc = conv_accumulate(xc, w, attrs, self._exact_convs, a["weights"], x_bound)
+            acc, acc_bound = conv_sums(xc, w, attrs, self._exact_convs, a["weights"], x_bound)
             if acc.shape[2:] != (a["out_h"], a["out_w"]):
                 raise NpubError(f"conv tile gives {acc.shape[2:]}, instruction says {a['out_h'], a['out_w']}")
         self.counts["macs"] += math.prod(acc.shape[1:]) * math.prod(w.shape[1:])
-        y = self._finish(acc, params, a, 1)
+        y = self._finish(acc, params, a, 1, acc_bound)
         if a["lut"] >= 0:  # an activation table in the output path (a LUT op fused into the conv)
             table = self.sram.view(a["lut"], a["lut_bits"], (2 ** a["out_bits"],))
             looked_up = _look_up(table, y, a["lut_offset"], "conv output table", (a["min"], a["max"]))
