@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from npubuild.intmodel.kernels import conv_accumulate, conv_transpose_accumulate
+from npubuild.intmodel.kernels import conv_sums, conv_transpose_accumulate
 from npubuild.intmodel.ortconv import FLOAT32_EXACT, ExactConvs, channel_l1
 from npubuild.intmodel.program import ConvGeometry
 
@@ -38,9 +38,9 @@ def test_onnxruntime_sums_equal_numpy_float64(x_shape, w_shape, fields):
     for _ in range(3):  # the same session on several inputs
         xc = rng.integers(-128, 128, x_shape).astype(np.float32)
         w = rng.integers(-127, 128, w_shape).astype(np.int8)
-        reference = conv_accumulate(xc.astype(np.float64), w, attrs)  # no sessions: numpy
+        reference = conv_sums(xc.astype(np.float64), w, attrs)[0]  # no sessions: numpy
         assert np.abs(xc).max() * channel_l1(w, False) < FLOAT32_EXACT
-        got = conv_accumulate(xc, w, attrs, exact)
+        got = conv_sums(xc, w, attrs, exact)[0]
         assert got.dtype == np.float32  # it took onnxruntime's path
         np.testing.assert_array_equal(got, reference)
 
@@ -78,8 +78,8 @@ def test_sums_that_could_leave_float32_are_left_to_float64():
     xc = rng.integers(200, 256, (1, 256, 5, 5)).astype(np.float32)
     attrs = ConvGeometry(strides=[1, 1], dilations=[1, 1], pads=[1, 1, 1, 1], group=1)
     exact = ExactConvs()
-    assert exact.accumulate(xc, w, attrs, [1, 1, 1, 1], False, key=None) is None
-    got = conv_accumulate(xc, w, attrs, exact)
+    assert exact.sums(xc, w, attrs, [1, 1, 1, 1], False, key=None) is None
+    got = conv_sums(xc, w, attrs, exact)[0]
     assert got.dtype == np.float64
     expected = np.einsum("chw,c->", xc[0, :, 1:4, 1:4].astype(np.int64), np.full(256, 127, np.int64))
     assert got[0, 0, 2, 2] == expected > FLOAT32_EXACT
@@ -94,9 +94,9 @@ def test_other_weights_under_the_same_name_get_their_own_session():
     one = np.ones((1, 2, 1, 1), np.int8)
     two = np.full((1, 2, 1, 1), 2, np.int8)
     for _ in range(2):
-        assert exact.accumulate(xc, one, attrs, [0] * 4, False, key=0x400).max() == 2
-        assert exact.accumulate(xc, two, attrs, [0] * 4, False, key=0x400).max() == 4
-    assert exact.accumulate(xc, one, attrs, [0] * 4, False, key="layer").max() == 2
+        assert exact.sums(xc, one, attrs, [0] * 4, False, key=0x400)[0].max() == 2
+        assert exact.sums(xc, two, attrs, [0] * 4, False, key=0x400)[0].max() == 4
+    assert exact.sums(xc, one, attrs, [0] * 4, False, key="layer")[0].max() == 2
 
 
 @pytest.mark.parametrize("transpose", [False, True])
@@ -111,12 +111,13 @@ def test_a_16_bit_input_is_summed_as_two_byte_convolutions(transpose, images):
     xc = rng.integers(-32768, 32768, (images, 8 if transpose else 4, 9, 9)).astype(np.float32)
     w = rng.integers(-127, 128, w_shape).astype(np.int8)
     assert np.abs(xc).max() * channel_l1(w, transpose) >= FLOAT32_EXACT
-    accumulate = conv_transpose_accumulate if transpose else conv_accumulate
+
+    def accumulate(*args):
+        return conv_transpose_accumulate(*args) if transpose else conv_sums(*args)[0]
+
     reference = accumulate(xc.astype(np.float64), w, attrs)
     exact = ExactConvs()
     pads = [1, 1, 1, 1]
-    assert (
-        exact.accumulate(xc, w, attrs, pads, transpose, key=None) is not None
-    )  # the byte split, not numpy's path
+    assert exact.sums(xc, w, attrs, pads, transpose, key=None) is not None  # the byte split, not numpy's path
     np.testing.assert_array_equal(accumulate(xc, w, attrs, exact), reference)
     np.testing.assert_array_equal(accumulate(xc.astype(np.int32), w, attrs, exact), reference)

@@ -51,18 +51,6 @@ def exact_dtype(xc: np.ndarray, w: np.ndarray, terms: int):
     return np.float32 if bound < FLOAT32_EXACT else np.float64
 
 
-def conv_accumulate(
-    xc: np.ndarray,
-    w: np.ndarray,
-    attrs: ConvGeometry,
-    exact: ExactConvs | None = None,
-    key: object = None,
-    x_bound: float | None = None,
-) -> np.ndarray:
-    """`conv_sums` without the bound."""
-    return conv_sums(xc, w, attrs, exact, key, x_bound)[0]
-
-
 def conv_sums(
     xc: np.ndarray,
     w: np.ndarray,
@@ -138,9 +126,9 @@ def conv_transpose_accumulate(
     float64."""
     if exact is not None:
         pads = list(attrs.pads) or [0] * 2 * (w.ndim - 2)
-        exact32 = exact.accumulate(xc, w, attrs, pads, True, key, x_bound)
+        exact32 = exact.sums(xc, w, attrs, pads, True, key, x_bound)
         if exact32 is not None:
-            return exact32
+            return exact32[0]
     group = attrs.group
     n, c = xc.shape[:2]
     kernel = list(w.shape[2:])

@@ -75,20 +75,6 @@ class ExactConvs:
         self._entries: OrderedDict[tuple, list[_Entry]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def accumulate(
-        self,
-        xc: np.ndarray,
-        w: np.ndarray,
-        attrs: ConvGeometry,
-        pads: list[int],
-        transpose: bool,
-        key: object,
-        x_bound: float | None = None,
-    ) -> np.ndarray | None:
-        """`sums` without the bound."""
-        found = self.sums(xc, w, attrs, pads, transpose, key, x_bound)
-        return None if found is None else found[0]
-
     def sums(
         self,
         xc: np.ndarray,
