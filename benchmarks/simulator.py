@@ -8,8 +8,9 @@ imported float model one image at a time (as a user runs it, every graph rewrite
 threads: the ratio's baseline; and as npubuild's stages run it, one thread and no rewrites: after
 the slash), and `model.npub` end to end (NPU subgraphs in the instruction-level simulator, CPU
 subgraphs in onnxruntime) two ways: one image at a time, and as the simulate stage runs it (the
-images in even batches of at most stages/simulate.batch_size, its convolutions on the stage's
-threads), per image. Each after one warm-up. Prints the ratios (issue 17's bar: <= 5x).
+images in even batches of at most stages/simulate.batch_size, at least one per thread, each
+thread simulating its own batch), per image. Each after one warm-up. Prints the ratios (issue
+17's bar: <= 5x).
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ ROUNDS = 3
 def main() -> None:
     from npubuild.cache.store import Store
     from npubuild.engine.run import build
-    from npubuild.stages.parallel import sample_workers
+    from npubuild.stages.parallel import in_order, sample_workers
     from npubuild.stages.prepare import _image
-    from npubuild.stages.simulate import balanced, batch_size
+    from npubuild.stages.simulate import Runtimes, batch_size, batches_for
     from npubuild.targets.runtime import Runtime, load
 
     tmp = Path(tempfile.mkdtemp(prefix="npubuild-sim-"))
@@ -74,20 +75,24 @@ def main() -> None:
                 f"  simulator, {target}, one image at a time:   {sim_s * 1000:8.1f} ms   "
                 f"ratio {sim_s / ort_s:5.1f}x / {sim_s / ref_s:4.1f}x"
             )
-            size = batch_size(runtime.sim.sram.size, runtime.sim.dram.size)
-            stage = Runtime(load(out / label / "model.npub"), size, sample_workers())
-            starts = np.cumsum([0, *balanced(len(images), size)])
+            size, workers = batch_size(runtime.sim.sram.size, runtime.sim.dram.size), sample_workers()
+            runtimes = Runtimes(load(out / label / "model.npub"), size)
+            starts = np.cumsum([0, *batches_for(len(images), size, workers)])
             batches = [[{name: x} for x in images[a:b]] for a, b in zip(starts[:-1], starts[1:])]
 
-            def all_batches(_, r=stage, bs=batches):
-                return [r.run_batch(b) for b in bs]
+            def run_batch(batch, rs=runtimes):
+                with rs.lend() as runtime:
+                    return runtime.run_batch(batch)
+
+            def all_batches(_, bs=batches, n=workers, run=run_batch):
+                return list(in_order(run, bs, n))
 
             whole = median_seconds(all_batches, [None], ROUNDS)
             stage_s = whole / len(images)
             print(
                 f"  simulator, {target}, as the stage runs it:  {stage_s * 1000:8.1f} ms   "
                 f"ratio {stage_s / ort_s:5.1f}x / {stage_s / ref_s:4.1f}x (bar <= 5x; batches "
-                f"{np.diff(starts).tolist()}, {sample_workers()} threads)"
+                f"{np.diff(starts).tolist()} on {workers} threads)"
             )
         store.close()
     finally:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from test_mappings import M, _conv
 
-from npubuild.stages.simulate import balanced
+from npubuild.stages.simulate import balanced, batches_for
 from npubuild.targets.isa import MAPPINGS, Instruction
 from npubuild.targets.runtime import Runtime, load
 from npubuild.targets.simulator import Simulator
@@ -70,3 +70,11 @@ def test_weights_that_differ_between_images_run_image_by_image():
 )
 def test_batches_are_as_even_as_they_go(count, size, want):
     assert balanced(count, size) == want
+
+
+@pytest.mark.parametrize(
+    ("count", "size", "workers", "want"),
+    [(9, 8, 2, [5, 4]), (8, 8, 2, [4, 4]), (3, 8, 4, [1, 1, 1]), (16, 8, 1, [8, 8]), (17, 4, 2, [4, 4, 3, 3, 3])],
+)
+def test_every_thread_gets_a_batch_where_there_are_images_enough(count, size, workers, want):
+    assert batches_for(count, size, workers) == want

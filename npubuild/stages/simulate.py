@@ -8,6 +8,10 @@ the float model. Plus the simulator's counters for one inference.
 
 from __future__ import annotations
 
+import queue
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +20,7 @@ from npubuild.intmodel.interpreter import load_integer_model
 from npubuild.stages.feeds import iterate_feeds, session
 from npubuild.stages.metrics import Agreement
 from npubuild.stages.onnx_utils import load_model, write_json
-from npubuild.stages.parallel import sample_workers
+from npubuild.stages.parallel import in_order, sample_workers
 from npubuild.targets.runtime import Runtime, load
 
 # images simulated at once: the per-instruction cost is paid once per batch, and each image's
@@ -37,14 +41,52 @@ def balanced(count: int, size: int) -> list[int]:
     return [count // batches + (k < count % batches) for k in range(batches)]
 
 
+def batches_for(count: int, size: int, workers: int) -> list[int]:
+    """Batch sizes for `count` images on `workers` threads: at least one batch per thread where
+    there are images enough (each thread interprets its own batch's instructions; one batch of
+    all would leave the other threads idle), at most `size` images each."""
+    return balanced(count, max(1, min(size, -(-count // max(workers, 1)))))
+
+
+class Runtimes:
+    """Simulators lent to the threads that run batches, made on first need and kept: a batch's
+    memories are its thread's alone while it runs (onnxruntime's convolutions at one thread each:
+    the threads are the parallelism), and a simulator's sessions serve every later batch."""
+
+    def __init__(self, binary, batch: int):
+        self.binary, self.batch = binary, batch
+        self._idle: queue.SimpleQueue[Runtime] = queue.SimpleQueue()
+
+    @contextmanager
+    def lend(self) -> Iterator[Runtime]:
+        try:
+            runtime = self._idle.get_nowait()
+        except queue.Empty:
+            runtime = Runtime(self.binary, self.batch, 1)
+        try:
+            yield runtime
+        finally:
+            self._idle.put(runtime)
+
+
+@dataclass
+class _Batch:
+    """What one batch's simulation gives the stage's report."""
+
+    golden_outputs: list[dict]  # the golden interpreter's outputs (not its every tensor: memory)
+    results: list[dict]
+    counters: dict
+    checks: list[tuple[int, str, np.ndarray, np.ndarray]]  # (subgraph, tensor, got, golden) per image
+
+
 def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     model = load_model(inputs["model"], "the optimized model")
     qdq = load_model(inputs["qdq"], "the QDQ model")
     program, _, interpreter = load_integer_model(inputs["integer"])
     binary = load(inputs["binary"])
     probe = Runtime(binary)  # validates the binary; its memories' sizes set the batch
-    size, threads = batch_size(probe.sim.sram.size, probe.sim.dram.size), sample_workers()
-    runtime = probe if size == threads == 1 else Runtime(binary, size, threads)
+    size, workers = batch_size(probe.sim.sram.size, probe.sim.dram.size), sample_workers()
+    runtimes = Runtimes(binary, size)
     tensors = np.load(inputs["evaluation"], mmap_mode="r", allow_pickle=False)
     outputs = [o.name for o in model.graph.output]
     float_session, qdq_session = session(model), session(qdq)
@@ -56,41 +98,50 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     samples = 0
     counters = None
     # a fused-preprocessing model's data set holds pixel values as floats; the binary takes bytes
-    pixels = {spec["name"] for spec in runtime.inputs if spec["pixels"]}
+    pixels = {spec["name"] for spec in probe.inputs if spec["pixels"]}
     feeds = list(iterate_feeds(model, tensors, params["samples"]))
-    starts = np.cumsum([0, *balanced(len(feeds), size)])
-    for chunk in (feeds[a:b] for a, b in zip(starts[:-1], starts[1:])):
-        samples += len(chunk)
+    starts = np.cumsum([0, *batches_for(len(feeds), size, workers)])
+
+    def simulate(chunk: list[dict]) -> _Batch:
         golden = [interpreter.run(feed, keep=True) for feed in chunk]
-        runtime.sim.counts.clear()
-        runtime.sim.sram.high_water = 0
-        values: dict[str, np.ndarray] = {}
-        results = runtime.run_batch(
-            [{k: v.astype(np.uint8) if k in pixels else v for k, v in feed.items()} for feed in chunk], values
-        )
+        with runtimes.lend() as runtime:
+            runtime.sim.counts.clear()
+            runtime.sim.sram.high_water = 0
+            values: dict[str, np.ndarray] = {}
+            batch = [{k: v.astype(np.uint8) if k in pixels else v for k, v in feed.items()} for feed in chunk]
+            # copies, like every value kept past the lending: the memories hold the next batch's soon
+            results = [{k: np.array(v) for k, v in r.items()} for r in runtime.run_batch(batch, values)]
+            counts = dict(runtime.sim.counts)
+            counts["sram_peak_bytes"] = runtime.sim.sram.high_water
+            checks = []
+            for k, sg in enumerate(runtime.subgraphs):
+                if sg["device"] != "npu":
+                    continue
+                golden_in = {s["name"]: np.stack([env[s["name"]] for _, env in golden]) for s in sg["inputs"]}
+                if all(np.array_equal(values[name], value) for name, value in golden_in.items()):
+                    local = values  # the end-to-end run fed this subgraph the golden inputs already
+                else:  # a CPU part before it computed in onnxruntime: feed the golden values
+                    local = dict(golden_in)
+                    runtime.run_npu(k, local)
+                for s in sg["outputs"]:
+                    for image, (_, env) in enumerate(golden):
+                        checks.append((k, s["name"], np.array(local[s["name"]][image]), env[s["name"]]))
+            return _Batch([outputs for outputs, _ in golden], results, counts, checks)
+
+    chunks = [feeds[a:b] for a, b in zip(starts[:-1], starts[1:])]
+    for chunk, batch in zip(chunks, in_order(simulate, chunks, workers)):  # reduced in batch order
+        samples += len(chunk)
         if counters is None:  # one inference's (the simulator counts per image)
-            counters = dict(runtime.sim.counts)
-            counters["sram_peak_bytes"] = runtime.sim.sram.high_water
-        for k, sg in enumerate(runtime.subgraphs):
-            if sg["device"] != "npu":
-                continue
-            golden_in = {s["name"]: np.stack([env[s["name"]] for _, env in golden]) for s in sg["inputs"]}
-            if all(np.array_equal(values[name], value) for name, value in golden_in.items()):
-                local = values  # the end-to-end run fed this subgraph the golden inputs already
-            else:  # a CPU part before it computed in onnxruntime: feed the golden values
-                local = dict(golden_in)
-                runtime.run_npu(k, local)
-            for s in sg["outputs"]:
-                for image, (_, env) in enumerate(golden):
-                    got = local[s["name"]][image].astype(np.int64).reshape(-1)
-                    want = np.asarray(env[s["name"]]).astype(np.int64).reshape(-1)
-                    elements += want.size
-                    same = int((got == want).sum())
-                    exact += same
-                    if same != want.size and len(mismatches) < 10:
-                        differ = f"{want.size - same} of {want.size} differ"
-                        mismatches.append(f"subgraph {k}: {s['name']}: {differ}")
-        for feed, (golden_out, _), result in zip(chunk, golden, results):
+            counters = batch.counters
+        for k, name, got, want in batch.checks:
+            got = np.asarray(got).astype(np.int64).reshape(-1)
+            want = np.asarray(want).astype(np.int64).reshape(-1)
+            elements += want.size
+            same = int((got == want).sum())
+            exact += same
+            if same != want.size and len(mismatches) < 10:
+                mismatches.append(f"subgraph {k}: {name}: {want.size - same} of {want.size} differ")
+        for feed, golden_out, result in zip(chunk, batch.golden_outputs, batch.results):
             reference = dict(zip(outputs, float_session.run(outputs, feed)))
             qdq_out = dict(zip(outputs, qdq_session.run(outputs, feed)))
             for o in outputs:
