@@ -548,3 +548,26 @@ def test_elementwise_of_two_operands_by_table_equals_the_arithmetic(
             got = elementwise(fn, x, x_bits, y, y_bits)
             assert (np.prod(seen[0]) < size) == tabulated
             np.testing.assert_array_equal(got, fn(x, y))
+
+
+def test_window_max_one_axis_at_a_time_equals_the_max_over_every_tap():
+    """MaxPool's separable max equals the max over each window's k x k views (kernels, strides,
+    dilations and pads drawn at random, the pad value the code minimum)."""
+    from npubuild.intmodel.kernels import window_max, windows
+
+    rng = np.random.default_rng(5)
+    compared = 0
+    for _ in range(200):
+        kernel, strides, dilations = (list(rng.integers(1, n, 2)) for n in (6, 4, 3))
+        pads = list(rng.integers(0, 3, 4))
+        x = rng.integers(-128, 128, (2, 3, int(rng.integers(8, 20)), int(rng.integers(8, 20)))).astype(
+            np.int32
+        )
+        span = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+        if any(size + pads[i] + pads[i + 2] < w for i, (size, w) in enumerate(zip(x.shape[2:], span))):
+            continue
+        want = windows(x, kernel, strides, dilations, pads, -128).max(axis=(-2, -1))
+        got = window_max(x, kernel, strides, dilations, pads, -128)
+        np.testing.assert_array_equal(got, want)
+        compared += 1
+    assert compared > 150

@@ -74,7 +74,13 @@ def test_batches_are_as_even_as_they_go(count, size, want):
 
 @pytest.mark.parametrize(
     ("count", "size", "workers", "want"),
-    [(9, 8, 2, [5, 4]), (8, 8, 2, [4, 4]), (3, 8, 4, [1, 1, 1]), (16, 8, 1, [8, 8]), (17, 4, 2, [4, 4, 3, 3, 3])],
+    [
+        (9, 8, 2, [5, 4]),
+        (8, 8, 2, [4, 4]),
+        (3, 8, 4, [1, 1, 1]),
+        (16, 8, 1, [8, 8]),
+        (17, 4, 2, [4, 4, 3, 3, 3]),
+    ],
 )
 def test_every_thread_gets_a_batch_where_there_are_images_enough(count, size, workers, want):
     assert batches_for(count, size, workers) == want

@@ -30,6 +30,7 @@ from npubuild.intmodel.kernels import (
     conv_transpose_accumulate,
     nearest_indices,
     pool_pads,
+    window_max,
     windows,
 )
 from npubuild.intmodel.ortconv import ExactConvs
@@ -292,11 +293,9 @@ class Interpreter:
     def _maxpool(self, x, op):
         attrs = maxpool_attrs(op)
         kernel = attrs.kernel_shape
-        nd = len(kernel)
         pads = pool_pads(x.shape[2:], attrs)
         qmin = qrange(self.tensors[op.inputs[0]].bits)[0]
-        win = windows(x, kernel, attrs.strides, attrs.dilations, pads, qmin)
-        return win.max(axis=tuple(range(-nd, 0))).astype(np.int32)
+        return window_max(x, kernel, attrs.strides, attrs.dilations, pads, qmin).astype(np.int32, copy=False)
 
 
 def _saturate32(v: np.ndarray, bits: int) -> np.ndarray:

@@ -43,6 +43,30 @@ def windows(xc: np.ndarray, kernel, strides, dilations, pads, pad_value: float) 
     return view[index]
 
 
+def window_max(x: np.ndarray, kernel, strides, dilations, pads, pad_value) -> np.ndarray:
+    """The max over each window (MaxPool), one spatial axis at a time: the max of a k x k window
+    is the max over k rows of each row's max over k columns, 2k - 2 element-wise maxima instead
+    of a reduction over k^2 taps (the same values: max is associative). Strided windows are the
+    stride-1 result subsampled."""
+    nd = len(kernel)
+    if any(pads):
+        pad_width = [(0, 0), (0, 0)] + [(pads[i], pads[i + nd]) for i in range(nd)]
+        x = np.pad(x, pad_width, constant_values=pad_value)
+    for axis, (k, d) in enumerate(zip(kernel, dilations)):
+        size = x.shape[2 + axis] - (k - 1) * d
+        if size <= 0:
+            return windows(x, kernel, strides, dilations, [0] * 2 * nd, pad_value).max(
+                axis=tuple(range(-nd, 0))
+            )  # a window wider than the input: no output, as the views say
+
+        taps = [x[(slice(None),) * (2 + axis) + (slice(t * d, t * d + size),)] for t in range(k)]
+        widest = np.array(taps[0])
+        for tap in taps[1:]:
+            np.maximum(widest, tap, out=widest)
+        x = widest
+    return x[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in strides)]
+
+
 def exact_dtype(xc: np.ndarray, w: np.ndarray, terms: int):
     """The narrowest float type in which every partial sum of `terms` products x*w is exact
     (FLOAT32_EXACT: below 2^24 float32 sums integers exactly in any order, BLAS's blocking

@@ -128,7 +128,7 @@ class ExactConvs:
         key = (
             key,
             w.shape,
-            str(w.dtype),
+            w.dtype.char,
             transpose,
             tuple(attrs.strides),
             tuple(attrs.dilations),

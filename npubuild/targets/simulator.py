@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from functools import lru_cache
 
 import numpy as np
 
-from npubuild.intmodel.codes import centred_bound, elementwise, per_code, qrange, saturate
+from npubuild.intmodel.codes import centred_bound, code_indexed, elementwise, qrange, saturate
 from npubuild.intmodel.fixedpoint import add_codes, multiply_codes, requantize, requantize_output
-from npubuild.intmodel.kernels import conv_sums, conv_transpose_accumulate, windows
+from npubuild.intmodel.kernels import conv_sums, conv_transpose_accumulate, window_max, windows
 from npubuild.intmodel.ortconv import ExactConvs
 from npubuild.intmodel.program import ConvGeometry
 from npubuild.intmodel.rowwise import EPS_CODES_MAX, layernorm_rows, softmax_rows
@@ -40,15 +41,24 @@ def _look_up(
 ) -> np.ndarray:
     """table[x + offset] in each image's own table ([rows, entries]; x [rows, ...], its values
     known to lie in x_range: then the bounds check needs no pass over x when the range fits)."""
-    index = np.add(x, offset, dtype=np.int32)
     inside = 0 <= x_range[0] + offset and x_range[1] + offset < table.shape[1]
-    if index.size and not inside and (index.min() < 0 or index.max() >= table.shape[1]):
+    if x.size and not inside and (int(x.min()) + offset < 0 or int(x.max()) + offset >= table.shape[1]):
         raise NpubError(f"{what} index outside its table")
     try:  # the usual case, one table for all: a plain gather, several times take_along_axis's speed
-        return _same_in_every_row(table)[index]
+        one = _same_in_every_row(table)
     except _Uneven:
-        flat = np.take_along_axis(table, index.reshape(index.shape[0], -1), axis=1)
-        return flat.reshape(index.shape)
+        index = np.add(x, offset, dtype=np.int32).reshape(x.shape[0], -1)
+        return np.take_along_axis(table, index, axis=1).reshape(x.shape)
+    if 0 <= offset < one.size:  # the codes index the table as they are: no pass adding the offset
+        return code_indexed(one, -offset)[x]
+    return one[np.add(x, offset, dtype=np.int32)]
+
+
+@lru_cache(maxsize=1024)
+def _geometry(sh: int, sw: int, dh: int, dw: int, group: int) -> ConvGeometry:
+    """A conv instruction's geometry (frozen, so shared by every instruction alike: a validated
+    model per instruction cost more than the tile's arithmetic on small tiles)."""
+    return ConvGeometry(strides=[sh, sw], dilations=[dh, dw], pads=[0, 0, 0, 0], group=group)
 
 
 VIEWS_KEPT = 1 << 16  # a large stream's distinct views; beyond that they are built again
@@ -159,6 +169,7 @@ class Simulator:
         # onnxruntime sessions, named by the weights' address; `threads` each: a batch's
         # convolutions are large enough to share out
         self._exact_convs = ExactConvs(threads)
+        self._requant_tables: dict[tuple, np.ndarray] = {}
 
     def use_rows(self, first: int, rows: int) -> None:
         """Run the next instructions on images first .. first + rows - 1 of the batch."""
@@ -242,9 +253,7 @@ class Simulator:
         params = _same_in_every_row(self.sram.view(a["params"], 64, (a["out_c"], 3)))
         if min(a["sh"], a["sw"], a["dh"], a["dw"], a["kh"], a["kw"]) <= 0:
             raise NpubError("conv with a non-positive kernel, stride or dilation")
-        attrs = ConvGeometry(
-            strides=[a["sh"], a["sw"]], dilations=[a["dh"], a["dw"]], pads=[0, 0, 0, 0], group=group
-        )
+        attrs = _geometry(a["sh"], a["sw"], a["dh"], a["dw"], group)
         x_bound = centred_bound(a["in_bits"], a["in_zp"])
         acc_bound = None
         if a["transpose"]:
@@ -321,7 +330,16 @@ class Simulator:
         def requantized(codes: np.ndarray) -> np.ndarray:
             return saturate(requantize(codes - a["in_zp"], a["m0"], a["shift"]) + a["out_zp"], a["out_bits"])
 
-        self.sram.write(a["dst"], a["out_bits"], per_code(requantized, x, a["in_bits"]))
+        key = tuple(a[k] for k in ("in_bits", "in_zp", "m0", "shift", "out_zp", "out_bits"))
+        if x.size < 4 << a["in_bits"]:
+            y = requantized(x.astype(np.int64))
+        else:  # a table of every code, made once per rule: a stream requantizes tile after tile alike
+            table = self._requant_tables.get(key)
+            if table is None:
+                lo, hi = qrange(a["in_bits"])
+                table = self._requant_tables[key] = code_indexed(requantized(np.arange(lo, hi + 1)), lo)
+            y = table[x]
+        self.sram.write(a["dst"], a["out_bits"], y)
 
     def _lut(self, a: dict) -> None:
         x = self.sram.view(a["src"], a["in_bits"], (a["n"],))
@@ -370,8 +388,7 @@ class Simulator:
             raise NpubError("pool with a non-positive window, stride or dilation")
         shape = (a["out_h"], a["out_w"])
         if a["mode"] == 0:
-            win = windows(x, kernel, strides, dil, [0, 0, 0, 0], 0)
-            y = win.max(axis=(-2, -1))
+            y = window_max(x, kernel, strides, dil, [0, 0, 0, 0], 0)
         else:
             xc = x.astype(np.float64) - a["in_zp"]
             total = np.rint(windows(xc, kernel, strides, dil, [0, 0, 0, 0], 0.0).sum(axis=(-2, -1)))
