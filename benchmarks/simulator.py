@@ -8,9 +8,9 @@ imported float model one image at a time (as a user runs it, every graph rewrite
 threads: the ratio's baseline; and as npubuild's stages run it, one thread and no rewrites: after
 the slash), and `model.npub` end to end (NPU subgraphs in the instruction-level simulator, CPU
 subgraphs in onnxruntime) two ways: one image at a time, and as the simulate stage runs it (the
-images in even batches of at most stages/simulate.batch_size, at least one per thread, each
-thread simulating its own batch), per image. Each after one warm-up. Prints the ratios (issue
-17's bar: <= 5x).
+images in even batches of at most stages/simulate.batch_size; one batch with its convolutions on
+every core, several on a thread each: stages/simulate.batch_plan), per image. Each after one
+warm-up. Prints the ratios (issue 17's bar: <= 5x).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def main() -> None:
     from npubuild.engine.run import build
     from npubuild.stages.parallel import in_order, sample_workers
     from npubuild.stages.prepare import _image
-    from npubuild.stages.simulate import Runtimes, batch_size, batches_for
+    from npubuild.stages.simulate import Runtimes, batch_plan, batch_size
     from npubuild.targets.runtime import Runtime, load
 
     tmp = Path(tempfile.mkdtemp(prefix="npubuild-sim-"))
@@ -76,8 +76,9 @@ def main() -> None:
                 f"ratio {sim_s / ort_s:5.1f}x / {sim_s / ref_s:4.1f}x"
             )
             size, workers = batch_size(runtime.sim.sram.size, runtime.sim.dram.size), sample_workers()
-            runtimes = Runtimes(load(out / label / "model.npub"), size)
-            starts = np.cumsum([0, *batches_for(len(images), size, workers)])
+            sizes, threads = batch_plan(len(images), size, workers)
+            runtimes = Runtimes(load(out / label / "model.npub"), size, threads)
+            starts = np.cumsum([0, *sizes])
             batches = [[{name: x} for x in images[a:b]] for a, b in zip(starts[:-1], starts[1:])]
 
             def run_batch(batch, rs=runtimes):
@@ -92,7 +93,7 @@ def main() -> None:
             print(
                 f"  simulator, {target}, as the stage runs it:  {stage_s * 1000:8.1f} ms   "
                 f"ratio {stage_s / ort_s:5.1f}x / {stage_s / ref_s:4.1f}x (bar <= 5x; batches "
-                f"{np.diff(starts).tolist()} on {workers} threads)"
+                f"{sizes} on {min(workers, len(sizes))} thread(s), onnxruntime at {threads} each)"
             )
         store.close()
     finally:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from test_mappings import M, _conv
 
-from npubuild.stages.simulate import balanced, batches_for
+from npubuild.stages.simulate import balanced, batch_plan
 from npubuild.targets.isa import MAPPINGS, Instruction
 from npubuild.targets.runtime import Runtime, load
 from npubuild.targets.simulator import Simulator
@@ -74,13 +74,7 @@ def test_batches_are_as_even_as_they_go(count, size, want):
 
 @pytest.mark.parametrize(
     ("count", "size", "workers", "want"),
-    [
-        (9, 8, 2, [5, 4]),
-        (8, 8, 2, [4, 4]),
-        (3, 8, 4, [1, 1, 1]),
-        (16, 8, 1, [8, 8]),
-        (17, 4, 2, [4, 4, 3, 3, 3]),
-    ],
+    [(9, 16, 2, ([9], 2)), (20, 16, 2, ([10, 10], 1)), (3, 1, 4, ([1, 1, 1], 1)), (16, 16, 1, ([16], 1))],
 )
-def test_every_thread_gets_a_batch_where_there_are_images_enough(count, size, workers, want):
-    assert batches_for(count, size, workers) == want
+def test_one_batch_takes_every_core_and_several_take_a_thread_each(count, size, workers, want):
+    assert batch_plan(count, size, workers) == want

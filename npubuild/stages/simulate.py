@@ -25,7 +25,7 @@ from npubuild.targets.runtime import Runtime, load
 
 # images simulated at once: the per-instruction cost is paid once per batch, and each image's
 # memories and golden values stay in RAM until its batch is checked
-BATCH_IMAGES = 8
+BATCH_IMAGES = 16
 BATCH_BYTES = 1 << 28
 
 
@@ -41,20 +41,22 @@ def balanced(count: int, size: int) -> list[int]:
     return [count // batches + (k < count % batches) for k in range(batches)]
 
 
-def batches_for(count: int, size: int, workers: int) -> list[int]:
-    """Batch sizes for `count` images on `workers` threads: at least one batch per thread where
-    there are images enough (each thread interprets its own batch's instructions; one batch of
-    all would leave the other threads idle), at most `size` images each."""
-    return balanced(count, max(1, min(size, -(-count // max(workers, 1)))))
+def batch_plan(count: int, size: int, workers: int) -> tuple[list[int], int]:
+    """Batch sizes for `count` images and onnxruntime's threads in each batch's convolutions.
+    Batches as large as the memory allows: interpreting a stream's instructions costs the same for
+    one image as for a batch, and on small tiles that Python (one core at a time) is most of the
+    work. One batch: its convolutions on every core; several: one batch per thread."""
+    sizes = balanced(count, size)
+    return sizes, (workers if len(sizes) == 1 else 1)
 
 
 class Runtimes:
     """Simulators lent to the threads that run batches, made on first need and kept: a batch's
-    memories are its thread's alone while it runs (onnxruntime's convolutions at one thread each:
-    the threads are the parallelism), and a simulator's sessions serve every later batch."""
+    memories are its thread's alone while it runs, and a simulator's sessions serve every later
+    batch."""
 
-    def __init__(self, binary, batch: int):
-        self.binary, self.batch = binary, batch
+    def __init__(self, binary, batch: int, threads: int):
+        self.binary, self.batch, self.threads = binary, batch, threads
         self._idle: queue.SimpleQueue[Runtime] = queue.SimpleQueue()
 
     @contextmanager
@@ -62,7 +64,7 @@ class Runtimes:
         try:
             runtime = self._idle.get_nowait()
         except queue.Empty:
-            runtime = Runtime(self.binary, self.batch, 1)
+            runtime = Runtime(self.binary, self.batch, self.threads)
         try:
             yield runtime
         finally:
@@ -86,7 +88,6 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     binary = load(inputs["binary"])
     probe = Runtime(binary)  # validates the binary; its memories' sizes set the batch
     size, workers = batch_size(probe.sim.sram.size, probe.sim.dram.size), sample_workers()
-    runtimes = Runtimes(binary, size)
     tensors = np.load(inputs["evaluation"], mmap_mode="r", allow_pickle=False)
     outputs = [o.name for o in model.graph.output]
     float_session, qdq_session = session(model), session(qdq)
@@ -100,7 +101,9 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     # a fused-preprocessing model's data set holds pixel values as floats; the binary takes bytes
     pixels = {spec["name"] for spec in probe.inputs if spec["pixels"]}
     feeds = list(iterate_feeds(model, tensors, params["samples"]))
-    starts = np.cumsum([0, *batches_for(len(feeds), size, workers)])
+    sizes, threads = batch_plan(len(feeds), size, workers)
+    runtimes = Runtimes(binary, size, threads)
+    starts = np.cumsum([0, *sizes])
 
     def simulate(chunk: list[dict]) -> _Batch:
         golden = [interpreter.run(feed, keep=True) for feed in chunk]
