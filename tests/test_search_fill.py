@@ -86,6 +86,28 @@ def test_the_fill_is_cheaper_than_the_smallest_prefix():
     assert s.costs.cycles(filled) < s.costs.cycles(prefix)
 
 
+def test_each_fill_bisects_below_what_the_prefix_spends(monkeypatch):
+    """The cycles fill finds a table cheaper than the prefix's; the MAC fill still bisects its
+    budget below the prefix's MACs, not below that table's (a fill is not monotone in its budget:
+    a ceiling set by the other fill's answer sent PP-OCRv4 det's MAC fill to 78.9% int8 MACs
+    where it had found 87.5%)."""
+    ceilings = []
+    fill = strategies.budget_fill
+
+    def recorded(s, base, level, spend, ceiling, goal):
+        ceilings.append((spend.__name__, ceiling))
+        return fill(s, base, level, spend, ceiling, goal)
+
+    monkeypatch.setattr(strategies, "budget_fill", recorded)
+    s, table, reached = search(sorted(NOISE, key=lambda u: -NOISE[u]))
+    assert reached and table == {"cheap_a": "int16", "big": "int8", "cheap_b": "int16"}
+    prefix = {u: "int16" for u in NOISE}  # the smallest prefix takes "big" (the test above)
+    assert ceilings == [
+        ("additive_cycles", s.costs.additive_cycles(prefix)),
+        ("promoted_macs", s.costs.promoted_macs(prefix)),
+    ]
+
+
 class OptimisticProbe(StubProbe):
     """The probe (run) sees 1/1.3 of the noise the integer model (confirm) really has."""
 

@@ -145,10 +145,13 @@ def search(s: Search, goal: dict) -> Table | None:
     if s.evaluate(table, f"all layers {s.levels[0]}", goal):
         return table
     for level in s.levels[1:]:
-        found = smallest_prefix(s, table, level, goal)
+        found = prefix = smallest_prefix(s, table, level, goal)
         if found is not None:
+            # each fill bisects its budget below what the prefix's table spends, not below the
+            # other fill's answer: a fill is not monotone in its budget, and a ceiling set by the
+            # other measure's answer sends the bisection elsewhere
             for spend in (s.costs.additive_cycles, s.costs.promoted_macs):
-                filled = budget_fill(s, table, level, spend, spend(found), goal)
+                filled = budget_fill(s, table, level, spend, spend(prefix), goal)
                 if filled is not None and s.costs.objective(filled) < s.costs.objective(found):
                     found = filled
             if not meets(s.measurer.golden_metrics(found), goal):
