@@ -78,3 +78,61 @@ def test_batches_are_as_even_as_they_go(count, size, want):
 )
 def test_one_batch_takes_every_core_and_several_take_a_thread_each(count, size, workers, want):
     assert batch_plan(count, size, workers) == want
+
+
+def _copy(n: int, dram: int, sram: int, space: int = 0) -> dict:
+    """A DMA of n bytes in one row: DRAM (or SRAM, space 1) at `dram` to SRAM at `sram`."""
+    box = dict(d0=1, d1=1, d2=1, d3=n, s0=0, s1=0, s2=0, s3=1, pad_top=0, pad_bottom=0, pad_left=0)
+    return dict(space=space, dram=dram, sram=sram, esize=1, **box, pad_right=0, pad_value=0)
+
+
+def test_weights_copied_from_the_constants_are_known_until_something_writes_over_them():
+    """A conv's weights loaded from the constants section carry a token naming their bytes (its
+    session is found by it, without comparing the weights); weights written by anything else are
+    compared, and a store over the constants makes later copies of them unknown. Each conv gives
+    what a fresh simulator gives on the same weights."""
+    rng = np.random.default_rng(9)
+    a = {**_conv(in_c=16, out_c=8), "mapping": MAPPINGS["channels"]}
+    n = 8 * 16 * 9
+    constants, base = rng.integers(-128, 128, n).astype(np.int8), 4096
+    xs = rng.integers(-128, 128, (2, 16 * 12 * 12)).astype(np.int8)
+    params = np.array([[5, 1 << 30, 10]] * 8, np.int64).reshape(1, -1)
+    sim = Simulator(M["sram_kib"] * 1024, 8192, M, batch=2)
+    sim.dram.write(base, 8, np.repeat(constants[None], 2, axis=0))
+    sim.dram.mark(base, base + n, "constants")
+    sim.sram.write(a["src"], 8, xs)
+    sim.sram.write(a["params"], 64, np.repeat(params, 2, axis=0))
+
+    def conv_with(weights_from) -> np.ndarray:
+        weights_from()
+        sim.execute([Instruction("conv", a), Instruction("end", {})])
+        return np.array(sim.sram.view(a["dst"], 8, (8 * 100,)))
+
+    def alone(weights: np.ndarray) -> np.ndarray:
+        one = Simulator(M["sram_kib"] * 1024, 1024, M, batch=2)
+        one.sram.write(a["src"], 8, xs)
+        one.sram.write(a["weights"], 8, np.repeat(weights[None], 2, axis=0))
+        one.sram.write(a["params"], 64, np.repeat(params, 2, axis=0))
+        one.execute([Instruction("conv", a), Instruction("end", {})])
+        return np.array(one.sram.view(a["dst"], 8, (8 * 100,)))
+
+    def load_constants():
+        sim.execute([Instruction("load", _copy(n, base, a["weights"])), Instruction("end", {})])
+
+    other = rng.integers(-128, 128, n).astype(np.int8)
+    np.testing.assert_array_equal(conv_with(load_constants), alone(constants))
+    named = sim.sram.same_in_every_row(a["weights"], 8, (n,))[1]
+    assert named is not None
+    np.testing.assert_array_equal(
+        conv_with(lambda: sim.sram.write(a["weights"], 8, np.repeat(other[None], 2, axis=0))), alone(other)
+    )
+    assert sim.sram.same_in_every_row(a["weights"], 8, (n,))[1] is None
+    np.testing.assert_array_equal(conv_with(load_constants), alone(constants))
+    assert sim.sram.same_in_every_row(a["weights"], 8, (n,))[1] == named  # the same bytes, the same name
+    # a store over the constants: the next copy of them is compared, and computes the new bytes
+    scratch = a["dst"] + 8192
+    sim.sram.write(scratch, 8, np.repeat(other[None], 2, axis=0))
+    store = {k: v for k, v in _copy(n, base, scratch).items() if not k.startswith("pad")}
+    sim.execute([Instruction("store", store), Instruction("end", {})])
+    np.testing.assert_array_equal(conv_with(load_constants), alone(other))
+    assert sim.sram.same_in_every_row(a["weights"], 8, (n,))[1] is None

@@ -82,11 +82,13 @@ def conv_sums(
     exact: ExactConvs | None = None,
     key: object = None,
     x_bound: float | None = None,
+    named: object = None,
 ) -> tuple[np.ndarray, float | None]:
     """(sums, a bound on every |sum| where onnxruntime computed them, else None) of the exact
-    integer convolution of zero-point-free inputs: onnxruntime's float32 Conv when every
-    partial sum is exact there (`exact`, the caller's sessions), else sums of integer products in
-    float32 or float64, whichever holds them exactly (exact_dtype), returned in that type.
+    integer convolution of zero-point-free inputs: onnxruntime's float32 Conv when every partial
+    sum is exact there (`exact`, the caller's sessions; `named`, ExactConvs.sums's token for the
+    weights), else sums of integer products in float32 or float64, whichever holds them exactly
+    (exact_dtype), returned in that type.
 
     Each kernel tap is one strided slice of the padded input; a depthwise convolution multiplies
     and adds those slices, any other stacks them into columns [N, C/g * taps, out] for one GEMM
@@ -94,7 +96,7 @@ def conv_sums(
     kernel = list(w.shape[2:])
     nd = len(kernel)
     pads = conv_pads(attrs, xc.shape[2:], kernel)
-    exact32 = exact.sums(xc, w, attrs, pads, False, key, x_bound) if exact is not None else None
+    exact32 = exact.sums(xc, w, attrs, pads, False, key, x_bound, named) if exact is not None else None
     if exact32 is not None:
         return exact32
     n, c = xc.shape[:2]

@@ -48,6 +48,7 @@ class _Entry:
         self.attrs, self.pads, self.transpose = attrs, pads, transpose
         self.l1 = channel_l1(w, transpose)
         self.session = None
+        self.named: object = None  # the caller's token for these weights' values, if it has one
 
     def run(self, xc: np.ndarray) -> np.ndarray | None:
         """The sums in onnxruntime, or None when it refuses the geometry (then never again)."""
@@ -84,6 +85,7 @@ class ExactConvs:
         transpose: bool,
         key: object,
         x_bound: float | None = None,
+        named: object = None,
     ) -> tuple[np.ndarray, float] | None:
         """(sums, a bound on every |sum|: max |x| times the weights' L1 bound) of the
         convolution (or transposed convolution) of zero-point-free integer inputs xc by integer
@@ -96,8 +98,10 @@ class ExactConvs:
         8-bit-sized values (one session call on a batch of both) combined in float64 (exact: each
         sum is below 2^24). xc may also be an integer array. `x_bound`, when the caller knows one
         (an 8-bit code less its zero point), spares reading the input for max |x| whenever it
-        already proves the sums exact."""
-        entry = self._entry(w, attrs, pads, transpose, key)
+        already proves the sums exact. `named`, when the caller has one, is a token that names
+        the weights' values (equal tokens, equal weights: the simulator's for weights loaded from
+        the constants): an entry found under it is used without comparing the weights."""
+        entry = self._entry(w, attrs, pads, transpose, key, named)
         if x_bound is None or x_bound * entry.l1 >= FLOAT32_EXACT:
             # max |x| from two reductions: no temporary of the input's size on this hot path
             x_bound = max(abs(float(xc.max(initial=0))), abs(float(xc.min(initial=0))))
@@ -123,7 +127,7 @@ class ExactConvs:
         return sums, bound
 
     def _entry(
-        self, w: np.ndarray, attrs: ConvGeometry, pads: list[int], transpose: bool, key: object
+        self, w: np.ndarray, attrs: ConvGeometry, pads: list[int], transpose: bool, key: object, named=None
     ) -> _Entry:
         key = (
             key,
@@ -143,10 +147,17 @@ class ExactConvs:
                 while len(self._entries) > SESSIONS_KEPT:
                     self._entries.popitem(last=False)
             self._entries.move_to_end(key)
+            if named is not None:
+                found = next((e for e in entries if e.named == named), None)
+                if found is not None:
+                    return found
             found = next((e for e in entries if np.array_equal(e.weights, w)), None)
             if found is not None:
+                if named is not None:
+                    found.named = named
                 return found
         entry = _Entry(w, attrs, pads, transpose, self.threads)
+        entry.named = named
         with self._lock:
             entries.insert(0, entry)
             del entries[WEIGHTS_PER_NAME:]

@@ -113,6 +113,7 @@ class Runtime:
         self.sim = Simulator(sram, meta.dram_size, meta.target.model_dump(), batch, threads)
         base = meta.constants_base
         self.sim.dram.data[:, base : base + len(constants)] = np.frombuffer(constants, np.uint8)
+        self.sim.dram.mark(base, base + len(constants), "constants")  # the same in every image
         self.sessions: dict[int, object] = {}
 
     def check_inputs(self, feeds: dict[str, np.ndarray]) -> None:

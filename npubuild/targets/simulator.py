@@ -61,6 +61,12 @@ def _geometry(sh: int, sw: int, dh: int, dw: int, group: int) -> ConvGeometry:
     return ConvGeometry(strides=[sh, sw], dilations=[dh, dw], pads=[0, 0, 0, 0], group=group)
 
 
+# what a load's tile holds, given its source bytes: its shape, strides, element size and padding
+_LOAD_FIELDS = (
+    *("esize", "d0", "d1", "d2", "d3", "s0", "s1", "s2", "s3"),
+    *("pad_top", "pad_bottom", "pad_left", "pad_right", "pad_value"),
+)
+
 VIEWS_KEPT = 1 << 16  # a large stream's distinct views; beyond that they are built again
 
 DTYPES = {8: np.dtype("<i1"), 16: np.dtype("<i2"), 32: np.dtype("<i4"), 64: np.dtype("<i8")}
@@ -87,6 +93,39 @@ class Memory:
         # ones every run, and a view of the fixed buffer stays valid; building one costs more
         # than the small tiles' arithmetic
         self._views: dict[tuple, tuple[np.ndarray, int]] = {}
+        # byte ranges [addr, end) that hold the same bytes in every image, each with a token that
+        # names those bytes (equal tokens, equal bytes): the constants section, and what a DMA
+        # copied from it; forgotten when anything writes over them
+        self._known: dict[tuple[int, int], object] = {}
+
+    def mark(self, addr: int, end: int, token: object) -> None:
+        """[addr, end) holds the same bytes in every image, named by `token` (only while the
+        whole batch runs: a write to some images' rows says nothing of the others')."""
+        if self.first == 0 and self.rows == self.data.shape[0] and end > addr:
+            self._known[(addr, end)] = token
+
+    def forget(self, addr: int, end: int) -> None:
+        """Something wrote over [addr, end): the ranges it touches are no longer known."""
+        if self._known:
+            for a, e in [r for r in self._known if r[0] < end and addr < r[1]]:
+                del self._known[(a, e)]
+
+    def token_within(self, addr: int, end: int) -> tuple | None:
+        """The token of a known range holding all of [addr, end), with the offset into it."""
+        for (a, e), token in self._known.items():
+            if a <= addr and end <= e:
+                return token, addr - a
+        return None
+
+    def same_in_every_row(self, addr: int, bits: int, shape) -> tuple[np.ndarray, object]:
+        """The one value every image holds at addr (weights, parameters, tables: loaded from the
+        constants) and the token naming it, None where the rows had to be compared; _Uneven where
+        they differ."""
+        rows = self.view(addr, bits, shape)
+        token = self._known.get((addr, addr + rows[0].nbytes))
+        if token is not None and self.first == 0 and self.rows == self.data.shape[0]:
+            return rows[0], token
+        return _same_in_every_row(rows), None
 
     def strided(self, addr: int, dtype: np.dtype, shape: tuple, strides: tuple) -> np.ndarray:
         """The rows' elements at `addr` with the given shape and element strides (in elements);
@@ -118,8 +157,9 @@ class Memory:
         key = ("view", addr, bits, tuple(shape), self.first, self.rows)
         known = self._views.get(key)
         if known is not None:  # checked when it was first built
-            if write and known[1] > self.high_water:
-                self.high_water = known[1]
+            if write:
+                self.high_water = max(self.high_water, known[1])
+                self.forget(addr, known[1])
             return known[0]
         dtype = DTYPES.get(bits)
         if dtype is None:
@@ -131,8 +171,9 @@ class Memory:
         end = addr + count * dtype.itemsize
         if end > self.size:
             raise NpubError(f"{self.name}: access [{addr:#x}, {end:#x}) is outside its {self.size} bytes")
-        if write and end > self.high_water:
-            self.high_water = end
+        if write:
+            self.high_water = max(self.high_water, end)
+            self.forget(addr, end)
         strides, step = [], 1
         for extent in reversed(shape):
             strides.append(step)
@@ -179,7 +220,7 @@ class Simulator:
             memory.first, memory.rows = first, rows
 
     # --- DMA ------------------------------------------------------------------------------------
-    def _dram_box(self, a: dict) -> tuple[np.ndarray, tuple]:
+    def _dram_box(self, a: dict) -> tuple[np.ndarray, tuple, Memory, int]:
         esize = a["esize"]
         if esize not in (1, 2, 4, 8):
             raise NpubError(f"DMA element size {esize}")
@@ -196,10 +237,10 @@ class Simulator:
         if end > far.size:
             raise NpubError(f"DMA reads or writes {far.name} past its end ({end:#x})")
         box = far.strided(a["dram"], DTYPES[ESIZE_BITS[esize]], tuple(inner), tuple(strides))
-        return box, tuple(inner)
+        return box, tuple(inner), far, end
 
     def _load(self, a: dict) -> None:
-        box, inner = self._dram_box(a)
+        box, inner, far, end = self._dram_box(a)
         if a["space"] == 1:  # an SRAM-to-SRAM copy: its source may overlap the tile written below
             box = np.array(box)
         bits = ESIZE_BITS[a["esize"]]
@@ -208,6 +249,10 @@ class Simulator:
         if pt or pl or inner[2] != a["d2"] or inner[3] != a["d3"]:  # a padded tile: the pad first
             out[...] = a["pad_value"]
         out[:, :, :, pt : pt + inner[2], pl : pl + inner[3]] = box  # SRAM written in place
+        source = far.token_within(a["dram"], end) if a["space"] == 0 else None
+        if source is not None:  # a copy of known bytes: the tile is known too, by where it came from
+            geometry = tuple(a[k] for k in _LOAD_FIELDS)
+            self.sram.mark(a["sram"], a["sram"] + out[0].nbytes, (source, geometry))
         moved = math.prod(inner) * a["esize"]  # per image
         self.counts["dma_in_bytes" if a["space"] == 0 else "sram_copy_bytes"] += moved
 
@@ -216,7 +261,8 @@ class Simulator:
         if bits is None:
             raise NpubError(f"DMA element size {a['esize']}")
         src = self.sram.view(a["sram"], bits, (a["d0"], a["d1"], a["d2"], a["d3"]))
-        box, _ = self._dram_box({**a, "pad_top": 0, "pad_bottom": 0, "pad_left": 0, "pad_right": 0})
+        box, _, far, end = self._dram_box({**a, "pad_top": 0, "pad_bottom": 0, "pad_left": 0, "pad_right": 0})
+        far.forget(a["dram"], end)
         box[...] = src
         moved = math.prod(src.shape[1:]) * a["esize"]  # per image
         if a["space"] == 1:
@@ -249,8 +295,8 @@ class Simulator:
             wshape = (a["in_c"], a["out_c"] // group, *kernel)
         else:
             wshape = (a["out_c"], a["in_c"] // group, *kernel)
-        w = _same_in_every_row(self.sram.view(a["weights"], 8, wshape))
-        params = _same_in_every_row(self.sram.view(a["params"], 64, (a["out_c"], 3)))
+        w, named = self.sram.same_in_every_row(a["weights"], 8, wshape)
+        params, _ = self.sram.same_in_every_row(a["params"], 64, (a["out_c"], 3))
         if min(a["sh"], a["sw"], a["dh"], a["dw"], a["kh"], a["kw"]) <= 0:
             raise NpubError("conv with a non-positive kernel, stride or dilation")
         attrs = _geometry(a["sh"], a["sw"], a["dh"], a["dw"], group)
@@ -267,7 +313,7 @@ class Simulator:
                 acc[:, :, r0 - t : r1 - t, c0 - left : c1 - left] = full[:, :, r0:r1, c0:c1]
         else:
             xc = np.subtract(x, a["in_zp"], dtype=np.float32)  # codes: exact in float32
-            acc, acc_bound = conv_sums(xc, w, attrs, self._exact_convs, a["weights"], x_bound)
+            acc, acc_bound = conv_sums(xc, w, attrs, self._exact_convs, a["weights"], x_bound, named)
             if acc.shape[2:] != (a["out_h"], a["out_w"]):
                 raise NpubError(f"conv tile gives {acc.shape[2:]}, instruction says {a['out_h'], a['out_w']}")
         self.counts["macs"] += math.prod(acc.shape[1:]) * math.prod(w.shape[1:])
