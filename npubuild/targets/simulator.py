@@ -211,6 +211,7 @@ class Simulator:
         # convolutions are large enough to share out
         self._exact_convs = ExactConvs(threads)
         self._requant_tables: dict[tuple, np.ndarray] = {}
+        self._boxes: dict[tuple, tuple] = {}  # (id(args), padded) -> (args, checked DMA geometry)
 
     def use_rows(self, first: int, rows: int) -> None:
         """Run the next instructions on images first .. first + rows - 1 of the batch."""
@@ -220,13 +221,22 @@ class Simulator:
             memory.first, memory.rows = first, rows
 
     # --- DMA ------------------------------------------------------------------------------------
-    def _dram_box(self, a: dict) -> tuple[np.ndarray, tuple, Memory, int]:
+    def _dram_box(self, a: dict, padded: bool = True) -> tuple[np.ndarray, tuple, Memory, int]:
+        """The far side of a DMA (its elements, extents without the padding, memory, end); its
+        checked geometry is kept per instruction: a stream runs the same DMAs every time."""
+        known = self._boxes.get((id(a), padded))
+        if known is None or known[0] is not a:
+            known = self._boxes[(id(a), padded)] = (a, *self._box_geometry(a, padded))
+        _, inner, strides, far, end, dtype = known
+        return far.strided(a["dram"], dtype, inner, strides), inner, far, end
+
+    def _box_geometry(self, a: dict, padded: bool) -> tuple[tuple, tuple, Memory, int, np.dtype]:
         esize = a["esize"]
         if esize not in (1, 2, 4, 8):
             raise NpubError(f"DMA element size {esize}")
-        inner = [a["d0"], a["d1"], a["d2"] - a.get("pad_top", 0) - a.get("pad_bottom", 0)]
-        inner.append(a["d3"] - a.get("pad_left", 0) - a.get("pad_right", 0))
-        strides = [a["s0"], a["s1"], a["s2"], a["s3"]]
+        pads = [a.get(k, 0) if padded else 0 for k in ("pad_top", "pad_bottom", "pad_left", "pad_right")]
+        inner = (a["d0"], a["d1"], a["d2"] - pads[0] - pads[1], a["d3"] - pads[2] - pads[3])
+        strides = (a["s0"], a["s1"], a["s2"], a["s3"])
         if any(d < 0 for d in inner) or any(s < 0 for s in strides) or a["dram"] < 0:
             raise NpubError("DMA with a negative extent, stride or address")
         far = {0: self.dram, 1: self.sram}.get(a["space"])
@@ -236,8 +246,7 @@ class Simulator:
         end = a["dram"] + span * esize
         if end > far.size:
             raise NpubError(f"DMA reads or writes {far.name} past its end ({end:#x})")
-        box = far.strided(a["dram"], DTYPES[ESIZE_BITS[esize]], tuple(inner), tuple(strides))
-        return box, tuple(inner), far, end
+        return inner, strides, far, end, DTYPES[ESIZE_BITS[esize]]
 
     def _load(self, a: dict) -> None:
         box, inner, far, end = self._dram_box(a)
@@ -261,7 +270,7 @@ class Simulator:
         if bits is None:
             raise NpubError(f"DMA element size {a['esize']}")
         src = self.sram.view(a["sram"], bits, (a["d0"], a["d1"], a["d2"], a["d3"]))
-        box, _, far, end = self._dram_box({**a, "pad_top": 0, "pad_bottom": 0, "pad_left": 0, "pad_right": 0})
+        box, _, far, end = self._dram_box(a, padded=False)
         far.forget(a["dram"], end)
         box[...] = src
         moved = math.prod(src.shape[1:]) * a["esize"]  # per image
