@@ -126,7 +126,13 @@ def requantize_output(
     """A MAC op's output path: acc + bias (acc holds exact integers, any numeric dtype; bias, m0
     and shift one value per channel along `axis`) requantized by (m0, shift), plus the zero point,
     clipped to [lo, hi], as int32 codes. `acc_bound`, when the caller knows one, bounds |acc| and
-    spares reading acc for it.
+    spares reading acc for it. OutputRule holds what this works out from the parameters, for a
+    caller that applies them again and again."""
+    return OutputRule(bias, m0, shift, axis, acc.ndim, zero_point, lo, hi).apply(acc, acc_bound)
+
+
+class OutputRule:
+    """requantize_output's parameters, worked out once for a layer (or a simulator's tile shape).
 
     The rule is requantize's, computed in float64 when that gives its codes
     (`float64_rounding_is_exact`; the usual case), whose multiply and add are vector instructions
@@ -134,34 +140,47 @@ def requantize_output(
     zero in int32 (`_float64_block`). Large outputs go in blocks of channels (of about
     CHUNK_ELEMENTS) whose temporaries stay in the processor's cache; every pass of this
     memory-bound arithmetic over a whole feature map would go to DRAM."""
-    shape = [1] * acc.ndim
-    shape[axis] = -1
-    bias, m0, shift = (np.asarray(p).reshape(shape) for p in (bias, m0, shift))
-    m0 = m0.astype(np.int64)
-    total = 31 + shift.astype(np.int64)
-    bias_bound = float(np.abs(bias).max(initial=0))
 
-    def exact_in_float64(acc_bound: float) -> bool:
-        return float64_rounding_is_exact(acc_bound + bias_bound, m0, total, lo - zero_point, hi - zero_point)
+    def __init__(self, bias, m0, shift, axis: int, ndim: int, zero_point: int, lo: int, hi: int):
+        shape = [1] * ndim
+        shape[axis] = -1
+        self.bias, m0, self.shift = (np.asarray(p).reshape(shape) for p in (bias, m0, shift))
+        self.m0 = m0.astype(np.int64)
+        total = 31 + self.shift.astype(np.int64)
+        self.scale = np.ldexp(self.m0.astype(np.float64), -total)
+        flat_m0, flat_total = (
+            np.ascontiguousarray(v).reshape(-1) for v in np.broadcast_arrays(self.m0, total)
+        )
+        # the largest |acc + bias| whose float64 form is exact (float64_rounding_is_exact)
+        self.exact_below = _exact_sum_limit(
+            flat_m0.tobytes(), flat_total.tobytes(), lo - zero_point, hi - zero_point
+        )
+        self.bias_bound = float(np.abs(self.bias).max(initial=0))
+        self.axis, self.zero_point, self.lo, self.hi = axis, zero_point, lo, hi
 
-    # the caller's bound first; when it is too loose to decide, the largest |acc| itself
-    if (acc_bound is not None and exact_in_float64(acc_bound)) or exact_in_float64(
-        max(abs(float(acc.max(initial=0))), abs(float(acc.min(initial=0))))
-    ):
-        params = (bias, np.ldexp(m0.astype(np.float64), -total))
-        block_rule = partial(_float64_block, zero_point=zero_point, lo=lo, hi=hi)
-    else:
-        params = (bias, m0, shift)
-        block_rule = partial(_int64_block, zero_point=zero_point, lo=lo, hi=hi)
-    channels = acc.shape[axis]
-    per_block = max(1, CHUNK_ELEMENTS * channels // max(acc.size, 1))
-    if per_block >= channels:
-        return block_rule(acc, *params)
-    out = np.empty(acc.shape, np.int32)
-    for start in range(0, channels, per_block):
-        block = (slice(None),) * axis + (slice(start, start + per_block),)
-        out[block] = block_rule(acc[block], *(p[block] for p in params))
-    return out
+    def apply(self, acc: np.ndarray, acc_bound: float | None = None) -> np.ndarray:
+        def exact_in_float64(bound: float) -> bool:
+            return bound + self.bias_bound < self.exact_below
+
+        # the caller's bound first; when it is too loose to decide, the largest |acc| itself
+        if (acc_bound is not None and exact_in_float64(acc_bound)) or exact_in_float64(
+            max(abs(float(acc.max(initial=0))), abs(float(acc.min(initial=0))))
+        ):
+            params = (self.bias, self.scale)
+            block_rule = partial(_float64_block, zero_point=self.zero_point, lo=self.lo, hi=self.hi)
+        else:
+            params = (self.bias, self.m0, self.shift)
+            block_rule = partial(_int64_block, zero_point=self.zero_point, lo=self.lo, hi=self.hi)
+        axis = self.axis
+        channels = acc.shape[axis]
+        per_block = max(1, CHUNK_ELEMENTS * channels // max(acc.size, 1))
+        if per_block >= channels:
+            return block_rule(acc, *params)
+        out = np.empty(acc.shape, np.int32)
+        for start in range(0, channels, per_block):
+            block = (slice(None),) * axis + (slice(start, start + per_block),)
+            out[block] = block_rule(acc[block], *(p[block] for p in params))
+        return out
 
 
 CHUNK_ELEMENTS = 1 << 17
@@ -210,8 +229,13 @@ def float64_rounding_is_exact(sum_bound: float, m0: np.ndarray, total: np.ndarra
       representable, so the product gives it exactly; beyond B the rounding is monotone and the
       clip saturates alike. (The bound keeps the margin of an earlier form that also rounded an
       added half: twice what this one needs.)"""
+    return sum_bound < exact_sum_limit(m0, total, lo, hi)
+
+
+def exact_sum_limit(m0: np.ndarray, total: np.ndarray, lo: int, hi: int) -> float:
+    """The bound on |s| below which float64_rounding_is_exact holds."""
     m0, total = (np.ascontiguousarray(v, np.int64).reshape(-1) for v in np.broadcast_arrays(m0, total))
-    return sum_bound < _exact_sum_limit(m0.tobytes(), total.tobytes(), lo, hi)
+    return _exact_sum_limit(m0.tobytes(), total.tobytes(), lo, hi)
 
 
 @lru_cache(maxsize=4096)

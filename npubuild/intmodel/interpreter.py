@@ -24,7 +24,7 @@ from npubuild.intmodel.codes import (
     quantize_float,
     saturate,
 )
-from npubuild.intmodel.fixedpoint import add_codes, multiply_codes, requantize, requantize_output
+from npubuild.intmodel.fixedpoint import OutputRule, add_codes, multiply_codes, requantize
 from npubuild.intmodel.kernels import (
     conv_sums,
     conv_transpose_accumulate,
@@ -55,6 +55,7 @@ class Interpreter:
         self.functions = list(functions)
         self.opsets = opsets or {"": 13}
         self.exact_convs = exact_convs or ExactConvs()
+        self._output_rules: dict[tuple, OutputRule] = {}  # a MAC layer's requantization, worked out
 
     def run(self, feeds: dict[str, np.ndarray], keep: bool = False) -> tuple[dict[str, np.ndarray], dict]:
         """Outputs (float) and, with keep=True, every tensor's value (int32 codes or float32)."""
@@ -106,11 +107,16 @@ class Interpreter:
                 env[name] = np.asarray(value)
 
     def _mac_finish(self, op, acc: np.ndarray, channel_axis: int, acc_bound: float | None = None):
-        a = op.arrays
-        per_channel = [self.arrays[name] for name in (a.bias, a.m0, a.shift)]
-        zero_point = self.tensors[op.outputs[0]].zero_point
-        at = op.attrs
-        return requantize_output(acc, *per_channel, channel_axis, zero_point, at.min, at.max, acc_bound)
+        key = (op.outputs[0], acc.ndim, channel_axis)
+        rule = self._output_rules.get(key)
+        if rule is None:  # worked out once per layer (two threads may both: the same rule)
+            a = op.arrays
+            per_channel = [self.arrays[name] for name in (a.bias, a.m0, a.shift)]
+            zero_point = self.tensors[op.outputs[0]].zero_point
+            at = op.attrs
+            rule = OutputRule(*per_channel, channel_axis, acc.ndim, zero_point, at.min, at.max)
+            self._output_rules[key] = rule
+        return rule.apply(acc, acc_bound)
 
     def _conv(self, op, env):
         x = op.inputs[0]

@@ -26,7 +26,7 @@ from functools import lru_cache
 import numpy as np
 
 from npubuild.intmodel.codes import centred_bound, code_indexed, elementwise, qrange, saturate
-from npubuild.intmodel.fixedpoint import add_codes, multiply_codes, requantize, requantize_output
+from npubuild.intmodel.fixedpoint import OutputRule, add_codes, multiply_codes, requantize
 from npubuild.intmodel.kernels import conv_sums, conv_transpose_accumulate, window_max, windows
 from npubuild.intmodel.ortconv import ExactConvs
 from npubuild.intmodel.program import ConvGeometry
@@ -211,6 +211,7 @@ class Simulator:
         # convolutions are large enough to share out
         self._exact_convs = ExactConvs(threads)
         self._requant_tables: dict[tuple, np.ndarray] = {}
+        self._output_rules: dict[tuple, OutputRule] = {}  # by the parameters' token and output
         self._boxes: dict[tuple, tuple] = {}  # (id(args), padded) -> (args, checked DMA geometry)
 
     def use_rows(self, first: int, rows: int) -> None:
@@ -280,11 +281,24 @@ class Simulator:
 
     # --- MAC array ------------------------------------------------------------------------------
     def _finish(
-        self, acc: np.ndarray, params: np.ndarray, a: dict, channel_axis: int, acc_bound: float | None = None
+        self,
+        acc: np.ndarray,
+        params: np.ndarray,
+        a: dict,
+        channel_axis: int,
+        acc_bound: float | None = None,
+        named: object = None,
     ) -> np.ndarray:
-        bias, m0, shift = params.T
-        lo, hi = a["min"], a["max"]
-        return requantize_output(acc, bias, m0, shift, channel_axis, a["out_zp"], lo, hi, acc_bound)
+        """The MAC output path; `named`, the parameters' token where they came from the constants:
+        their rule is then worked out once."""
+        key = (named, acc.ndim, channel_axis, a["out_zp"], a["min"], a["max"])
+        rule = self._output_rules.get(key) if named is not None else None
+        if rule is None:
+            bias, m0, shift = params.T
+            rule = OutputRule(bias, m0, shift, channel_axis, acc.ndim, a["out_zp"], a["min"], a["max"])
+            if named is not None:
+                self._output_rules[key] = rule
+        return rule.apply(acc, acc_bound)
 
     def _conv(self, a: dict) -> None:
         x = self.sram.view(a["src"], a["in_bits"], (a["in_c"], a["in_h"], a["in_w"]))
@@ -305,7 +319,7 @@ class Simulator:
         else:
             wshape = (a["out_c"], a["in_c"] // group, *kernel)
         w, named = self.sram.same_in_every_row(a["weights"], 8, wshape)
-        params, _ = self.sram.same_in_every_row(a["params"], 64, (a["out_c"], 3))
+        params, params_named = self.sram.same_in_every_row(a["params"], 64, (a["out_c"], 3))
         if min(a["sh"], a["sw"], a["dh"], a["dw"], a["kh"], a["kw"]) <= 0:
             raise NpubError("conv with a non-positive kernel, stride or dilation")
         attrs = _geometry(a["sh"], a["sw"], a["dh"], a["dw"], group)
@@ -326,7 +340,7 @@ class Simulator:
             if acc.shape[2:] != (a["out_h"], a["out_w"]):
                 raise NpubError(f"conv tile gives {acc.shape[2:]}, instruction says {a['out_h'], a['out_w']}")
         self.counts["macs"] += math.prod(acc.shape[1:]) * math.prod(w.shape[1:])
-        y = self._finish(acc, params, a, 1, acc_bound)
+        y = self._finish(acc, params, a, 1, acc_bound, params_named)
         if a["lut"] >= 0:  # an activation table in the output path (a LUT op fused into the conv)
             table = self.sram.view(a["lut"], a["lut_bits"], (2 ** a["out_bits"],))
             looked_up = _look_up(table, y, a["lut_offset"], "conv output table", (a["min"], a["max"]))
