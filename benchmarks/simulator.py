@@ -77,7 +77,7 @@ def main() -> None:
             )
             size, workers = batch_size(runtime.sim.sram.size, runtime.sim.dram.size), sample_workers()
             sizes, threads = batch_plan(len(images), size, workers)
-            runtimes = Runtimes(load(out / label / "model.npub"), size, threads)
+            runtimes = Runtimes(load(out / label / "model.npub"), max(sizes), threads)
             starts = np.cumsum([0, *sizes])
             batches = [[{name: x} for x in images[a:b]] for a, b in zip(starts[:-1], starts[1:])]
 

@@ -11,7 +11,7 @@ from test_mappings import M, _conv
 from npubuild.stages.simulate import balanced, batch_plan
 from npubuild.targets.isa import MAPPINGS, Instruction
 from npubuild.targets.runtime import Runtime, load
-from npubuild.targets.simulator import Simulator
+from npubuild.targets.simulator import Simulator, _Uneven
 
 
 def test_a_batch_gives_each_image_what_it_gives_alone(cls_binary):
@@ -136,3 +136,17 @@ def test_weights_copied_from_the_constants_are_known_until_something_writes_over
     sim.execute([Instruction("store", store), Instruction("end", {})])
     np.testing.assert_array_equal(conv_with(load_constants), alone(other))
     assert sim.sram.same_in_every_row(a["weights"], 8, (n,))[1] is None
+
+
+def test_bytes_known_in_some_images_rows_are_not_known_in_the_others():
+    """A copy made while one image's rows run says nothing of the other image's: read with both
+    rows in use, the bytes are compared (and found to differ)."""
+    sim = Simulator(64 * 1024, 8192, M, batch=2)
+    sim.dram.write(0, 8, np.repeat(np.arange(64, dtype=np.int8)[None], 2, axis=0))
+    sim.dram.mark(0, 64, "constants")
+    sim.use_rows(0, 1)
+    sim.execute([Instruction("load", _copy(64, 0, 1024)), Instruction("end", {})])
+    assert sim.sram.same_in_every_row(1024, 8, (64,))[1] is not None  # known in image 0's rows
+    sim.use_rows(0, 2)
+    with pytest.raises(_Uneven):  # image 1's SRAM never got the copy
+        sim.sram.same_in_every_row(1024, 8, (64,))

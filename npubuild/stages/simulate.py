@@ -102,7 +102,7 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     pixels = {spec["name"] for spec in probe.inputs if spec["pixels"]}
     feeds = list(iterate_feeds(model, tensors, params["samples"]))
     sizes, threads = batch_plan(len(feeds), size, workers)
-    runtimes = Runtimes(binary, size, threads)
+    runtimes = Runtimes(binary, max(sizes, default=1), threads)
     starts = np.cumsum([0, *sizes])
 
     def simulate(chunk: list[dict]) -> _Batch:

@@ -99,10 +99,10 @@ class Memory:
         self._known: dict[tuple[int, int], object] = {}
 
     def mark(self, addr: int, end: int, token: object) -> None:
-        """[addr, end) holds the same bytes in every image, named by `token` (only while the
-        whole batch runs: a write to some images' rows says nothing of the others')."""
-        if self.first == 0 and self.rows == self.data.shape[0] and end > addr:
-            self._known[(addr, end)] = token
+        """[addr, end) holds the same bytes in every image of the rows now in use, named by
+        `token`."""
+        if end > addr:
+            self._known[(addr, end)] = (token, self.first, self.first + self.rows)
 
     def forget(self, addr: int, end: int) -> None:
         """Something wrote over [addr, end): the ranges it touches are no longer known."""
@@ -110,10 +110,14 @@ class Memory:
             for a, e in [r for r in self._known if r[0] < end and addr < r[1]]:
                 del self._known[(a, e)]
 
+    def _covers(self, rows: tuple[int, int]) -> bool:
+        return rows[0] <= self.first and self.first + self.rows <= rows[1]
+
     def token_within(self, addr: int, end: int) -> tuple | None:
-        """The token of a known range holding all of [addr, end), with the offset into it."""
-        for (a, e), token in self._known.items():
-            if a <= addr and end <= e:
+        """The token of a known range holding all of [addr, end) in the rows now in use, with the
+        offset into it."""
+        for (a, e), (token, *rows) in self._known.items():
+            if a <= addr and end <= e and self._covers(rows):
                 return token, addr - a
         return None
 
@@ -122,9 +126,9 @@ class Memory:
         constants) and the token naming it, None where the rows had to be compared; _Uneven where
         they differ."""
         rows = self.view(addr, bits, shape)
-        token = self._known.get((addr, addr + rows[0].nbytes))
-        if token is not None and self.first == 0 and self.rows == self.data.shape[0]:
-            return rows[0], token
+        known = self._known.get((addr, addr + rows[0].nbytes))
+        if known is not None and self._covers(known[1:]):
+            return rows[0], known[0]
         return _same_in_every_row(rows), None
 
     def strided(self, addr: int, dtype: np.dtype, shape: tuple, strides: tuple) -> np.ndarray:
