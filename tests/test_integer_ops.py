@@ -571,3 +571,43 @@ def test_window_max_one_axis_at_a_time_equals_the_max_over_every_tap():
         np.testing.assert_array_equal(got, want)
         compared += 1
     assert compared > 150
+
+
+def test_a_float_op_runs_in_onnxruntime_and_falls_back_to_the_reference_runtime(monkeypatch):
+    """A float op between integer tensors computes what onnxruntime computes on the dequantized
+    input (as the device's CPU will); where onnxruntime refuses the node, onnx's reference
+    runtime computes it instead."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    import npubuild.intmodel.interpreter as interpreter_module
+
+    node = helper.make_node("Softmax", ["x"], ["y"], axis=-1)
+    proto = np.frombuffer(node.SerializeToString(), np.uint8)
+    program = op_program(
+        [
+            {"kind": "quantize", "inputs": ["x"], "outputs": ["x"]},
+            {"kind": "float", "op_type": "Softmax", "inputs": ["x"], "outputs": ["y"], "proto": "p"},
+        ],
+        {"x": {"scale": 0.05, "zero_point": 3, "bits": 8}},
+        ["y"],
+    )
+    x = RNG.normal(size=(4, 64)).astype(np.float32)
+    codes = quantize_float(x, TensorQuant(scale=0.05, zero_point=3, bits=8))
+    dequantized = ((codes.astype(np.int64) - 3) * np.float64(0.05)).astype(np.float32)
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = session.run(None, {"x": dequantized})[0]
+    got = Interpreter(program, {"p": proto}).run({"x": x})[0]["y"]
+    np.testing.assert_array_equal(got, want)
+    monkeypatch.setattr(interpreter_module, "_single_node_session", lambda *args: None)
+    fallback = Interpreter(program, {"p": proto}).run({"x": x})[0]["y"]
+    np.testing.assert_allclose(fallback, want, rtol=1e-6)
+    np.testing.assert_allclose(fallback.sum(axis=-1), 1.0, rtol=1e-6)

@@ -1,8 +1,10 @@
 """The golden integer interpreter: runs an integer model (program + arrays) with numpy.
 
-Integer tensors are held as int32 codes. MAC ops sum int8 x int8 (or int16) products in float64,
-which is exact below 2^53, then requantise with the fixed-point rule of fixedpoint.py. Float ops
-(no integer rule) run in onnx's reference runtime on dequantized inputs. This is the reference the
+Integer tensors are held as int32 codes. MAC ops sum int8 x int8 (or int16) products exactly
+(onnxruntime's float32 kernels where the sums stay below 2^24, else float64), then requantise
+with the fixed-point rule of fixedpoint.py. Float ops (no integer rule) run in onnxruntime on
+dequantized inputs, as the device's CPU runs them (onnx's reference runtime where onnxruntime
+refuses a node). This is the reference the
 NPU simulator is checked against.
 """
 
@@ -56,6 +58,7 @@ class Interpreter:
         self.opsets = opsets or {"": 13}
         self.exact_convs = exact_convs or ExactConvs()
         self._output_rules: dict[tuple, OutputRule] = {}  # a MAC layer's requantization, worked out
+        self._float_sessions: dict[str, object] = {}  # a float op's onnxruntime session, or None
 
     def run(self, feeds: dict[str, np.ndarray], keep: bool = False) -> tuple[dict[str, np.ndarray], dict]:
         """Outputs (float) and, with keep=True, every tensor's value (int32 codes or float32)."""
@@ -85,8 +88,8 @@ class Interpreter:
         env[name] = quantize_float(env[name], self.tensors[name])
 
     def _float(self, op, env):
-        from onnx.reference import ReferenceEvaluator
-
+        """A float op on dequantized inputs: in onnxruntime (a single-node session per op, kept),
+        as the device's CPU runs it; in onnx's reference runtime where onnxruntime refuses it."""
         node = onnx.NodeProto()
         node.ParseFromString(self.arrays[op.proto].tobytes())
         feeds = {}
@@ -99,12 +102,30 @@ class Interpreter:
                 feeds[i] = dequantize(env[i], self.tensors[i])
             else:
                 feeds[i] = env[i]
-        evaluator = ReferenceEvaluator(node, opsets=self.opsets, functions=self.functions or None)
-        with np.errstate(over="ignore", under="ignore"):  # a float Sigmoid's exp of a large input
-            results = evaluator.run(None, feeds)
+        results = self._float_in_onnxruntime(op, node, feeds)
+        if results is None:
+            from onnx.reference import ReferenceEvaluator
+
+            evaluator = ReferenceEvaluator(node, opsets=self.opsets, functions=self.functions or None)
+            with np.errstate(over="ignore", under="ignore"):  # a float Sigmoid's exp of a large input
+                results = evaluator.run(None, feeds)
         for name, value in zip(op.outputs, results):
             if name:
                 env[name] = np.asarray(value)
+
+    def _float_in_onnxruntime(self, op, node: onnx.NodeProto, feeds: dict) -> list | None:
+        session = self._float_sessions.get(op.proto, _UNTRIED)
+        if session is _UNTRIED:
+            session = self._float_sessions[op.proto] = _single_node_session(
+                node, feeds, self.opsets, self.functions
+            )
+        if session is None:
+            return None
+        try:
+            return session.run(None, {k: np.asarray(v) for k, v in feeds.items()})
+        except Exception:  # an input it cannot take: the reference runtime from now on
+            self._float_sessions[op.proto] = None
+            return None
 
     def _mac_finish(self, op, acc: np.ndarray, channel_axis: int, acc_bound: float | None = None):
         key = (op.outputs[0], acc.ndim, channel_axis)
@@ -302,6 +323,35 @@ class Interpreter:
         pads = pool_pads(x.shape[2:], attrs)
         qmin = qrange(self.tensors[op.inputs[0]].bits)[0]
         return window_max(x, kernel, attrs.strides, attrs.dilations, pads, qmin).astype(np.int32, copy=False)
+
+
+_UNTRIED = object()
+
+
+def _single_node_session(node: onnx.NodeProto, feeds: dict, opsets: dict, functions: list):
+    """An onnxruntime session of one float node (its inputs typed by the values it is fed, its
+    outputs left to onnxruntime), or None where onnxruntime refuses it. One intra-op thread: the
+    golden interpreter's callers run samples in threads."""
+    import onnxruntime as ort
+    from onnx import helper
+
+    inputs = [
+        helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.asarray(v).dtype), None)
+        for name, v in feeds.items()
+    ]
+    outputs = [onnx.ValueInfoProto(name=o) for o in node.output if o]
+    graph = helper.make_graph([node], "float_op", inputs, outputs)
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()], functions=list(functions)
+    )
+    model.ir_version = 8
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    options.log_severity_level = 4
+    try:
+        return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception:
+        return None
 
 
 def _saturate32(v: np.ndarray, bits: int) -> np.ndarray:
