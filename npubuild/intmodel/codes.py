@@ -45,14 +45,34 @@ def centred_bound(bits: int, zero_point: int) -> int:
     return 2 ** (bits - 1) + abs(zero_point)
 
 
-def per_code(fn: Callable[[np.ndarray], np.ndarray], x: np.ndarray, bits: int) -> np.ndarray:
+def per_code(
+    fn: Callable[[np.ndarray], np.ndarray],
+    x: np.ndarray,
+    bits: int,
+    tables: dict | None = None,
+    key: object = None,
+) -> np.ndarray:
     """fn(x) for an element-wise fn of `bits`-wide integer codes x: when x holds far more elements
     than its codes can take, fn is computed once for every code and the result gathered (the same
-    values, one pass over x instead of fn's several)."""
+    values, one pass over x instead of fn's several). `tables`, with the caller's `key` for fn,
+    keeps the table for the next call of the same fn (a simulator's stream requantizes tile after
+    tile alike)."""
     if x.size < 4 << bits:
         return fn(x.astype(np.int64))
-    lo, hi = qrange(bits)
-    return code_indexed(fn(np.arange(lo, hi + 1, dtype=np.int64)), lo)[x]
+    table = None if tables is None else tables.get(key)
+    if table is None:
+        lo, hi = qrange(bits)
+        table = code_indexed(fn(np.arange(lo, hi + 1, dtype=np.int64)), lo)
+        if tables is not None:
+            tables[key] = table
+    return table[x]
+
+
+def looked_up(table: np.ndarray, x: np.ndarray, offset: int) -> np.ndarray:
+    """table[x + offset] (a lookup-table op: `offset` is the table index of code 0)."""
+    if 0 <= offset < table.size:  # the codes index the table as they are: no pass adding the offset
+        return code_indexed(table, -offset)[x]
+    return table[np.add(x, offset, dtype=np.int32)]
 
 
 def code_indexed(table: np.ndarray, first: int) -> np.ndarray:

@@ -148,13 +148,8 @@ class OutputRule:
         self.m0 = m0.astype(np.int64)
         total = 31 + self.shift.astype(np.int64)
         self.scale = np.ldexp(self.m0.astype(np.float64), -total)
-        flat_m0, flat_total = (
-            np.ascontiguousarray(v).reshape(-1) for v in np.broadcast_arrays(self.m0, total)
-        )
-        # the largest |acc + bias| whose float64 form is exact (float64_rounding_is_exact)
-        self.exact_below = _exact_sum_limit(
-            flat_m0.tobytes(), flat_total.tobytes(), lo - zero_point, hi - zero_point
-        )
+        # |acc + bias| below this: the float64 form is exact (float64_rounding_is_exact)
+        self.exact_below = exact_sum_limit(self.m0, total, lo - zero_point, hi - zero_point)
         self.bias_bound = float(np.abs(self.bias).max(initial=0))
         self.axis, self.zero_point, self.lo, self.hi = axis, zero_point, lo, hi
 

@@ -18,9 +18,9 @@ import onnx
 from npubuild.intmodel import tensorfile
 from npubuild.intmodel.codes import (
     centred_bound,
-    code_indexed,
     dequantize,
     elementwise,
+    looked_up,
     per_code,
     qrange,
     quantize_float,
@@ -59,6 +59,7 @@ class Interpreter:
         self.exact_convs = exact_convs or ExactConvs()
         self._output_rules: dict[tuple, OutputRule] = {}  # a MAC layer's requantization, worked out
         self._float_sessions: dict[str, object] = {}  # a float op's onnxruntime session, or None
+        self._float_nodes: dict[str, onnx.NodeProto] = {}
 
     def run(self, feeds: dict[str, np.ndarray], keep: bool = False) -> tuple[dict[str, np.ndarray], dict]:
         """Outputs (float) and, with keep=True, every tensor's value (int32 codes or float32)."""
@@ -90,8 +91,10 @@ class Interpreter:
     def _float(self, op, env):
         """A float op on dequantized inputs: in onnxruntime (a single-node session per op, kept),
         as the device's CPU runs it; in onnx's reference runtime where onnxruntime refuses it."""
-        node = onnx.NodeProto()
-        node.ParseFromString(self.arrays[op.proto].tobytes())
+        node = self._float_nodes.get(op.proto)
+        if node is None:  # parsed once per op
+            node = self._float_nodes[op.proto] = onnx.NodeProto()
+            node.ParseFromString(self.arrays[op.proto].tobytes())
         feeds = {}
         for i in op.inputs:
             if not i:
@@ -245,11 +248,7 @@ class Interpreter:
 
     def _lut(self, op, env):
         x = env[op.inputs[0]]
-        table, offset = self.arrays[op.arrays.table], op.attrs.offset
-        if 0 <= offset < table.size:  # the codes index the table as they are: no pass adding the offset
-            env[op.outputs[0]] = code_indexed(table, -offset)[x]
-        else:
-            env[op.outputs[0]] = table[x + offset]
+        env[op.outputs[0]] = looked_up(self.arrays[op.arrays.table], x, op.attrs.offset)
 
     def _softmax(self, op, env):
         x = env[op.inputs[0]].astype(np.int64)

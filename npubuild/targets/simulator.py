@@ -25,7 +25,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from npubuild.intmodel.codes import centred_bound, code_indexed, elementwise, qrange, saturate
+from npubuild.intmodel.codes import centred_bound, elementwise, looked_up, per_code, qrange, saturate
 from npubuild.intmodel.fixedpoint import OutputRule, add_codes, multiply_codes, requantize
 from npubuild.intmodel.kernels import conv_sums, conv_transpose_accumulate, window_max, windows
 from npubuild.intmodel.ortconv import ExactConvs
@@ -49,9 +49,7 @@ def _look_up(
     except _Uneven:
         index = np.add(x, offset, dtype=np.int32).reshape(x.shape[0], -1)
         return np.take_along_axis(table, index, axis=1).reshape(x.shape)
-    if 0 <= offset < one.size:  # the codes index the table as they are: no pass adding the offset
-        return code_indexed(one, -offset)[x]
-    return one[np.add(x, offset, dtype=np.int32)]
+    return looked_up(one, x, offset)
 
 
 @lru_cache(maxsize=1024)
@@ -347,8 +345,8 @@ class Simulator:
         y = self._finish(acc, params, a, 1, acc_bound, params_named)
         if a["lut"] >= 0:  # an activation table in the output path (a LUT op fused into the conv)
             table = self.sram.view(a["lut"], a["lut_bits"], (2 ** a["out_bits"],))
-            looked_up = _look_up(table, y, a["lut_offset"], "conv output table", (a["min"], a["max"]))
-            self.sram.write(a["dst"], a["lut_bits"], looked_up)
+            activated = _look_up(table, y, a["lut_offset"], "conv output table", (a["min"], a["max"]))
+            self.sram.write(a["dst"], a["lut_bits"], activated)
             return
         self.sram.write(a["dst"], a["out_bits"], y)
 
@@ -404,14 +402,7 @@ class Simulator:
             return saturate(requantize(codes - a["in_zp"], a["m0"], a["shift"]) + a["out_zp"], a["out_bits"])
 
         key = tuple(a[k] for k in ("in_bits", "in_zp", "m0", "shift", "out_zp", "out_bits"))
-        if x.size < 4 << a["in_bits"]:
-            y = requantized(x.astype(np.int64))
-        else:  # a table of every code, made once per rule: a stream requantizes tile after tile alike
-            table = self._requant_tables.get(key)
-            if table is None:
-                lo, hi = qrange(a["in_bits"])
-                table = self._requant_tables[key] = code_indexed(requantized(np.arange(lo, hi + 1)), lo)
-            y = table[x]
+        y = per_code(requantized, x, a["in_bits"], self._requant_tables, key)
         self.sram.write(a["dst"], a["out_bits"], y)
 
     def _lut(self, a: dict) -> None:
