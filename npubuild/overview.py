@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from npubuild.gates import check
-from npubuild.stages.wording import precision_kind
+from npubuild.stages.wording import layer_widths, precision_kind
 
 COLUMNS = ("accuracy", "QDQ export", "int8 MACs", "NPU ops", "latency", "simulator", "gates")
 
@@ -29,7 +29,7 @@ def _int8_macs(summaries: dict[str, dict]) -> str:
     if "search" in summaries:
         return f"{summaries['search']['int8_mac_share']:.1%}"
     evaluate = summaries.get("evaluate")
-    if evaluate and all(layer.get("bits", 8) == 8 for layer in evaluate["layers"]):
+    if evaluate and layer_widths(evaluate) <= {8}:
         return "100%"  # no precision search and every layer int8 (float ops hold no MACs of the NPU)
     return "-"
 

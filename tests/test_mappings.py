@@ -24,7 +24,7 @@ def _conv(**geometry) -> dict:
         src=0, in_c=16, in_h=12, in_w=12, in_bits=8, in_zp=0, weights=4096, params=8192, dst=16384,
         out_c=16, out_h=10, out_w=10, out_bits=8, out_zp=0, kh=3, kw=3, sh=1, sw=1, dh=1, dw=1,
         group=1, min=-128, max=127, transpose=0, crop_top=0, crop_left=0, lut=-1, lut_offset=0, lut_bits=8,
-        mapping=0,
+        mapping=0, lut_shift=0,
     )  # fmt: skip
     return {**base, **geometry}
 
@@ -95,16 +95,18 @@ def test_every_mapping_computes_the_same_codes():
         assert np.unique(written[0]).size > 10  # neither saturated nor empty
 
 
-def test_a_format_1_stream_decodes_with_the_channels_mapping():
+@pytest.mark.parametrize("major, lacks", [(1, ("mapping", "lut_shift")), (2, ("lut_shift",))])
+def test_an_older_stream_decodes_with_the_old_meaning_of_what_it_lacks(major, lacks):
+    """Format 1.x convs have no mapping ("channels"), 2.x none of the table shifts (0)."""
     args = _conv()
-    legacy = [n for n in OPERANDS["conv"] if n != "mapping"]
+    legacy = [n for n in OPERANDS["conv"] if n not in lacks]
     head = struct.pack("<BBBBI", 3, 0, 0xFF, len(legacy), 0)
     stream = (
         head + struct.pack(f"<{len(legacy)}q", *(args[n] for n in legacy)) + encode([Instruction("end", {})])
     )
-    (conv, _) = decode(stream, format_major=1)
-    assert conv.args == {**args, "mapping": MAPPINGS["channels"]}
-    with pytest.raises(NpubError, match="operands"):  # the same bytes are a short conv in format 2
+    (conv, _) = decode(stream, format_major=major)
+    assert conv.args == {**args, "mapping": MAPPINGS["channels"], "lut_shift": 0}
+    with pytest.raises(NpubError, match="operands"):  # the same bytes are a short conv in format 3
         decode(stream)
 
 

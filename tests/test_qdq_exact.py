@@ -83,6 +83,9 @@ def test_onnxruntime_computes_the_integer_models_codes_on_every_tensor(tmp_path,
     assert {op.kind for op in program.ops} >= {"conv", "add", "lut", "global_avgpool"}
     if settings["overrides"]:
         assert {t.bits for t in program.tensors.values()} == {8, 16}
+    if settings == SETTINGS:  # the ConvTranspose's result: a fine pre-activation
+        (shifted,) = [op for op in program.ops if op.kind == "lut" and op.attrs.index_shift]
+        assert program.tensors[shifted.inputs[0]].bits == 16
     names = sorted(program.tensors)
     fetch = [f"{t}__q" for t in names]
     qdq_session = session(with_outputs(qdq, fetch))

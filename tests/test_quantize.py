@@ -24,6 +24,7 @@ SETTINGS = {
     "symmetric_activations": False,
     "bias_correction": True,
     "float_output_activations": True,
+    "preactivation_bits": 16,
     "overrides": [],
 }
 

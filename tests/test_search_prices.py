@@ -70,6 +70,7 @@ def test_the_search_prices_a_table_as_codegen_estimates_it(optimized_cls, target
             set(plan.integer_nodes),
             [work[u] for u, p in table.items() if p == "float"],
             work,
+            plan.fine_preactivations,
         )
         codegen = compile_table(model, stats_meta, stats_arrays, settings, table, layers)
         compiled = latency_cycles(codegen, BUILTIN_TARGETS[target_name])

@@ -68,8 +68,11 @@ def per_code(
     return table[x]
 
 
-def looked_up(table: np.ndarray, x: np.ndarray, offset: int) -> np.ndarray:
-    """table[x + offset] (a lookup-table op: `offset` is the table index of code 0)."""
+def looked_up(table: np.ndarray, x: np.ndarray, offset: int, index_shift: int = 0) -> np.ndarray:
+    """table[(x + offset) >> index_shift] (a lookup-table op: `offset` is the index of code 0 in a
+    table with one entry per code; a shifted table has one entry per 2^index_shift codes)."""
+    if index_shift:
+        table = np.repeat(table, 1 << index_shift)
     if 0 <= offset < table.size:  # the codes index the table as they are: no pass adding the offset
         return code_indexed(table, -offset)[x]
     return table[np.add(x, offset, dtype=np.int32)]

@@ -248,7 +248,7 @@ class Interpreter:
 
     def _lut(self, op, env):
         x = env[op.inputs[0]]
-        env[op.outputs[0]] = looked_up(self.arrays[op.arrays.table], x, op.attrs.offset)
+        env[op.outputs[0]] = looked_up(self.arrays[op.arrays.table], x, op.attrs.offset, op.attrs.index_shift)
 
     def _softmax(self, op, env):
         x = env[op.inputs[0]].astype(np.int64)

@@ -153,7 +153,9 @@ class ConcatOp(_Op):
 
 
 class LutAttrs(_Typed):
-    offset: int  # table index of code 0
+    offset: int  # table index of code 0, before the shift
+    # the table has an entry per 2^index_shift neighbouring codes: entry (code + offset) >> shift
+    index_shift: int = Field(0, ge=0, le=8)
 
 
 class LutArrays(_Typed):
@@ -305,6 +307,12 @@ class IntegerModel(_Typed):
     # network inputs that arrive as uint8 pixels (fuse_preprocess): codes = pixel - 128 on the grid
     # scale 1, zero point -128, with no quantize op
     pixel_inputs: list[str] = []
+
+    def fine_preactivations(self) -> set[str]:
+        """The 16-bit results whose table reads their top bits (the quantizer's
+        `preactivation_bits`): part of an int8 model, never stored on the NPU when a convolution
+        makes them."""
+        return {op.inputs[0] for op in self.ops if op.kind == "lut" and op.attrs.index_shift}
 
 
 def parse(meta: Any, where: str) -> IntegerModel:

@@ -143,6 +143,10 @@ class QuantizeConfig(Strict):
     # A lookup-table activation that produces a network output (a final Sigmoid) runs in float:
     # probabilities quantized to 1/255 steps lose the small values detectors threshold on.
     float_output_activations: bool = True
+    # the grid of a convolution's result that only a lookup-table activation (SiLU, HardSwish,
+    # Sigmoid, ...) reads: 16 bits in the output path, the table indexed by its top 12 bits, so the
+    # activation sees the accumulator far finer than int8 at no latency (docs/quantization.md)
+    preactivation_bits: Literal[8, 16] = 16
     # the QDQ model's form: "exact" computes the integer model's codes in onnxruntime (tables as
     # Gathers, adds and MAC output paths in int64); "standard" is DequantizeLinear -> op ->
     # QuantizeLinear everywhere, the pattern other runtimes fuse into their integer kernels

@@ -32,7 +32,15 @@ def layer_name(row: dict) -> str:
     return row["node"] + (f" [output {row['output']}]" if "output" in row else "")
 
 
+def layer_widths(evaluate: dict) -> set[int]:
+    """The widths of an evaluated integer model's tensors; a convolution's 16-bit result that only
+    its activation reads (a fine pre-activation, never stored) is part of an int8 model."""
+    return {
+        layer["bits"] for layer in evaluate["layers"] if "bits" in layer and not layer.get("preactivation")
+    }
+
+
 def precision_kind(evaluate: dict) -> str:
     """'int8', or 'mixed int8/int16' when the evaluated integer model holds other widths."""
-    widths = {layer["bits"] for layer in evaluate["layers"] if "bits" in layer}
+    widths = layer_widths(evaluate)
     return "int8" if widths <= {8} else "mixed " + "/".join(f"int{b}" for b in sorted(widths))

@@ -76,6 +76,7 @@ OPERANDS: dict[str, tuple[str, ...]] = {
         "lut_offset",
         "lut_bits",
         "mapping",  # how the MAC array takes the convolution (MAPPINGS); format 2.0 on
+        "lut_shift",  # the output table's entry is (y + lut_offset) >> lut_shift; format 3.0 on
     ),
     "matmul": (
         "src",
@@ -96,7 +97,7 @@ OPERANDS: dict[str, tuple[str, ...]] = {
     "add": (*_TWO_BOXES, "za", "ma", "zb", "mb", "out_zp"),
     "mul": (*_TWO_BOXES, "za", "zb", "m0", "shift", "out_zp"),
     "requant": ("src", "n", "in_bits", "in_zp", "m0", "shift", "dst", "out_bits", "out_zp"),
-    "lut": ("src", "n", "in_bits", "table", "offset", "dst", "out_bits"),
+    "lut": ("src", "n", "in_bits", "table", "offset", "dst", "out_bits", "shift"),  # shift: 3.0 on
     "clamp": ("src", "n", "bits", "min", "max", "dst"),
     "gap": (
         "src",
@@ -153,8 +154,13 @@ OPCODES = {name: i + 1 for i, name in enumerate(OPERANDS)}
 # fed its own channel; "spatial" gives each of several output positions its own set of columns
 # when a layer has fewer output channels than the array has columns. The numbers are the encoding.
 MAPPINGS = {"channels": 0, "depthwise": 1, "spatial": 2}
-# Format 1.x streams: the conv instruction had no mapping operand (every conv mapped "channels").
-_LEGACY_OPERANDS = {**OPERANDS, "conv": OPERANDS["conv"][:-1]}
+# Older streams lack the operands added since, which decode as their old meaning: format 1.x had
+# no conv mapping (every conv mapped "channels"), 2.x no table shifts (one entry per code).
+_LEGACY_OPERANDS = {
+    1: {**OPERANDS, "conv": OPERANDS["conv"][:-2], "lut": OPERANDS["lut"][:-1]},
+    2: {**OPERANDS, "conv": OPERANDS["conv"][:-1], "lut": OPERANDS["lut"][:-1]},
+}
+_LEGACY_DEFAULTS = {"mapping": MAPPINGS["channels"], "lut_shift": 0, "shift": 0}
 NAMES = {v: k for k, v in OPCODES.items()}
 ENGINES = {
     "load": "dma_in",
@@ -209,10 +215,10 @@ def encode(program: list[Instruction]) -> bytes:
     return b"".join(i.encode() for i in program)
 
 
-def decode(code: bytes, format_major: int = 2) -> list[Instruction]:
+def decode(code: bytes, format_major: int = 3) -> list[Instruction]:
     """Parse a whole stream; anything malformed is an NpubError (never another exception).
-    A stream of a format 1.x binary gets its convolutions' "channels" mapping filled in."""
-    operands = OPERANDS if format_major >= 2 else _LEGACY_OPERANDS
+    A stream of an older format gets the operands it lacks filled in with their old meaning."""
+    operands = _LEGACY_OPERANDS.get(format_major, OPERANDS)
     out, at = [], 0
     while at < len(code):
         if at + HEAD.size > len(code):
@@ -232,8 +238,8 @@ def decode(code: bytes, format_major: int = 2) -> list[Instruction]:
         values = struct.unpack_from(f"<{nargs}q", code, at)
         at += 8 * nargs
         args = dict(zip(names, values))
-        if op == "conv" and "mapping" not in args:
-            args["mapping"] = MAPPINGS["channels"]
+        for name in OPERANDS[op][len(names) :]:
+            args[name] = _LEGACY_DEFAULTS[name]
         out.append(Instruction(op, args, wait, signal))
     if not out or out[-1].op != "end":
         raise NpubError("instruction stream does not finish with 'end'")

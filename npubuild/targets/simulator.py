@@ -37,10 +37,15 @@ from npubuild.targets.npub import NpubError
 
 
 def _look_up(
-    table: np.ndarray, x: np.ndarray, offset: int, what: str, x_range: tuple[int, int]
+    table: np.ndarray, x: np.ndarray, offset: int, what: str, x_range: tuple[int, int], shift: int = 0
 ) -> np.ndarray:
-    """table[x + offset] in each image's own table ([rows, entries]; x [rows, ...], its values
-    known to lie in x_range: then the bounds check needs no pass over x when the range fits)."""
+    """table[(x + offset) >> shift] in each image's own table ([rows, entries]; x [rows, ...], its
+    values known to lie in x_range: then the bounds check needs no pass over x when the range
+    fits)."""
+    if shift:  # one entry per 2^shift codes: index by the entry
+        x = np.right_shift(np.add(x, offset, dtype=np.int32), shift)
+        x_range = ((x_range[0] + offset) >> shift, (x_range[1] + offset) >> shift)
+        offset = 0
     inside = 0 <= x_range[0] + offset and x_range[1] + offset < table.shape[1]
     if x.size and not inside and (int(x.min()) + offset < 0 or int(x.max()) + offset >= table.shape[1]):
         raise NpubError(f"{what} index outside its table")
@@ -344,8 +349,10 @@ class Simulator:
         self.counts["macs"] += math.prod(acc.shape[1:]) * math.prod(w.shape[1:])
         y = self._finish(acc, params, a, 1, acc_bound, params_named)
         if a["lut"] >= 0:  # an activation table in the output path (a LUT op fused into the conv)
-            table = self.sram.view(a["lut"], a["lut_bits"], (2 ** a["out_bits"],))
-            activated = _look_up(table, y, a["lut_offset"], "conv output table", (a["min"], a["max"]))
+            table = self._table(a["lut"], a["lut_bits"], a["out_bits"], a["lut_shift"])
+            activated = _look_up(
+                table, y, a["lut_offset"], "conv output table", (a["min"], a["max"]), a["lut_shift"]
+            )
             self.sram.write(a["dst"], a["lut_bits"], activated)
             return
         self.sram.write(a["dst"], a["out_bits"], y)
@@ -407,8 +414,15 @@ class Simulator:
 
     def _lut(self, a: dict) -> None:
         x = self.sram.view(a["src"], a["in_bits"], (a["n"],))
-        table = self.sram.view(a["table"], a["out_bits"], (2 ** a["in_bits"],))
-        self.sram.write(a["dst"], a["out_bits"], _look_up(table, x, a["offset"], "LUT", qrange(a["in_bits"])))
+        table = self._table(a["table"], a["out_bits"], a["in_bits"], a["shift"])
+        codes = _look_up(table, x, a["offset"], "LUT", qrange(a["in_bits"]), a["shift"])
+        self.sram.write(a["dst"], a["out_bits"], codes)
+
+    def _table(self, addr: int, entry_bits: int, in_bits: int, shift: int) -> np.ndarray:
+        """A lookup table in SRAM: an entry per 2^shift codes of an `in_bits` input."""
+        if not 0 <= shift < in_bits:
+            raise NpubError(f"table shift {shift} for a {in_bits}-bit input")
+        return self.sram.view(addr, entry_bits, (2 ** (in_bits - shift),))
 
     def _softmax(self, a: dict) -> None:
         x = self.sram.view(a["src"], a["in_bits"], (a["rows"], a["n"])).astype(np.int64)

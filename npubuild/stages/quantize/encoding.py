@@ -74,6 +74,7 @@ class Encoder:
         self.shapes = shapes
         self.stats_arrays = stats_arrays
         self.params: dict[str, TensorParams] = plan.params
+        self.fine_preactivations = plan.fine_preactivations
         self.program = Program(
             tensors=plan.tensors,
             float_nodes=plan.float_nodes,

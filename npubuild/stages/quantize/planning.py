@@ -16,6 +16,7 @@ from npubuild.intmodel.ops import LUT_OPS, MAC_OPS, MOVE_OPS
 from npubuild.intmodel.rowwise import SOFTMAX_GRID
 from npubuild.stages.optimize.graph import recorded_grids
 from npubuild.stages.quantize import ranges
+from npubuild.stages.quantize.tables import WIDE_INPUT_SHIFT
 from npubuild.targets.support import integer_blocker
 
 FUSED_HEAD = "fused_preprocess"  # the node fuse_preprocess puts in front (stages/fuse.py)
@@ -61,6 +62,8 @@ class QuantPlan:
     integer_nodes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     pixel_inputs: list[str] = field(default_factory=list)  # arrive as uint8 pixel bytes (fuse_preprocess)
+    # MAC results at preactivation_bits whose table reads their top bits (tables.WIDE_INPUT_SHIFT)
+    fine_preactivations: set[str] = field(default_factory=set)
 
     @property
     def tensors(self) -> dict[str, dict]:
@@ -195,15 +198,18 @@ class Planner:
         return choice
 
     # tensor parameters ------------------------------------------------------------------------
-    def from_stats(self, name: str, bits: int, method: str) -> TensorParams:
-        key = (name, bits, method)
+    def from_stats(self, name: str, bits: int, method: str, table_levels: int | None = None) -> TensorParams:
+        """`table_levels`: a fine pre-activation's, the steps its table tells apart."""
+        key = (name, bits, method, table_levels)
         if key not in self.range_cache:
-            self.range_cache[key] = self._from_stats(name, bits, method)
+            self.range_cache[key] = self._from_stats(name, bits, method, table_levels)
         params, warnings = self.range_cache[key]
         self.plan.warnings.extend(w for w in warnings if w not in self.plan.warnings)
         return params
 
-    def _from_stats(self, name: str, bits: int, method: str) -> tuple[TensorParams, list[str]]:
+    def _from_stats(
+        self, name: str, bits: int, method: str, table_levels: int | None
+    ) -> tuple[TensorParams, list[str]]:
         warnings = []
         given = self.given.get(name)
         if given is not None and given["bits"] == bits:
@@ -224,8 +230,12 @@ class Planner:
             lo, hi = -1.0, 1.0
         else:
             hist = self.stats_arrays[f"{name}/hist"]
+            activation = self.only_activation(name)
             if method == "mse" and bits == 8 and not self.config["symmetric_activations"]:
-                lo, hi = ranges.mse_through(meta, hist, bits, self._only_activation(name))
+                lo, hi = ranges.mse_through(meta, hist, bits, activation)
+            elif method == "mse" and table_levels and activation is not None:
+                # a fine pre-activation: the error after the activation, at the table's steps
+                lo, hi = ranges.mse_through(meta, hist, bits, activation, 96, table_levels, symmetric=True)
             else:
                 lo, hi = ranges.METHOD_FUNCTIONS[method](
                     meta, hist, bits, self.config["symmetric_activations"], self.config["percentile"]
@@ -238,7 +248,7 @@ class Planner:
         scale, zp = ranges.quant_params(float(lo), float(hi), bits, self.config["symmetric_activations"])
         return TensorParams(scale, zp, bits), warnings
 
-    def _only_activation(self, name: str):
+    def only_activation(self, name: str):
         """The float function of the one lookup-table activation that reads `name`, if that is
         its only reader and it is not a network output (whose error is measured as it is);
         else None (the error is measured on the tensor itself)."""
@@ -261,7 +271,7 @@ class Planner:
     # the plan ---------------------------------------------------------------------------------
     def build(self) -> QuantPlan:
         plan, info = self.plan, self.info
-        choices = {id(n): self.choose(n) for n in info.nodes}
+        choices = self._choices = {id(n): self.choose(n) for n in info.nodes}
         fused: dict[int, onnx.NodeProto] = {}  # id(MAC) -> the Relu/Clip folded into it
         for n in info.nodes:
             if n.op_type in MAC_OPS and choices[id(n)].integer:
@@ -303,6 +313,17 @@ class Planner:
                 plan.warnings.append(f"override #{i + 1} ('{what}') matches no node")
         return plan
 
+    def _fine_preactivation(self, out: str, choice: NodeChoice) -> bool:
+        """Whether a MAC result `out` gets `preactivation_bits`: a narrower MAC whose one reader
+        is an integer lookup-table activation (of either width), whose table reads the result's
+        top 12 bits; the code generator runs the table in the MAC's output path, so the finer
+        grid is never stored. A pre-quantized model's own grid wins."""
+        fine = self.config.get("preactivation_bits", 8)
+        if fine <= choice.bits or self.only_activation(out) is None or out in self.given:
+            return False
+        (reader,) = self.info.consumers[out]
+        return self._choices[id(reader)].integer
+
     def _is_result(self, name: str) -> bool:
         """Whether `name` is a network output or reaches one through moves only (a Flatten)."""
         seen, todo = set(), [name]
@@ -337,6 +358,11 @@ class Planner:
                 bits = 16
             scale, zero_point = SOFTMAX_GRID[bits]
             plan.params[out] = TensorParams(scale, zero_point, bits)
+        elif node.op_type in MAC_OPS and self._fine_preactivation(out, choice):
+            bits = self.config["preactivation_bits"]
+            levels = 2 ** (bits - WIDE_INPUT_SHIFT)  # the table reads its top bits
+            plan.params[out] = self.from_stats(out, bits, choice.method, levels)
+            plan.fine_preactivations.add(out)
         else:
             params = self.from_stats(out, choice.bits, choice.method)  # (its warnings, even for Resize)
             plan.params[out] = plan.params[node.input[0]] if node.op_type == "Resize" else params

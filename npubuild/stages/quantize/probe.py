@@ -23,6 +23,7 @@ from npubuild.stages.parallel import in_order, sample_workers
 from npubuild.stages.quantize.integer_model import build_integer_model
 from npubuild.stages.quantize.planning import Planner, node_label
 from npubuild.stages.quantize.precision import Layers, precision_overrides
+from npubuild.stages.quantize.tables import WIDE_INPUT_SHIFT
 from npubuild.stages.quantize.weights import bias_correction, constant_params, quantize_weight
 from npubuild.stages.reductions import vector_matrix
 
@@ -67,8 +68,22 @@ class PrecisionProbe:
         )
 
     # the switchable graph ---------------------------------------------------------------------
+    def _preactivation(self, name: str, bits: int) -> bool:
+        """Whether `name` is a 16-bit MAC result that only an activation reads."""
+        producer = self.producers.get(name)
+        return (
+            bits == 16
+            and producer is not None
+            and producer.op_type in MAC_OPS
+            and self._planner().only_activation(name) is not None
+        )
+
     def _params(self, name: str, bits: int):
-        return self._planner().from_stats(name, bits, self.settings["method"])
+        """`name`'s grid at `bits`: a MAC result that only an activation reads has at 16 bits the
+        range the quantizer gives a fine pre-activation (the usual case: its table stays int8; an
+        int16 table reads a wider range, clipped here where the activation is flat)."""
+        levels = 2 ** (16 - WIDE_INPUT_SHIFT) if self._preactivation(name, bits) else None
+        return self._planner().from_stats(name, bits, self.settings["method"], levels)
 
     def _build_graph(self) -> None:
         model = onnx.ModelProto()
@@ -260,6 +275,7 @@ class PrecisionProbe:
         program = self._planner(settings).build()
         tensors = program.tensors
         self.tensor_bits = {name: t["bits"] for name, t in tensors.items()}  # every quantized tensor
+        self.fine_preactivations = program.fine_preactivations
         # A MAC that reads a 16-bit tensor runs at the int16 rate whatever its own output width.
         self.mac_input_bits = {
             label: tensors[self.layers.nodes[label].input[0]]["bits"]
@@ -271,7 +287,11 @@ class PrecisionProbe:
             # A tensor that inherits its input's grid (Reshape, MaxPool, an unfused ReLU) is
             # already on it; only tensors with parameters of their own get a Q/DQ pair.
             own = self._params(name, t["bits"])
-            if (own.scale, own.zero_point) == (t["scale"], t["zero_point"]) or name not in self.producers:
+            if (
+                (own.scale, own.zero_point) == (t["scale"], t["zero_point"])
+                or name not in self.producers
+                or self._preactivation(name, t["bits"])
+            ):
                 bits[name] = t["bits"]
         # an integer Add/Mul/Concat quantizes its constants at its output's width
         self.constant_bits = {}

@@ -131,12 +131,19 @@ class ExactOps:
         table = self.arrays[op.arrays.table].astype(np.int8 if t.bits == 8 else np.int16)
         self.written.add(op.outputs[0])
         offset = self._const(label, "offset", op.attrs.offset, np.int64)
-        return [
+        nodes = [
             helper.make_node("Cast", [f"{op.inputs[0]}__q"], [f"{label}__codes"], to=TensorProto.INT64),
             helper.make_node("Add", [f"{label}__codes", offset], [f"{label}__index"]),
+        ]
+        if op.attrs.index_shift:  # the index is >= 0: integer division is the shift
+            step = self._const(label, "step", 1 << op.attrs.index_shift, np.int64)
+            nodes.append(helper.make_node("Div", [f"{label}__index", step], [f"{label}__entry"]))
+        index = f"{label}__entry" if op.attrs.index_shift else f"{label}__index"
+        return [
+            *nodes,
             helper.make_node(
                 "Gather",
-                [self._init(f"{label}__table", table), f"{label}__index"],
+                [self._init(f"{label}__table", table), index],
                 [f"{op.outputs[0]}__q"],
                 name=label,
             ),

@@ -80,7 +80,13 @@ def mse(stats: dict, hist: np.ndarray, bits: int, symmetric: bool, percentile: f
 
 
 def mse_through(
-    stats: dict, hist: np.ndarray, bits: int, fn: Callable[[np.ndarray], np.ndarray] | None, grid: int = 48
+    stats: dict,
+    hist: np.ndarray,
+    bits: int,
+    fn: Callable[[np.ndarray], np.ndarray] | None,
+    grid: int = 48,
+    levels: int | None = None,
+    symmetric: bool = False,
 ) -> tuple[float, float]:
     """The asymmetric range with the smallest expected squared error, its two ends searched
     independently (`mse` shrinks both by one factor, which keeps a symmetric grid symmetric).
@@ -88,7 +94,9 @@ def mse_through(
     activation), the error is measured *after* it: rounding noise inside weighted by fn'(x)^2,
     fn(x) - fn(bound) outside. Where fn is flat (HardSwish below -3, a Sigmoid's tails) clipping
     costs nothing, so the grid's steps go where the function's output still changes.
-    Chosen on the validation split of benchmarks/ptq_vs_ort.py (docs/quantization.md)."""
+    Chosen on the validation split of benchmarks/ptq_vs_ort.py (docs/quantization.md).
+    `levels` (default 2^bits): the steps the reader tells apart (a shifted table's entries);
+    `symmetric`: one end, [-t, t] (16-bit grids have zero point 0)."""
     fn = fn or (lambda v: v)
     lo0, hi0 = _with_zero(stats["min"], stats["max"])
     occupied = _occupied_bins(stats, hist)
@@ -100,9 +108,11 @@ def mse_through(
     rise = fn((centers + h).astype(np.float32)).astype(np.float64) - fn((centers - h).astype(np.float32))
     noise_weight = (rise / (2 * h)) ** 2 / 12.0  # fn'(x)^2 * step^2 / 12 per unit step^2
     factors = np.linspace(1.0 / grid, 1.0, grid)
+    levels = levels or 2**bits
+    if symmetric:
+        return _symmetric_through(centers, counts, y, noise_weight, max(-lo0, hi0) * factors, levels, fn)
     los = np.unique(lo0 * factors) if lo0 < 0 else np.zeros(1)
     his = np.unique(hi0 * factors) if hi0 > 0 else np.zeros(1)
-    levels = 2**bits
     best, best_err = (lo0, hi0), np.inf
     f_his = fn(his.astype(np.float32)).astype(np.float64)
     clipped_above = (y[None, :] - f_his[:, None]) ** 2  # [upper end, bin]
@@ -119,6 +129,23 @@ def mse_through(
             if e < best_err:
                 best, best_err = (float(lo), float(hi)), e
     return best
+
+
+def _symmetric_through(centers, counts, y, noise_weight, ends, levels, fn) -> tuple[float, float]:
+    """mse_through's search over symmetric ranges [-t, t], every candidate t at once."""
+    f_lo = fn((-ends).astype(np.float32)).astype(np.float64)
+    f_hi = fn(ends.astype(np.float32)).astype(np.float64)
+    below = centers[None, :] < -ends[:, None]
+    above = centers[None, :] > ends[:, None]
+    steps = 2 * ends / (levels - 1)
+    err = np.where(
+        below,
+        (y[None, :] - f_lo[:, None]) ** 2,
+        np.where(above, (y[None, :] - f_hi[:, None]) ** 2, noise_weight[None, :] * (steps**2)[:, None]),
+    )
+    errors = np.multiply(counts[None, :], err, dtype=np.float64).sum(axis=1)
+    t = float(ends[int(np.argmin(errors))])
+    return -t, t
 
 
 def kl(stats: dict, hist: np.ndarray, bits: int, symmetric: bool, percentile: float):

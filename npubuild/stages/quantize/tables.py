@@ -42,13 +42,38 @@ def evaluate_node(node: onnx.NodeProto, model: onnx.ModelProto, constants: dict,
     return np.asarray(y, np.float32)
 
 
+# The table of a fine pre-activation (a 16-bit convolution result whose range was chosen for 4,096
+# steps) has one entry per 16 neighbouring codes, the function at their middle: 4,096 entries (4
+# or 8 KiB) fit a convolution's output path where 65,536 do not (docs/quantization.md, "Fine
+# pre-activations"). Any other table has an entry per code.
+WIDE_INPUT_SHIFT = 4
+
+
 def table_op(enc, node: onnx.NodeProto) -> dict:
-    """A `lut` op whose table is the function at every code of its input: the activations of
-    LUT_OPS by their float32 definitions (intmodel/lut.py), any other node evaluated as itself."""
+    """A `lut` op whose table is the function at every code of its input (at the middle of each
+    run of 2^shift codes for a shifted table): the activations of LUT_OPS by their float32
+    definitions (intmodel/lut.py), any other node evaluated as itself."""
+    x, out = data_input(node, enc.constants), node.output[0]
+    xp = enc.params[x]
+    qmin, qmax = qrange(xp.bits)
+    codes = np.arange(qmin, qmax + 1, dtype=np.float64)
+    shift = WIDE_INPUT_SHIFT if x in enc.fine_preactivations else 0
+    table = _table(enc, node, codes[:: 1 << shift] + ((1 << shift) - 1) / 2)
+    return {
+        "kind": "lut",
+        "op_type": node.op_type,
+        "inputs": [x],
+        "outputs": [out],
+        "attrs": {"offset": -qmin, **({"index_shift": shift} if shift else {})},  # (no shift: as before)
+        "table": table,
+    }
+
+
+def _table(enc, node: onnx.NodeProto, codes: np.ndarray) -> np.ndarray:
+    """The output codes of the function at input `codes` (any real position on the input grid)."""
     x, out = data_input(node, enc.constants), node.output[0]
     xp, yp = enc.params[x], enc.params[out]
-    qmin, qmax = qrange(xp.bits)
-    real = ((np.arange(qmin, qmax + 1, dtype=np.float64) - xp.zero_point) * xp.scale).astype(np.float32)
+    real = ((codes - xp.zero_point) * xp.scale).astype(np.float32)
     if node.op_type in LUT_OPS:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         y = lut_function(node.op_type, attrs)(real).astype(np.float32)
@@ -60,15 +85,7 @@ def table_op(enc, node: onnx.NodeProto) -> dict:
     # outside a function's domain: -inf and +inf (log of 0) the extreme codes, NaN (log or sqrt of
     # a negative value) the code of 0
     y = np.nan_to_num(y, nan=0.0, posinf=oqmax * yp.scale * 2, neginf=oqmin * yp.scale * 2)
-    table = np.clip(np.rint(y / yp.scale) + yp.zero_point, oqmin, oqmax).astype(np.int32)
-    return {
-        "kind": "lut",
-        "op_type": node.op_type,
-        "inputs": [x],
-        "outputs": [out],
-        "attrs": {"offset": -qmin},
-        "table": table,
-    }
+    return np.clip(np.rint(y / yp.scale) + yp.zero_point, oqmin, oqmax).astype(np.int32)
 
 
 def softmax_op(enc, node: onnx.NodeProto) -> dict:

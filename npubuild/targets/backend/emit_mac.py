@@ -99,6 +99,7 @@ def conv(ctx: OpContext, op: Op, sched: OpSchedule, activation: Op | None = None
                         lut=InConst(0) if activation else -1,
                         lut_offset=activation.attrs.offset if activation else 0,
                         lut_bits=ctx.bits(y),
+                        lut_shift=activation.attrs.index_shift if activation else 0,
                     ),
                 )  # fmt: skip
                 result = store(
@@ -147,7 +148,7 @@ def conv_transpose(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
                     out_c=n_out, out_h=r1 - r0, out_w=ow, out_bits=ctx.bits(y), out_zp=ctx.zero_point(y),
                     kh=kh, kw=kw, sh=sh, sw=sw, dh=dh, dw=dw, group=1, min=at.min, max=at.max,
                     transpose=1, crop_top=r0 + pt - i0 * sh, crop_left=pl,
-                    lut=-1, lut_offset=0, lut_bits=ctx.bits(y),
+                    lut=-1, lut_offset=0, lut_bits=ctx.bits(y), lut_shift=0,
                 ),
             )  # fmt: skip
             result = store(dst, ctx.addr[y], ctx.bits(y), [1, n_out, r1 - r0, ow], ys, [0, o0, r0, 0])

@@ -77,7 +77,13 @@ def lut(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
     x, y = op.inputs[0], op.outputs[0]
     table = ctx.arrays[op.arrays.table].astype(np.int8 if ctx.bits(y) == 8 else np.int16)
     taddr = ctx.consts.add(op.arrays.table + f"#{ctx.bits(y)}", table)
-    operands = dict(in_bits=ctx.bits(x), table=InConst(0), offset=op.attrs.offset, out_bits=ctx.bits(y))
+    operands = dict(
+        in_bits=ctx.bits(x),
+        table=InConst(0),
+        offset=op.attrs.offset,
+        out_bits=ctx.bits(y),
+        shift=op.attrs.index_shift,
+    )
     return [ConstLoads([const_load(0, taddr, table.nbytes)]), *unary(ctx, op, sched, "lut", **operands)]
 
 

@@ -21,9 +21,15 @@ class Fusion:
         return frozenset(self.activation.values())
 
 
+# The largest table a convolution's output path holds: an int8 result's 256 entries, or an entry
+# per 16 codes of an int16 one (the fine pre-activation grid, docs/quantization.md).
+OUTPUT_PATH_TABLE_ENTRIES = 4096
+
+
 def fuse(program: IntegerModel, plan: dict) -> Fusion:
-    """A LUT activation whose only input is a 2-D int8 convolution's result, read by nothing
-    else, runs in that convolution's output path: one op, no intermediate tensor."""
+    """A LUT activation whose only input is a 2-D convolution's result, read by nothing else,
+    runs in that convolution's output path when its table fits there: one op, no intermediate
+    tensor."""
     ops, tensors = program.ops, program.tensors
     device = {i: sg["device"] for sg in plan["subgraphs"] for i in sg["ops"]}
     group = {i: k for k, sg in enumerate(plan["subgraphs"]) for i in sg["ops"]}
@@ -39,10 +45,13 @@ def fuse(program: IntegerModel, plan: dict) -> Fusion:
             continue
         y = op.outputs[0]
         users = readers.get(y, [])
-        if len(users) != 1 or y in outputs or tensors[y].bits != 8:
+        if len(users) != 1 or y in outputs:
             continue
         (j,) = users
-        if ops[j].kind == "lut" and device.get(j) == "npu" and group.get(j) == group.get(i):
+        lut = ops[j]
+        if lut.kind != "lut" or 2 ** (tensors[y].bits - lut.attrs.index_shift) > OUTPUT_PATH_TABLE_ENTRIES:
+            continue
+        if device.get(j) == "npu" and group.get(j) == group.get(i):
             activation[i] = j
             fused_away.add(y)
     return Fusion(activation, frozenset(fused_away))

@@ -18,7 +18,9 @@ def planned_price(probe, prices, work: dict) -> Price:
     def price(table: Table) -> float:
         _, integer_nodes = probe.plan(table)
         floats = [work[u] for u, p in table.items() if p == "float"]
-        return prices.table_cycles(probe.model.graph, probe.tensor_bits, integer_nodes, floats, work)
+        return prices.table_cycles(
+            probe.model.graph, probe.tensor_bits, integer_nodes, floats, work, probe.fine_preactivations
+        )
 
     return price
 

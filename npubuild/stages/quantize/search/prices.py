@@ -41,22 +41,48 @@ def latency_cycles(codegen_stats: dict, target: TargetSpec) -> float:
     return codegen_stats["estimated_latency_ms"] * target.clock_mhz * 1000.0
 
 
+def table_settings(settings: dict, table: dict, layers: Layers) -> dict:
+    """The quantize settings of a precision table: the user's overrides, then the table's."""
+    return {
+        **settings["quantize"],
+        "overrides": list(settings["quantize"].get("overrides", []))
+        + precision_overrides(layers.expand(table)),
+    }
+
+
 def compile_table(
     model: onnx.ModelProto, stats_meta: dict, stats_arrays: dict, settings: dict, table: dict, layers: Layers
 ) -> dict:
     """codegen's statistics (codegen.json's figures) for a precision table on the target, built
     as the build builds it: integer model, partition, code generation."""
     target = TargetSpec.model_validate(settings["target"])
-    quantize = {
-        **settings["quantize"],
-        "overrides": list(settings["quantize"].get("overrides", []))
-        + precision_overrides(layers.expand(table)),
-    }
+    quantize = table_settings(settings, table, layers)
     _, meta, arrays = build_integer_model(model, stats_meta, stats_arrays, quantize)
     program = parse(meta, "the integer model of a precision table")
     plan = plan_partition(program, arrays, model, target)
     _, _, stats = compile_npub(program, arrays, model, target, plan)
     return stats
+
+
+def unstored_results(graph: onnx.GraphProto, tensor_bits: dict[str, int], fine: set[str]) -> list[str]:
+    """The 16-bit convolution results that only a table of at most 4,096 entries reads: a fine
+    pre-activation's (`fine`, the plan's), or one read by a table with an 8-bit result. The code
+    generator runs that table in the convolution's output path (targets/backend/fusion.py), so
+    the result is never stored, and the op costs what it costs at int8 (the all-int8 compile has
+    them too). A MatMul's result is stored: priced at 16 bits."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for i in node.input:
+            readers.setdefault(i, []).append(node)
+    out = []
+    for node in graph.node:
+        y = node.output[0]
+        if node.op_type != "Conv" or tensor_bits.get(y) != 16:
+            continue
+        users = readers.get(y, [])
+        if len(users) == 1 and users[0].op_type in LUT_OPS and y in fine:
+            out.append(y)
+    return out
 
 
 @dataclass(frozen=True)
@@ -144,19 +170,22 @@ class Prices:
         integer_nodes: set[str],
         floats: list[dict],
         work: dict[str, dict],
+        fine: set[str] = frozenset(),
     ) -> float:
-        """The cost of a planned table: `tensor_bits` and `integer_nodes` from the quantizer's
-        plan, `floats` the work (stages/quantize/cost.op_work) of the layers the table keeps float,
-        `work` every node's (the elements it reads and writes split a MAC op's DMA)."""
+        """The cost of a planned table: `tensor_bits`, `integer_nodes` and `fine` (its fine
+        pre-activations) from the quantizer's plan, `floats` the work (stages/quantize/cost.op_work)
+        of the layers the table keeps float, `work` every node's (the elements it reads and writes
+        split a MAC op's DMA)."""
         total = self.fixed + sum(self.float_layer(w) for w in floats)
+        bits = {**tensor_bits, **{n: 8 for n in unstored_results(graph, tensor_bits, fine)}}
         for node in graph.node:
             label = node_label(node)
             if label not in integer_nodes:
                 continue
-            ins = [tensor_bits[i] for i in node.input if i in tensor_bits]
-            outs = [tensor_bits[o] for o in node.output if o in tensor_bits]
+            ins = [bits[i] for i in node.input if i in bits]
+            outs = [bits[o] for o in node.output if o in bits]
             by_input = node.op_type in MAC_OPS or node.op_type in TABLE_OPS
-            data_input = tensor_bits.get(node.input[0]) if by_input else None
+            data_input = bits.get(node.input[0]) if by_input else None
             done = work.get(label, {"bytes": 0, "elements": 0})
             moved_in, moved_out = done["bytes"] - done["elements"], done["elements"]
             total += self.op(

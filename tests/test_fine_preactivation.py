@@ -1,0 +1,173 @@
+"""A convolution's result that only a lookup-table activation reads keeps a 16-bit grid
+(`preactivation_bits`): the table reads its top 12 bits, the code generator runs the table in the
+convolution's output path, and the simulator computes the integer model's codes."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from test_quantize import SETTINGS  # the quantizer defaults the other quantize tests use
+
+from npubuild.intmodel.codes import qrange
+from npubuild.intmodel.interpreter import Interpreter
+from npubuild.intmodel.lut import lut_function
+from npubuild.intmodel.ops import LUT_OPS
+from npubuild.intmodel.program import parse
+from npubuild.stages import calibrate
+from npubuild.stages.feeds import session
+from npubuild.stages.quantize.integer_model import build_integer_model
+from npubuild.stages.quantize.planning import TensorParams
+from npubuild.stages.quantize.tables import WIDE_INPUT_SHIFT, table_op
+from npubuild.targets import npub
+from npubuild.targets.compile import compile_npub, plan_partition
+from npubuild.targets.isa import decode
+from npubuild.targets.runtime import Runtime
+from npubuild.targets.spec import BUILTIN_TARGETS
+
+RNG = np.random.default_rng(41)
+
+
+def _model() -> onnx.ModelProto:
+    """Convolutions whose results only an activation reads (HardSwish, Sigmoid), with biases that
+    push most of each result into the activation's flat part, as trained networks' do."""
+    weights = {
+        "w1": RNG.normal(size=(16, 3, 3, 3)) * 0.6,
+        "b1": RNG.normal(size=16) * 2.0,
+        "w2": RNG.normal(size=(16, 16, 1, 1)) * 0.4,
+        "b2": RNG.normal(size=16) * 2.0,
+        "w3": RNG.normal(size=(4, 16, 1, 1)) * 0.4,
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+        helper.make_node("HardSwish", ["c1"], ["a1"], name="hardswish"),
+        helper.make_node("Conv", ["a1", "w2", "b2"], ["c2"], name="conv2"),
+        helper.make_node("Sigmoid", ["c2"], ["a2"], name="sigmoid"),
+        helper.make_node("Conv", ["a2", "w3"], ["y"], name="conv3"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "preactivations",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 12, 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 12, 12])],
+        [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in weights.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    model.ir_version = 8
+    return onnx.shape_inference.infer_shapes(model)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("fine")
+    model = _model()
+    onnx.save(model, tmp / "m.onnx")
+    np.save(tmp / "cal.npy", RNG.normal(size=(16, 3, 12, 12)).astype(np.float32))
+    (tmp / "cal").mkdir()
+    cal = calibrate.run({}, {"model": tmp / "m.onnx", "calibration": tmp / "cal.npy"}, tmp / "cal")
+    from npubuild.intmodel import tensorfile
+
+    stats_arrays, stats = tensorfile.load(cal["stats"])
+    out = {}
+    for bits in (8, 16):
+        settings = {**SETTINGS, "preactivation_bits": bits}
+        _, meta, arrays = build_integer_model(model, stats["tensors"], stats_arrays, settings)
+        program = parse(meta, "test")
+        out[bits] = program, arrays, Interpreter(program, arrays, [], {"": 14})
+    return model, out
+
+
+def test_the_result_keeps_16_bits_and_the_table_reads_its_top_12(built):
+    _, out = built
+    for bits, entries in ((16, 1 << (16 - WIDE_INPUT_SHIFT)), (8, 256)):
+        program, arrays, _ = out[bits]
+        luts = [op for op in program.ops if op.kind == "lut"]
+        assert len(luts) == 2
+        for op in luts:
+            assert program.tensors[op.inputs[0]].bits == bits
+            assert program.tensors[op.outputs[0]].bits == 8
+            assert op.attrs.index_shift == (WIDE_INPUT_SHIFT if bits == 16 else 0)
+            assert arrays[op.arrays.table].size == entries
+
+
+def _sqnr(reference: np.ndarray, candidate: np.ndarray) -> float:
+    err = float(((reference - candidate) ** 2).sum())
+    return 10 * math.log10(float((reference**2).sum()) / err)
+
+
+def test_the_fine_grid_is_more_accurate_than_int8(built):
+    model, out = built
+    float_session = session(model)
+    xs = [RNG.normal(size=(1, 3, 12, 12)).astype(np.float32) for _ in range(4)]
+    reference = np.concatenate([float_session.run(None, {"x": x})[0] for x in xs])
+    sqnr = {}
+    for bits, (_, _, interpreter) in out.items():
+        got = np.concatenate([interpreter.run({"x": x})[0]["y"] for x in xs])
+        sqnr[bits] = _sqnr(reference, got)
+    assert sqnr[16] > sqnr[8] + 1.0, sqnr
+
+
+def test_the_table_runs_in_the_convolutions_output_path_and_the_simulator_agrees(built):
+    model, out = built
+    program, arrays, interpreter = out[16]
+    target = BUILTIN_TARGETS["vnpu-m"]
+    plan = plan_partition(program, arrays, model, target)
+    data, _, _ = compile_npub(program, arrays, model, target, plan)
+    binary = npub.read(data)
+    instructions = [
+        i
+        for sg in binary.meta["subgraphs"]
+        if sg["device"] == "npu"
+        for i in decode(binary.code[sg["code"][0] : sg["code"][0] + sg["code"][1]], binary.version[0])
+    ]
+    shifted = [i for i in instructions if i.op == "conv" and i.args["lut"] >= 0]
+    assert shifted and all(i.args["lut_shift"] == WIDE_INPUT_SHIFT for i in shifted)
+    assert all(i.args["out_bits"] == 16 and i.args["lut_bits"] == 8 for i in shifted)
+    assert not any(i.op == "lut" for i in instructions)  # no table op of its own
+    runtime = Runtime(binary)
+    for _ in range(3):
+        x = RNG.normal(size=(1, 3, 12, 12)).astype(np.float32)
+        np.testing.assert_array_equal(runtime.run({"x": x})["y"], interpreter.run({"x": x})[0]["y"])
+
+
+@pytest.mark.parametrize("op_type", sorted(LUT_OPS))
+@pytest.mark.parametrize("reach", [4.0, 12.0])
+def test_a_fine_preactivations_table_rarely_differs_from_one_entry_per_code(op_type, reach):
+    """Against the function at every 16-bit code, over ranges like those the quantizer chooses
+    for an activation's input: never more than one code apart, and at most a few percent of the
+    codes differ (the function moves by well under an output step across 16 input codes)."""
+    node = helper.make_node("Sigmoid", ["x"], ["y"])
+    node.op_type = op_type
+    fn = lut_function(op_type, {})
+    x_params = TensorParams(reach / 32767, 0, 16)
+    lo16, hi16 = qrange(16)
+    codes = np.arange(lo16, hi16 + 1)
+    real = fn((codes * x_params.scale).astype(np.float32)).astype(np.float64)
+    lo, hi = min(real.min(), 0.0), max(real.max(), 0.0)
+    y_scale = (hi - lo) / 255
+    y_params = TensorParams(y_scale, int(np.clip(round(-128 - lo / y_scale), -128, 127)), 8)
+
+    class Encoder:
+        params = {"x": x_params, "y": y_params}
+        constants: dict = {}
+        model = None
+        fine_preactivations = {"x"}
+
+    op = table_op(Encoder, node)
+    assert op["attrs"]["index_shift"] == WIDE_INPUT_SHIFT and op["table"].size == 4096
+    shifted = np.repeat(op["table"], 1 << WIDE_INPUT_SHIFT)
+    exact = np.clip(np.rint(real / y_scale) + y_params.zero_point, -128, 127)
+    diff = np.abs(shifted - exact)
+    assert diff.max() <= 1
+    assert (diff > 0).mean() < 0.05, (diff > 0).mean()
+
+
+def test_a_model_whose_only_16_bit_tensors_are_fine_preactivations_is_called_int8():
+    from npubuild.stages.wording import precision_kind
+
+    rows = [{"bits": 8}, {"bits": 16, "preactivation": True}]
+    assert precision_kind({"layers": rows}) == "int8"
+    assert precision_kind({"layers": [*rows, {"bits": 16}]}) == "mixed int8/int16"
