@@ -25,6 +25,7 @@ SETTINGS = {
     "bias_correction": True,
     "float_output_activations": True,
     "preactivation_bits": 16,
+    "output_bits": 16,
     "overrides": [],
 }
 
@@ -204,7 +205,8 @@ def test_nan_and_inf_activations_give_valid_parameters(tmp_path):
     (log,) = [op for op in program["ops"] if op.get("op_type") == "Log"]
     assert log["kind"] == "lut"
     table = program_arrays[log["arrays"]["table"]]
-    assert table.min() == -128 and table.max() <= 127
+    bits = program["tensors"][log["outputs"][0]]["bits"]  # (an output's tail: output_bits)
+    assert table.min() == -(2 ** (bits - 1)) and table.max() < 2 ** (bits - 1)
 
 
 def test_constant_tensor_gets_a_valid_scale(tmp_path):
@@ -353,8 +355,9 @@ def test_an_int8_only_probe_measures_int8_tables_as_the_full_one_and_refuses_int
     arrays, stats = tensorfile.load(cal["stats"])
     samples = RNG.normal(size=(5, 3, 8, 8)).astype(np.float32)
     feeds = list(iterate_feeds(model, samples, 5))
-    settings = {**SETTINGS, "overrides": []}
+    settings = {**SETTINGS, "overrides": [], "preactivation_bits": 8, "output_bits": 8}
     assert PrecisionProbe.planned_widths(model, stats["tensors"], arrays, settings) == (8,)
+    assert PrecisionProbe.planned_widths(model, stats["tensors"], arrays, SETTINGS) == (8, 16)
     full = PrecisionProbe(model, stats["tensors"], arrays, settings, feeds)
     narrow = PrecisionProbe(model, stats["tensors"], arrays, settings, feeds, (8,))
     units = full.layers.units

@@ -314,6 +314,22 @@ class IntegerModel(_Typed):
         makes them."""
         return {op.inputs[0] for op in self.ops if op.kind == "lut" and op.attrs.index_shift}
 
+    def result_tail(self) -> set[str]:
+        """The tensors the network outputs are computed from by element-wise ops, moves and
+        concatenations, back to the results of the ops before them (the quantizer's
+        `output_bits`)."""
+        producers = {o: op for op in self.ops for o in op.outputs}
+        tail, todo = set(), list(self.outputs)
+        while todo:
+            name = todo.pop()
+            op = producers.get(name)
+            if name in tail or op is None:
+                continue
+            tail.add(name)
+            if op.kind in ("add", "mul", "concat", "move"):
+                todo.extend(i for i in op.inputs if i in self.tensors)
+        return tail
+
 
 def parse(meta: Any, where: str) -> IntegerModel:
     """The integer model in a header; a UserError naming the first problem when it is not one."""

@@ -147,6 +147,10 @@ class QuantizeConfig(Strict):
     # Sigmoid, ...) reads: 16 bits in the output path, the table indexed by its top 12 bits, so the
     # activation sees the accumulator far finer than int8 at no latency (docs/quantization.md)
     preactivation_bits: Literal[8, 16] = 16
+    # the grid of a network output and of the element-wise tail that computes it from the last
+    # MAC or table (a detector's box decoding and its concatenation of boxes and class scores,
+    # whose ranges differ by 300x): what the user reads (docs/quantization.md, "Result grids")
+    output_bits: Literal[8, 16] = 16
     # the QDQ model's form: "exact" computes the integer model's codes in onnxruntime (tables as
     # Gathers, adds and MAC output paths in int64); "standard" is DequantizeLinear -> op ->
     # QuantizeLinear everywhere, the pattern other runtimes fuse into their integer kernels

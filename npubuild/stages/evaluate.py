@@ -98,7 +98,7 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
             exact += int((diff == 0).sum())
             total += diff.size
     producers = {o: n for n in model.graph.node for o in n.output}
-    fine = program.fine_preactivations()
+    fine, tail = program.fine_preactivations(), program.result_tail()
     layer_rows = []
     for name, agreement in layers.items():
         node = producers[name]
@@ -112,6 +112,7 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
                 "op_type": node.op_type,
                 "bits": program.tensors[name].bits,
                 **({"preactivation": True} if name in fine else {}),
+                **({"result": True} if name in tail else {}),
                 **agreement.result(),
             }
         )

@@ -33,10 +33,13 @@ def layer_name(row: dict) -> str:
 
 
 def layer_widths(evaluate: dict) -> set[int]:
-    """The widths of an evaluated integer model's tensors; a convolution's 16-bit result that only
-    its activation reads (a fine pre-activation, never stored) is part of an int8 model."""
+    """The widths of an evaluated integer model's tensors; an int8 model has two kinds of 16-bit
+    tensor by default: a convolution's result that only its activation reads (a fine
+    pre-activation, never stored) and the results the network outputs are computed from."""
     return {
-        layer["bits"] for layer in evaluate["layers"] if "bits" in layer and not layer.get("preactivation")
+        layer["bits"]
+        for layer in evaluate["layers"]
+        if "bits" in layer and not layer.get("preactivation") and not layer.get("result")
     }
 
 

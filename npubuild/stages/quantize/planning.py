@@ -32,6 +32,10 @@ class TensorParams:
         return {"scale": self.scale, "zero_point": self.zero_point, "bits": self.bits}
 
 
+# element-wise ops and concatenation: a network output's grid reaches back through them
+TAIL_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Concat"})
+
+
 @dataclass
 class NodeChoice:
     integer: bool
@@ -272,6 +276,7 @@ class Planner:
     def build(self) -> QuantPlan:
         plan, info = self.plan, self.info
         choices = self._choices = {id(n): self.choose(n) for n in info.nodes}
+        self._tail = self._result_tail(choices)
         fused: dict[int, onnx.NodeProto] = {}  # id(MAC) -> the Relu/Clip folded into it
         for n in info.nodes:
             if n.op_type in MAC_OPS and choices[id(n)].integer:
@@ -324,6 +329,22 @@ class Planner:
         (reader,) = self.info.consumers[out]
         return self._choices[id(reader)].integer
 
+    def _result_tail(self, choices: dict) -> set[str]:
+        """The tensors a network output is computed from by integer element-wise ops, moves and
+        concatenations only, back to (and including) the results of the MACs, tables and other
+        ops before them: they get `output_bits`. A float op ends the walk."""
+        producers = {o: n for n in self.info.nodes for o in n.output}
+        tail, todo = set(), [o for o in self.info.outputs if o in producers]
+        while todo:
+            name = todo.pop()
+            node = producers.get(name)
+            if name in tail or node is None or not choices[id(node)].integer:
+                continue
+            tail.add(name)
+            if node.op_type in TAIL_OPS or node.op_type in MOVE_OPS:
+                todo.extend(i for i in node.input if i and i not in self.info.constants)
+        return tail
+
     def _is_result(self, name: str) -> bool:
         """Whether `name` is a network output or reaches one through moves only (a Flatten)."""
         seen, todo = set(), [name]
@@ -364,6 +385,8 @@ class Planner:
             plan.params[out] = self.from_stats(out, bits, choice.method, levels)
             plan.fine_preactivations.add(out)
         else:
-            params = self.from_stats(out, choice.bits, choice.method)  # (its warnings, even for Resize)
+            tail = out in self._tail and out not in self.given  # (a pre-quantized model's grid wins)
+            bits = max(choice.bits, self.config.get("output_bits", 8)) if tail else choice.bits
+            params = self.from_stats(out, bits, choice.method)  # (its warnings, even for Resize)
             plan.params[out] = plan.params[node.input[0]] if node.op_type == "Resize" else params
         plan.steps.append(Step("integer", node=node, choice=choice, activation=activation))
