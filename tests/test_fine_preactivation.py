@@ -171,3 +171,24 @@ def test_a_model_whose_only_16_bit_tensors_are_fine_preactivations_is_called_int
     rows = [{"bits": 8}, {"bits": 16, "preactivation": True}]
     assert precision_kind({"layers": rows}) == "int8"
     assert precision_kind({"layers": [*rows, {"bits": 16}]}) == "mixed int8/int16"
+
+
+def test_the_standard_qdq_form_reads_the_same_runs_of_codes(built):
+    """The standard export (DequantizeLinear -> op -> QuantizeLinear) moves a fine
+    pre-activation to the middle of its run of 16 codes before the activation, as the table
+    does: onnxruntime gives the integer model's codes on the tables' outputs."""
+    from npubuild.stages.onnx_utils import with_outputs
+    from npubuild.stages.quantize.qdq import export_qdq
+
+    model, out = built
+    program, arrays, interpreter = out[16]
+    qdq = export_qdq(model, program, arrays, "standard")
+    assert not {"Gather", "Floor"} & {n.op_type for n in qdq.graph.node}  # the standard form
+    names = ["a1__q", "a2__q"]
+    qdq_session = session(with_outputs(qdq, names))
+    for _ in range(3):
+        x = RNG.normal(size=(1, 3, 12, 12)).astype(np.float32)
+        codes = dict(zip(names, qdq_session.run(names, {"x": x})))
+        _, env = interpreter.run({"x": x}, keep=True)
+        for name in ("a1", "a2"):
+            np.testing.assert_array_equal(codes[f"{name}__q"].astype(np.int64), env[name].astype(np.int64))

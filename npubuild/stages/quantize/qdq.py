@@ -107,6 +107,8 @@ class _Export:
                 replaced[id(node)] = (exact and exact.mac(node, op)) or self._mac(node, op)
             elif exact and op.kind == "lut":
                 replaced[id(node)] = exact.lut(node, op)
+            elif op.kind == "lut" and op.attrs.index_shift:
+                replaced[id(node)] = self._bucketed(node, op)
             elif exact and op.kind == "global_avgpool":
                 replaced[id(node)] = exact.global_avgpool(node, op) or [node]
             elif exact and op.kind == "add" and (exact_add := exact.add(node, op)):
@@ -182,6 +184,46 @@ class _Export:
         out = node.output[0]
         node.output[0] = f"{out}__matmul"
         return [node, helper.make_node("Add", [node.output[0], b_dq], [out], name=f"{label}__bias")]
+
+    def _bucketed(self, node: onnx.NodeProto, op: Op) -> list[onnx.NodeProto]:
+        """A table that reads its input's top bits (a fine pre-activation), in standard ops: the
+        dequantized input moved to the middle of its run of 2^shift codes, then the activation.
+        u = (x - qmin - m) s with m = (2^shift - 1) / 2 is never within 0.03 steps of a rounding
+        tie (the fractions are (j - m) / 2^shift), so QuantizeLinear at 2^shift s gives the run's
+        index in float32 as the integer model's shift does; adding (qmin + m - zp) s back gives
+        the value the table was made at."""
+        x, t = op.inputs[0], self.program.tensors[op.inputs[0]]
+        label = node.name or node.output[0]
+        run = 1 << op.attrs.index_shift
+        middle = (run - 1) / 2
+        qmin = -(2 ** (t.bits - 1))
+        to_run = self._init(
+            f"{label}__to_run", np.array((t.zero_point - qmin - middle) * t.scale, np.float32)
+        )
+        back = self._init(
+            f"{label}__from_run", np.array((qmin + middle - t.zero_point) * t.scale, np.float32)
+        )
+        scale = self._init(f"{label}__run_scale", np.array(run * t.scale, np.float32))
+        zero = self._init(f"{label}__run_zp", np.array(0, np.int16))
+        self.uses_ms = True
+        nodes = [
+            helper.make_node("Add", [x, to_run], [f"{label}__shifted"]),
+            helper.make_node(
+                "QuantizeLinear",
+                [f"{label}__shifted", scale, zero],
+                [f"{label}__run"],
+                domain="com.microsoft",
+            ),
+            helper.make_node(
+                "DequantizeLinear",
+                [f"{label}__run", scale, zero],
+                [f"{label}__run_dq"],
+                domain="com.microsoft",
+            ),
+            helper.make_node("Add", [f"{label}__run_dq", back], [f"{label}__middle"]),
+        ]
+        node.input[0] = f"{label}__middle"
+        return [*nodes, node]
 
     def _constant_operands(self, node: onnx.NodeProto, op: Op) -> list[onnx.NodeProto]:
         params = op.operand_params
