@@ -144,7 +144,7 @@ class QuantizeConfig(Strict):
     # probabilities quantized to 1/255 steps lose the small values detectors threshold on.
     float_output_activations: bool = True
     # the grid of a convolution's result that only a lookup-table activation (SiLU, HardSwish,
-    # Sigmoid, ...) reads: 16 bits in the output path, the table indexed by its top 12 bits, so the
+    # Sigmoid, ...) reads: 16 bits in the output path, the table indexed by its top 10 bits, so the
     # activation sees the accumulator far finer than int8 at no latency (docs/quantization.md)
     preactivation_bits: Literal[8, 16] = 16
     # the grid of a network output and of the element-wise tail that computes it from the last

@@ -321,7 +321,7 @@ class Planner:
     def _fine_preactivation(self, out: str, choice: NodeChoice) -> bool:
         """Whether a MAC result `out` gets `preactivation_bits`: a narrower MAC whose one reader
         is an integer lookup-table activation (of either width), whose table reads the result's
-        top 12 bits; the code generator runs the table in the MAC's output path, so the finer
+        top 10 bits; the code generator runs the table in the MAC's output path, so the finer
         grid is never stored. A pre-quantized model's own grid wins."""
         fine = self.config.get("preactivation_bits", 8)
         if fine <= choice.bits or self.only_activation(out) is None or out in self.given:

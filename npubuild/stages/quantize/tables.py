@@ -42,11 +42,12 @@ def evaluate_node(node: onnx.NodeProto, model: onnx.ModelProto, constants: dict,
     return np.asarray(y, np.float32)
 
 
-# The table of a fine pre-activation (a 16-bit convolution result whose range was chosen for 4,096
-# steps) has one entry per 16 neighbouring codes, the function at their middle: 4,096 entries (4
-# or 8 KiB) fit a convolution's output path where 65,536 do not (docs/quantization.md, "Fine
-# pre-activations"). Any other table has an entry per code.
-WIDE_INPUT_SHIFT = 4
+# The table of a fine pre-activation (a 16-bit convolution result whose range was chosen for 1,024
+# steps) has one entry per 64 neighbouring codes, the function at their middle: 1,024 entries (1
+# or 2 KiB) fit a convolution's output path where 65,536 do not, and cost little DRAM traffic
+# (docs/quantization.md, "Fine pre-activations": 12 bits measured no better on the validation
+# split and doubled a small model's table traffic). Any other table has an entry per code.
+WIDE_INPUT_SHIFT = 6
 
 
 def table_op(enc, node: onnx.NodeProto) -> dict:

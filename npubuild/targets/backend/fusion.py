@@ -22,7 +22,7 @@ class Fusion:
 
 
 # The largest table a convolution's output path holds: an int8 result's 256 entries, or an entry
-# per 16 codes of an int16 one (the fine pre-activation grid, docs/quantization.md).
+# per 64 codes of an int16 one (the fine pre-activation grid, docs/quantization.md).
 OUTPUT_PATH_TABLE_ENTRIES = 4096
 
 

@@ -65,7 +65,7 @@ def compile_table(
 
 
 def unstored_results(graph: onnx.GraphProto, tensor_bits: dict[str, int], fine: set[str]) -> list[str]:
-    """The 16-bit convolution results that only a table of at most 4,096 entries reads: a fine
+    """The 16-bit convolution results that only a table that fits the output path reads: a fine
     pre-activation's (`fine`, the plan's), or one read by a table with an 8-bit result. The code
     generator runs that table in the convolution's output path (targets/backend/fusion.py), so
     the result is never stored, and the op costs what it costs at int8 (the all-int8 compile has
