@@ -64,25 +64,12 @@ def compile_table(
     return stats
 
 
-def unstored_results(graph: onnx.GraphProto, tensor_bits: dict[str, int], fine: set[str]) -> list[str]:
-    """The 16-bit convolution results that only a table that fits the output path reads: a fine
-    pre-activation's (`fine`, the plan's), or one read by a table with an 8-bit result. The code
-    generator runs that table in the convolution's output path (targets/backend/fusion.py), so
-    the result is never stored, and the op costs what it costs at int8 (the all-int8 compile has
-    them too). A MatMul's result is stored: priced at 16 bits."""
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for i in node.input:
-            readers.setdefault(i, []).append(node)
-    out = []
-    for node in graph.node:
-        y = node.output[0]
-        if node.op_type != "Conv" or tensor_bits.get(y) != 16:
-            continue
-        users = readers.get(y, [])
-        if len(users) == 1 and users[0].op_type in LUT_OPS and y in fine:
-            out.append(y)
-    return out
+def unstored_results(graph: onnx.GraphProto, fine: set[str]) -> list[str]:
+    """The plan's fine pre-activations (`fine`: 16-bit MAC results that only an activation reads)
+    that a convolution makes: the code generator runs their table in the convolution's output path
+    (targets/backend/fusion.py), so they are never stored, and the op costs what it costs at int8
+    (the all-int8 compile has them too). A MatMul's result is stored: priced at 16 bits."""
+    return [n.output[0] for n in graph.node if n.op_type == "Conv" and n.output[0] in fine]
 
 
 @dataclass(frozen=True)
@@ -177,7 +164,7 @@ class Prices:
         of the layers the table keeps float, `work` every node's (the elements it reads and writes
         split a MAC op's DMA)."""
         total = self.fixed + sum(self.float_layer(w) for w in floats)
-        bits = {**tensor_bits, **{n: 8 for n in unstored_results(graph, tensor_bits, fine)}}
+        bits = {**tensor_bits, **{n: 8 for n in unstored_results(graph, fine)}}
         for node in graph.node:
             label = node_label(node)
             if label not in integer_nodes:
