@@ -231,3 +231,61 @@ def cli_build(ws: Path, cache: Path, *args: str, new_session: bool = False) -> s
         start_new_session=new_session,
         preexec_fn=default_ctrl_c if new_session else None,
     )
+
+
+def small_model(nodes: list, name: str, inputs: dict, outputs: dict, weights: dict, opset: int = 14):
+    """A hand-made ONNX model with shapes inferred: `inputs`/`outputs` map float tensors to shapes,
+    `weights` names to arrays (float32 unless integer)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    def value(n, shape):
+        return helper.make_tensor_value_info(n, TensorProto.FLOAT, shape)
+
+    def constant(k, v):
+        v = np.asarray(v)
+        return numpy_helper.from_array(v if v.dtype.kind in "iu" else v.astype(np.float32), k)
+
+    graph = helper.make_graph(
+        nodes,
+        name,
+        [value(n, s) for n, s in inputs.items()],
+        [value(n, s) for n, s in outputs.items()],
+        [constant(k, v) for k, v in weights.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return onnx.shape_inference.infer_shapes(model)
+
+
+def calibration_stats(model, tmp: Path, samples) -> tuple[dict, dict]:
+    """The calibrate stage's per-tensor statistics (meta, arrays) of `model` over `samples`."""
+    import numpy as np
+    import onnx
+
+    from npubuild.intmodel import tensorfile
+    from npubuild.stages import calibrate
+
+    onnx.save(model, tmp / "m.onnx")
+    np.save(tmp / "cal.npy", samples)
+    (tmp / "cal").mkdir()
+    cal = calibrate.run({}, {"model": tmp / "m.onnx", "calibration": tmp / "cal.npy"}, tmp / "cal")
+    stats_arrays, stats = tensorfile.load(cal["stats"])
+    return stats["tensors"], stats_arrays
+
+
+def integer_variants(model, tmp: Path, samples, variants: dict) -> dict:
+    """Calibrate `model` once on `samples`, then build its integer model under each named settings
+    dict: name -> (program, arrays, golden interpreter)."""
+    from npubuild.intmodel.interpreter import Interpreter
+    from npubuild.intmodel.program import parse
+    from npubuild.stages.quantize.integer_model import build_integer_model
+
+    stats_meta, stats_arrays = calibration_stats(model, tmp, samples)
+    out = {}
+    for key, settings in variants.items():
+        _, meta, arrays = build_integer_model(model, stats_meta, stats_arrays, settings)
+        program = parse(meta, "test")
+        out[key] = program, arrays, Interpreter(program, arrays, [], {"": 14})
+    return out

@@ -136,3 +136,62 @@ def test_a_binary_that_declares_non_byte_pixels_is_refused():
     assert InputSpec.model_validate(
         {"name": "x", "shape": [1, 3, 8, 8], "dtype": "uint8", "pixels": True}
     ).pixels
+
+
+def _one_conv(pads: list[int], shared_weight: bool = False) -> onnx.ModelProto:
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    w = numpy_helper.from_array(rng.normal(size=(4, 3, 3, 3)).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.normal(size=4).astype(np.float32), "b")
+    cut = [numpy_helper.from_array(np.array([v]), n) for v, n in ((0, "s0"), (3, "s1"), (1, "ax"))]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=pads, name="conv")]
+    if shared_weight:  # the same weight read by a convolution of the first one's first channels
+        nodes.append(helper.make_node("Slice", ["y", "s0", "s1", "ax"], ["y3"]))
+        nodes.append(helper.make_node("Conv", ["y3", "w"], ["z"], pads=[1, 1, 1, 1], name="other"))
+    graph = helper.make_graph(
+        nodes,
+        "one",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("z" if shared_weight else "y", TensorProto.FLOAT, None)],
+        [w, b, *cut],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize(
+    "declared, pads, folded",
+    [
+        # no mean: a zero pixel is a zero input, so the padding is the same: folded
+        ({"color": "BGR", "scale": 1 / 255, "mean": [0.0], "std": [1.0]}, [1, 1, 1, 1], True),
+        # a mean and no padding: folded, the mean through the weights into the bias
+        ({"color": "RGB", "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}, [0, 0, 0, 0], True),
+        # a mean and padding: the padded zeros are not a pixel value, so the head stays
+        ({"color": "RGB", "mean": [0.5], "std": [0.5]}, [1, 1, 1, 1], False),
+    ],
+)
+def test_the_head_folds_into_the_first_convolution_where_that_is_exact(declared, pads, folded):
+    from npubuild.stages.quantize.planning import FUSED_HEAD
+
+    pp = Preprocess(**{"resize": [8, 8], **declared}).model_dump()
+    model = _one_conv(pads)
+    fused = fuse(model, pp)
+    assert any(n.name == FUSED_HEAD for n in fused.graph.node) is not folded
+    pixels = np.random.default_rng(5).integers(0, 256, size=(1, 3, 8, 8)).astype(np.float32)
+    mean = np.broadcast_to(np.asarray(pp["mean"], np.float32), (3,))[None, :, None, None]
+    std = np.broadcast_to(np.asarray(pp["std"], np.float32), (3,))[None, :, None, None]
+    source = pixels[:, ::-1] if pp["color"] == "BGR" else pixels
+    normalised = ((source * pp["scale"] - mean) / std).astype(np.float32)
+    want = session(model).run(None, {"x": normalised})[0]
+    got = session(fused).run(None, {"x": pixels})[0]
+    assert np.allclose(got, want, atol=1e-4 * np.abs(want).max()), np.abs(got - want).max()
+
+
+def test_a_weight_another_convolution_reads_is_not_folded_into():
+    from npubuild.stages.quantize.planning import FUSED_HEAD
+
+    pp = Preprocess(**{"resize": [8, 8], "scale": 1 / 255, "mean": [0.0], "std": [1.0]}).model_dump()
+    fused = fuse(_one_conv([1, 1, 1, 1], shared_weight=True), pp)
+    assert any(n.name == FUSED_HEAD for n in fused.graph.node)

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 from test_quantize import SETTINGS  # the quantizer defaults the other quantize tests use
 
-from npubuild.intmodel import tensorfile
+from conftest import calibration_stats, small_model
 from npubuild.intmodel.interpreter import Interpreter
 from npubuild.intmodel.program import parse
-from npubuild.stages import calibrate
 from npubuild.stages.feeds import session
 from npubuild.stages.quantize.integer_model import build_integer_model
 
@@ -32,33 +31,19 @@ def _detector_head() -> onnx.ModelProto:
         helper.make_node("Sigmoid", ["logits"], ["scores"], name="scores"),
         helper.make_node("Concat", ["pixels", "scores"], ["y"], axis=1, name="join"),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "head",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 6, 6])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 7, 6, 6])],
-        [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in weights.items()],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
-    model.ir_version = 8
-    return onnx.shape_inference.infer_shapes(model)
+    return small_model(nodes, "head", {"x": [1, 8, 6, 6]}, {"y": [1, 7, 6, 6]}, weights)
 
 
 def test_class_scores_survive_the_concatenation_with_boxes(tmp_path):
     model = _detector_head()
-    onnx.save(model, tmp_path / "m.onnx")
-    np.save(tmp_path / "cal.npy", RNG.normal(size=(64, 8, 6, 6)).astype(np.float32))
-    (tmp_path / "cal").mkdir()
-    cal = calibrate.run(
-        {}, {"model": tmp_path / "m.onnx", "calibration": tmp_path / "cal.npy"}, tmp_path / "cal"
-    )
-    stats_arrays, stats = tensorfile.load(cal["stats"])
+    samples = RNG.normal(size=(64, 8, 6, 6)).astype(np.float32)
+    stats_meta, stats_arrays = calibration_stats(model, tmp_path, samples)
     x = RNG.normal(size=(1, 8, 6, 6)).astype(np.float32)
     reference = session(model).run(None, {"x": x})[0]
     score_error = {}
     for bits in (8, 16):
         _, meta, arrays = build_integer_model(
-            model, stats["tensors"], stats_arrays, {**SETTINGS, "output_bits": bits}
+            model, stats_meta, stats_arrays, {**SETTINGS, "output_bits": bits}
         )
         program = parse(meta, "test")
         # the tail back to the MAC and the table: the Mul, both inputs of the Concat, the output

@@ -151,6 +151,10 @@ class QuantizeConfig(Strict):
     # MAC or table (a detector's box decoding and its concatenation of boxes and class scores,
     # whose ranges differ by 300x): what the user reads (docs/quantization.md, "Result grids")
     output_bits: Literal[8, 16] = 16
+    # "shared": the tensors a Concat joins take its grid, so each is written straight into its
+    # place in the concatenation and the Concat moves nothing on the NPU (TFLite's and TPU-MLIR's
+    # rule); "own": each keeps its own grid and the Concat requantizes (docs/quantization.md)
+    concat_grids: Literal["shared", "own"] = "shared"
     # the QDQ model's form: "exact" computes the integer model's codes in onnxruntime (tables as
     # Gathers, adds and MAC output paths in int64); "standard" is DequantizeLinear -> op ->
     # QuantizeLinear everywhere, the pattern other runtimes fuse into their integer kernels

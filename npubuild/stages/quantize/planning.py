@@ -289,6 +289,7 @@ class Planner:
                 ):
                     fused[id(n)] = users[0]
         skip = {id(a) for a in fused.values()}
+        self._shared = self._concat_sources(choices, skip)
         for value in self.graph.input:
             if value.name in info.constants:
                 continue
@@ -345,6 +346,64 @@ class Planner:
                 todo.extend(i for i in node.input if i and i not in self.info.constants)
         return tail
 
+    def _width(self, node: onnx.NodeProto, out: str) -> int:
+        """The width an integer node's result gets outside fine pre-activations and Softmax."""
+        bits = self._choices[id(node)].bits
+        if out in self._tail and out not in self.given:
+            bits = max(bits, self.config.get("output_bits", 8))
+        return bits
+
+    def _concat_sources(self, choices: dict, fused_activations: set[int]) -> dict[str, str]:
+        """`concat_grids = "shared"`: the tensors that take a Concat's grid, each mapped to the
+        Concat output whose grid it takes (that output may itself take a later Concat's: the last
+        of the chain decides). Each input of an integer Concat is followed back through the ops
+        that keep their input's grid (moves, Relu/Clip, Resize) to the tensor whose grid it
+        carries; that tensor joins when an integer op at the Concat's width makes it, it is no
+        network input or output, its grid was not recorded by a pre-quantized model, and no
+        earlier Concat took it. The code generator then writes it straight into its place in the
+        concatenation (targets/backend/allocation.py)."""
+        self._concats: dict[str, onnx.NodeProto] = {}
+        if self.config.get("concat_grids", "own") != "shared":
+            return {}
+        producers = {o: n for n in self.info.nodes for o in n.output}
+        keeps_grid = MOVE_OPS | {"Relu", "Clip", "Resize"}
+        shared: dict[str, str] = {}
+        self._concats = {n.output[0]: n for n in self.info.nodes if n.op_type == "Concat"}
+        for node in self.info.nodes:
+            if node.op_type != "Concat" or not choices[id(node)].integer:
+                continue
+            out = node.output[0]
+            bits = self._width(node, out)
+            for name in node.input:
+                source = name
+                while (
+                    (maker := producers.get(source)) is not None
+                    and maker.op_type in keeps_grid
+                    and id(maker) not in fused_activations
+                    and choices[id(maker)].integer
+                ):
+                    source = maker.input[0]
+                maker = producers.get(source)
+                if (
+                    maker is None
+                    or not choices[id(maker)].integer
+                    or maker.op_type == "Softmax"
+                    or source in shared
+                    or source == out
+                    or source in self.info.outputs
+                    or source in self.given
+                    or self._width(maker, source) != bits
+                ):
+                    continue
+                shared[source] = out
+        return shared
+
+    def _shared_grid(self, name: str) -> str:
+        """The Concat output whose grid `name` takes (the end of its chain of Concats)."""
+        while name in self._shared:
+            name = self._shared[name]
+        return name
+
     def _is_result(self, name: str) -> bool:
         """Whether `name` is a network output or reaches one through moves only (a Flatten)."""
         seen, todo = set(), [name]
@@ -385,8 +444,8 @@ class Planner:
             plan.params[out] = self.from_stats(out, bits, choice.method, levels)
             plan.fine_preactivations.add(out)
         else:
-            tail = out in self._tail and out not in self.given  # (a pre-quantized model's grid wins)
-            bits = max(choice.bits, self.config.get("output_bits", 8)) if tail else choice.bits
-            params = self.from_stats(out, bits, choice.method)  # (its warnings, even for Resize)
+            grid = self._shared_grid(out)  # a Concat's, or its own
+            method = self._choices[id(self._concats[grid])].method if grid != out else choice.method
+            params = self.from_stats(grid, self._width(node, out), method)  # (its warnings, even for Resize)
             plan.params[out] = plan.params[node.input[0]] if node.op_type == "Resize" else params
         plan.steps.append(Step("integer", node=node, choice=choice, activation=activation))

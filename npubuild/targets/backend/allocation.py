@@ -137,9 +137,13 @@ def allocate(
             views.add(i)
             for out, start in parts.items():
                 root[out], offset[out] = op.inputs[0], start
+    outputs = set(program.outputs)
+    boundary = outputs | set(program.inputs)
+    for i in sequence:
+        if i in npu and ops[i].kind == "concat":
+            _place_in_concat(ops[i], tensors, shapes, touched, boundary, root, offset, find, at)
     first: dict[str, int] = {}
     last: dict[str, int] = {}
-    outputs = set(program.outputs)
     for pos, i in enumerate(sequence):
         written = ops[i].outputs
         if i in fusion.activation:  # the convolution writes its activation's result
@@ -153,7 +157,7 @@ def allocate(
     extent: dict[str, tuple[str, int, int]] = {}
     for n in touched:
         r = find(n)
-        nbytes = int(np.prod(shapes[n], dtype=np.int64)) * esize(tensors[n].bits)
+        nbytes = _nbytes(n, tensors, shapes)
         extent[n] = (r, at(n), nbytes)
         if n in outputs or n in program.inputs:
             last[r] = len(sequence)
@@ -196,6 +200,57 @@ def allocate(
         buffers=buffers,
         extent=extent,
     )
+
+
+def _place_in_concat(op: Op, tensors, shapes, touched, boundary, root, offset, find, at) -> None:
+    """Inputs of a Concat that already have its grid become views into its output at their places
+    (`root` and `offset` updated), so their producers write them there and the Concat moves nothing
+    for them (emit_data.concat skips an input found at its place). The places must be contiguous
+    pieces (every axis before the Concat's has size 1). An input's whole buffer moves, with every
+    view of it (a Split's pieces come with the tensor they cut), so it joins only where each input
+    whose place that buffer covers is one of its views at exactly that place: nothing is ever
+    copied into bytes a moved buffer holds. Network inputs and outputs never move."""
+    y = op.outputs[0]
+    if y not in touched or y in boundary or tensors.get(y) is None:
+        return
+    shape = [int(d) for d in shapes[y]]
+    axis = op.attrs.axis % len(shape)
+    if any(d != 1 for d in shape[:axis]):
+        return
+    inner = int(np.prod(shape[axis + 1 :], dtype=np.int64)) * esize(tensors[y].bits)
+    places, start = [], 0
+    for x in op.inputs:
+        length = int(shapes[x][axis]) * inner
+        places.append((x, start, length))
+        start += length
+    members: dict[str, list[str]] = {}
+    for n in touched:
+        members.setdefault(find(n), []).append(n)
+    moved: set[str] = set()
+    for x, here, _ in places:
+        if x not in touched or x in op.constants or tensors.get(x) != tensors[y] or x in boundary:
+            continue
+        r = find(x)
+        if r in moved or r == find(y) or r in boundary:
+            continue
+        begin = here - at(x)
+        end = begin + max(at(n) + _nbytes(n, tensors, shapes) for n in members[r])
+        covered = [(z, h, n) for z, h, n in places if h < end and begin < h + n]
+        if (
+            begin < 0
+            or end > start
+            or any(
+                z not in touched or find(z) != r or at(z) != h - begin or h < begin or h + n > end
+                for z, h, n in covered
+            )
+        ):
+            continue
+        root[r], offset[r] = y, begin
+        moved.add(r)
+
+
+def _nbytes(name: str, tensors: dict, shapes: dict) -> int:
+    return int(np.prod(shapes[name], dtype=np.int64)) * esize(tensors[name].bits)
 
 
 def _resident_candidates(program: IntegerModel, plan: dict, members: dict[str, list[str]]) -> list[str]:

@@ -1,6 +1,7 @@
 """Tile commands of the ops that move data: Concat (requantizing inputs whose quantization
-differs), nearest Resize (row and column indices as constants), and the copies of Transpose,
-Slice and Split (strided DMA reads of the input, contiguous writes)."""
+differs; nothing for an input its producer already wrote at its place), nearest Resize (row and
+column indices as constants), and the copies of Transpose, Slice and Split (strided DMA reads of
+the input, contiguous writes)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,13 @@ def concat(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
     axis = op.attrs.axis % rank + (4 - rank)
     offset = 0
     commands: list[Command] = []
+    contiguous = all(d == 1 for d in out4[:axis])
+    inner = int(np.prod(out4[axis + 1 :])) * esize(ctx.bits(y))
     for name, rescale, part in zip(op.inputs, op.attrs.rescale, sched.parts):
         addr, shape, bits = ctx.operand(op, name, ctx.bits(y))
+        if contiguous and rescale.same and name not in op.constants and addr == ctx.addr[y] + offset * inner:
+            offset += shape[axis]  # written at its place by its producer (allocation.py)
+            continue
         bufs = part.buffers(ctx.sram)
         for start, size in boxes(shape, list(part.extents)):
             n = int(np.prod(size))
