@@ -45,6 +45,16 @@ def test_cycles_of_each_mapping_worked_out_by_hand():
     assert (
         conv_cycles(wide, MAPPINGS["spatial"], 32, 32) == conv_cycles(wide, MAPPINGS["channels"], 32, 32) / 2
     )
+    up = _conv(in_c=16, out_c=1, kh=2, kw=2, sh=2, sw=2, out_h=24, out_w=24, transpose=1)
+    # transposed, channels: 1 column, 16 rows, one tap per pass: 144 input positions x 4 taps
+    assert conv_cycles(up, MAPPINGS["channels"], 32, 32) == 576
+    # spatial: an input position's 1 x 4 tap filters in 4 columns, 8 positions side by side: 18 steps
+    assert conv_cycles(up, MAPPINGS["spatial"], 32, 32) == 18
+    wide_up = _conv(in_c=16, out_c=32, kh=2, kw=2, sh=2, sw=2, out_h=24, out_w=24, transpose=1)
+    # 128 tap filters take four column folds, one position at a time: as channels (4 taps x 1 fold)
+    assert conv_cycles(wide_up, MAPPINGS["spatial"], 32, 32) == conv_cycles(
+        wide_up, MAPPINGS["channels"], 32, 32
+    )
 
 
 def test_the_code_generator_picks_depthwise_spatial_or_channels_by_geometry():
@@ -52,7 +62,11 @@ def test_the_code_generator_picks_depthwise_spatial_or_channels_by_geometry():
     assert conv_mapping(_conv(in_c=16, out_c=8), M) == MAPPINGS["spatial"]
     assert conv_mapping(_conv(in_c=16, out_c=32), M) == MAPPINGS["channels"]
     assert conv_mapping(_conv(in_c=16, out_c=16, group=4), M) == MAPPINGS["channels"]
-    assert conv_mapping(_conv(in_c=16, out_c=8, transpose=1), M) == MAPPINGS["channels"]
+    up = dict(kh=2, kw=2, sh=2, sw=2, out_h=24, out_w=24, transpose=1)
+    assert conv_mapping(_conv(in_c=16, out_c=1, **up), M) == MAPPINGS["spatial"]  # 32x cheaper
+    assert conv_mapping(_conv(in_c=16, out_c=16, **up), M) == MAPPINGS["spatial"]  # 2x: 16 of 32 columns
+    assert conv_mapping(_conv(in_c=16, out_c=32, **up), M) == MAPPINGS["channels"]  # no cheaper
+    assert conv_mapping(_conv(in_c=16, out_c=1, **up), BUILTIN_TARGETS["vnpu-s"].model_dump()) == 0
 
 
 @pytest.mark.parametrize(
@@ -62,7 +76,6 @@ def test_the_code_generator_picks_depthwise_spatial_or_channels_by_geometry():
         (dict(mapping=-1), "mapping -1"),
         (dict(mapping=MAPPINGS["depthwise"]), "depthwise mapping"),  # 16 channels in one group
         (dict(mapping=MAPPINGS["depthwise"], group=16, out_c=16, transpose=1), "depthwise mapping"),
-        (dict(mapping=MAPPINGS["spatial"], transpose=1), "spatial mapping"),
     ],
 )
 def test_a_mapping_the_geometry_does_not_allow_is_one_npub_error(geometry, message):
@@ -73,15 +86,22 @@ def test_a_mapping_the_geometry_does_not_allow_is_one_npub_error(geometry, messa
 
 def test_every_mapping_computes_the_same_codes():
     """The mapping changes the cycles, never the sums: a depthwise tile under both mappings it
-    allows, and a narrow tile under both of its, write the same codes."""
+    allows, and a narrow tile and a transposed one under both of theirs, write the same codes."""
     rng = np.random.default_rng(3)
     for geometry, mappings in (
         (dict(in_c=16, out_c=16, group=16), ("channels", "depthwise")),
         (dict(in_c=16, out_c=8), ("channels", "spatial")),
+        (
+            dict(in_c=16, out_c=2, kh=2, kw=2, sh=2, sw=2, out_h=24, out_w=24, transpose=1),
+            ("channels", "spatial"),
+        ),
     ):
         a = _conv(**geometry)
+        outputs = a["out_c"] * a["out_h"] * a["out_w"]
         x = rng.integers(-128, 128, 16 * 12 * 12).astype(np.int8)
-        w = rng.integers(-128, 128, a["out_c"] * (a["in_c"] // a["group"]) * 9).astype(np.int8)
+        w = rng.integers(-128, 128, a["out_c"] * (a["in_c"] // a["group"]) * a["kh"] * a["kw"]).astype(
+            np.int8
+        )
         params = np.array([[5, 1 << 30, 10]] * a["out_c"], np.int64).reshape(-1)  # bias, m0, shift
         written = []
         for mapping in mappings:
@@ -90,7 +110,7 @@ def test_every_mapping_computes_the_same_codes():
             sim.sram.write(a["weights"], 8, w[None])
             sim.sram.write(a["params"], 64, params[None])
             sim.execute([Instruction("conv", {**a, "mapping": MAPPINGS[mapping]}), Instruction("end", {})])
-            written.append(sim.sram.view(a["dst"], 8, (a["out_c"] * 100,))[0].copy())
+            written.append(sim.sram.view(a["dst"], 8, (outputs,))[0].copy())
         np.testing.assert_array_equal(written[0], written[1])
         assert np.unique(written[0]).size > 10  # neither saturated nor empty
 

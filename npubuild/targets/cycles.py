@@ -61,7 +61,10 @@ def conv_cycles(a: dict, mapping: int, rows: int, cols: int) -> int:
     depthwise: ceil(out_c / C) x ceil(kh x kw / R) folds: C channels side by side, each column
     holding its channel's taps and fed its own channel's input.
     spatial: u = floor(C / out_c) output positions side by side (each with its own copy of the
-    filters in out_c columns), ceil(reduction / R) folds over ceil(positions / u) steps."""
+    filters in out_c columns), ceil(reduction / R) folds over ceil(positions / u) steps. On a
+    transposed convolution an input position's out_c x taps filters take the columns (every tap
+    of it at once, where channels takes one tap per pass), u = floor(C / (out_c x taps)) input
+    positions side by side (format 3.1)."""
     group = a["group"]
     taps = a["kh"] * a["kw"]
     if a["transpose"]:
@@ -72,6 +75,11 @@ def conv_cycles(a: dict, mapping: int, rows: int, cols: int) -> int:
         positions = a["out_h"] * a["out_w"]
     if mapping == MAPPINGS["depthwise"]:
         return math.ceil(a["out_c"] / cols) * math.ceil(taps / rows) * positions
+    if mapping == MAPPINGS["spatial"] and a["transpose"]:
+        columns = per_group_out * taps
+        side_by_side = max(cols // max(columns, 1), 1)
+        steps = math.ceil(a["in_h"] * a["in_w"] / side_by_side)
+        return group * math.ceil(reduction / rows) * math.ceil(columns / cols) * steps
     if mapping == MAPPINGS["spatial"]:
         side_by_side = max(cols // max(per_group_out, 1), 1)
         return group * math.ceil(reduction / rows) * math.ceil(positions / side_by_side)
@@ -82,11 +90,15 @@ def conv_mapping(a: dict, target: dict) -> int:
     """The mapping the code generator gives a conv instruction: depthwise for a depthwise
     convolution (one input channel per group), spatial for an ungrouped one with fewer output
     channels than the array has columns, channels otherwise, among the target's `conv_mappings`.
-    Each is the cheapest one allowed for its geometry (a transposed convolution scatters, so it
-    keeps the channels mapping)."""
+    Each is the cheapest one allowed for its geometry. A transposed convolution takes spatial
+    where that is cheaper (its taps across the columns: PP-OCRv4 det's last ConvTranspose, 1
+    output channel of 2 x 2 taps, is 32x faster so), else channels."""
     offered = target["conv_mappings"]
     if a["transpose"]:
-        return MAPPINGS["channels"]
+        rows, cols = target["mac_rows"], target["mac_cols"]
+        spatial, channels = MAPPINGS["spatial"], MAPPINGS["channels"]
+        cheaper = conv_cycles(a, spatial, rows, cols) < conv_cycles(a, channels, rows, cols)
+        return spatial if "spatial" in offered and cheaper else channels
     if a["group"] > 1 and a["in_c"] == a["group"] and "depthwise" in offered:
         return MAPPINGS["depthwise"]
     if a["group"] == 1 and a["out_c"] < target["mac_cols"] and "spatial" in offered:

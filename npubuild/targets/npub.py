@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from npubuild.errors import UserError
 
 MAGIC = b"NPUB\x00\r\n\x1a"
-FORMAT_MAJOR, FORMAT_MINOR = 3, 0  # 2.0: the conv instruction's mapping; 3.0: table shifts
+# 2.0: the conv instruction's mapping; 3.0: table shifts; 3.1: the spatial mapping of a transposed conv
+FORMAT_MAJOR, FORMAT_MINOR = 3, 1
 HEADER = struct.Struct("<8sHHI32sIIQ")
 ENTRY = struct.Struct("<IIQQII")
 ALIGN = 64

@@ -318,8 +318,6 @@ class Simulator:
             raise NpubError(f"conv with mapping {mapping}; this target's array takes {sorted(offered)}")
         if mapping == MAPPINGS["depthwise"] and (a["transpose"] or a["in_c"] != group):
             raise NpubError(f"depthwise mapping of a conv with {a['in_c']} input channels in {group} groups")
-        if mapping == MAPPINGS["spatial"] and a["transpose"]:
-            raise NpubError("spatial mapping of a transposed conv")
         kernel = (a["kh"], a["kw"])
         if a["transpose"]:
             wshape = (a["in_c"], a["out_c"] // group, *kernel)
