@@ -35,6 +35,11 @@ def test_cycles_of_each_mapping_worked_out_by_hand():
     assert conv_cycles(depthwise, MAPPINGS["channels"], 32, 32) == 6400
     # depthwise: 64 channels over 32 columns, 9 taps in 32 rows: 2 folds x 100 positions
     assert conv_cycles(depthwise, MAPPINGS["depthwise"], 32, 32) == 200
+    narrow_depthwise = _conv(in_c=8, out_c=8, group=8)
+    # depthwise, 8 channels: 4 positions side by side on the 32 columns, 1 fold x 25 steps
+    assert conv_cycles(narrow_depthwise, MAPPINGS["depthwise"], 32, 32) == 25
+    # ...and 12 channels: 2 side by side (24 of 32 columns), 50 steps
+    assert conv_cycles(_conv(in_c=12, out_c=12, group=12), MAPPINGS["depthwise"], 32, 32) == 50
     narrow = _conv(in_c=16, out_c=8)
     # channels: 1 column fold, 144 = 16 x 9 reduction over 32 rows: 5 folds x 100 positions
     assert conv_cycles(narrow, MAPPINGS["channels"], 32, 32) == 500

@@ -59,7 +59,8 @@ def conv_cycles(a: dict, mapping: int, rows: int, cols: int) -> int:
     channels: group x ceil(out_c per group / C) x ceil(in_c per group x kh x kw / R) folds, one
     output position per cycle per fold (transposed: one input position per tap).
     depthwise: ceil(out_c / C) x ceil(kh x kw / R) folds: C channels side by side, each column
-    holding its channel's taps and fed its own channel's input.
+    holding its channel's taps and fed its own channel's input; with fewer channels than columns,
+    u = floor(C / out_c) output positions side by side, over ceil(positions / u) steps.
     spatial: u = floor(C / out_c) output positions side by side (each with its own copy of the
     filters in out_c columns), ceil(reduction / R) folds over ceil(positions / u) steps. On a
     transposed convolution an input position's out_c x taps filters take the columns (every tap
@@ -74,7 +75,10 @@ def conv_cycles(a: dict, mapping: int, rows: int, cols: int) -> int:
         per_group_out, reduction = a["out_c"] // group, (a["in_c"] // group) * taps
         positions = a["out_h"] * a["out_w"]
     if mapping == MAPPINGS["depthwise"]:
-        return math.ceil(a["out_c"] / cols) * math.ceil(taps / rows) * positions
+        # fewer channels than columns: the spare columns take the same channels' taps for other
+        # output positions, each column fed its own window (the per-column input path again)
+        side_by_side = max(cols // max(a["out_c"], 1), 1)
+        return math.ceil(a["out_c"] / cols) * math.ceil(taps / rows) * math.ceil(positions / side_by_side)
     if mapping == MAPPINGS["spatial"] and a["transpose"]:
         columns = per_group_out * taps
         side_by_side = max(cols // max(columns, 1), 1)
