@@ -162,8 +162,9 @@ def test_lowering_alternates_buffers_and_chains_the_tokens():
     loads = code[0::3][:3]
     assert [i.args["sram"] for i in loads] == [1000, 2000, 1000]
     assert [i.signal for i in loads] == [T_IN[0], T_IN[1], T_IN[0]]
-    # the first two tiles wait for every store before the op; the third only for tile 1's store
-    both = (1 << T_STORED[0]) | (1 << T_STORED[1])
+    # the first two tiles wait for every store and compute before the op (an op that wrote a
+    # resident tensor in place signals no store); the third only for tile 1's store
+    both = (1 << T_STORED[0]) | (1 << T_STORED[1]) | (1 << T_DONE[0]) | (1 << T_DONE[1])
     assert [i.wait for i in loads] == [both, both, 1 << T_STORED[0]]
     assert code[1].args["dst"] == 1064 and code[1].signal == T_DONE[0]
     assert code[1].wait == (1 << T_IN[0]) | (1 << T_STORED[0]) | 1

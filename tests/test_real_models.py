@@ -170,6 +170,7 @@ def test_simulator_is_bit_exact_with_the_integer_model_on_every_npu_op(example, 
     from npubuild.intmodel.interpreter import load_integer_model
     from npubuild.targets import npub
     from npubuild.targets.compile import compile_npub, plan_partition
+    from npubuild.targets.hazards import binary_hazards
     from npubuild.targets.runtime import Runtime
     from npubuild.targets.spec import BUILTIN_TARGETS
 
@@ -180,6 +181,7 @@ def test_simulator_is_bit_exact_with_the_integer_model_on_every_npu_op(example, 
     target = BUILTIN_TARGETS[target_name]
     plan = plan_partition(program, arrays, model, target)
     data, _, stats = compile_npub(program, arrays, model, target, plan, reuse_dram=False)
+    assert binary_hazards(data) == []  # the cycle model's schedule keeps every data dependency
     runtime = Runtime(npub.read(data))
     feed = {model.graph.input[0].name: _eval_tensors(ws, name)}
     _, env = interpreter.run(feed, keep=True)
@@ -204,6 +206,7 @@ def test_simulator_is_bit_exact_with_the_integer_model_on_every_npu_op(example, 
     # subgraph output is still the golden interpreter's, bit for bit
     data, _, grouped = compile_npub(program, arrays, model, target, plan)
     assert grouped["resident_tensors"] > 0 and grouped["dram_bytes"] < stats["dram_bytes"]
+    assert binary_hazards(data) == []
     runtime = Runtime(npub.read(data))
     for k, sg in enumerate(runtime.subgraphs):
         if sg["device"] != "npu":

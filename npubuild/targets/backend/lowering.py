@@ -5,6 +5,11 @@ Tokens (docs/npu.md): 0 constants loaded; 1/2 input tile in buffer A/B; 3/4 comp
 most recent signal of a token before it in the stream. Tiles alternate between the two buffers
 (ping-pong), so the load of tile t+1 waits only for the store that last used its buffer, and
 overlaps the computation of tile t.
+
+An op of one tile whose input or output is a whole resident tensor reads or writes it where it
+lives: the on-chip copy into or out of its tile buffer is dropped and the compute's operand is the
+resident address (`_in_place`). An op's first instructions then wait for the op before it to have
+computed as well as stored, since such an op signals no store.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ class Lowering:
         self.const_token = const_token
         self.groups: list[list[int]] = []  # instruction indices of each constant group (with slots)
         self.first_input: list[int | None] = []  # the first tile's input load after each group
+        self.compute_anchors: set[int] = set()  # first_input entries that are computes (no load)
         self.in_group = False
 
     def trial(self) -> Lowering:
@@ -37,7 +43,10 @@ class Lowering:
 
     def add_op(self, op: Op, commands: list[Command]) -> None:
         self.marks.append((len(self.code), op))
+        if sum(isinstance(c, Tile) for c in commands) == 1:
+            commands = [_in_place(c) if isinstance(c, Tile) else c for c in commands]
         tile = 0
+        buffers = None
         for command in commands:
             if isinstance(command, ConstLoads):
                 for k, step in enumerate(command.loads):
@@ -45,11 +54,14 @@ class Lowering:
                 continue
             b = tile % 2
             tile += 1
-            self._tile(command, b, first_two=tile <= 2)
+            # a tile in other buffers than the tile before (a Concat tiles each input its own
+            # way) may overlap either of the old ones: it waits as an op's first tiles do
+            self._tile(command, b, first_two=tile <= 2 or command.buffers != buffers)
+            buffers = command.buffers
 
     def _const(self, step: Step, last: bool) -> None:
-        """A constant load waits until the tiles that read the slot's last contents are done.
-        With slots, each group takes the other slot."""
+        """A constant load waits until the tiles that read the slot's last contents are done
+        (without slots, stored too). With slots, each group takes the other slot."""
         if self.sram.const_slot and not self.in_group:
             self.slot ^= 1
             self.const_token = SLOT_TOKENS[self.slot]
@@ -57,6 +69,10 @@ class Lowering:
             self.first_input.append(None)
         at = len(self.code)
         wait = (1 << T_DONE[0]) | (1 << T_DONE[1])
+        if not self.sram.const_slot:
+            # one area for constants and tiles: this op's constants land where the op before kept
+            # its tiles, so they also wait for its stores to have read them out (hazards.py)
+            wait |= (1 << T_STORED[0]) | (1 << T_STORED[1])
         self._emit(step, None, wait, self.const_token if last else NO_SIGNAL)
         if self.sram.const_slot:
             self.groups[-1].append(at)
@@ -65,12 +81,19 @@ class Lowering:
     def _tile(self, tile: Tile, b: int, first_two: bool) -> None:
         buffer = tile.buffers[b]
         # the buffer's previous tile must be stored (so computed too); an op's first tiles also
-        # wait for the op before it to finish writing DRAM
-        load_wait = (1 << T_STORED[0]) | (1 << T_STORED[1]) if first_two else 1 << T_STORED[b]
+        # wait for the op before it to finish writing (its stores, or its computes where it
+        # wrote a resident tensor in place)
+        before = (1 << T_STORED[0]) | (1 << T_STORED[1]) | (1 << T_DONE[0]) | (1 << T_DONE[1])
+        load_wait = before if first_two else 1 << T_STORED[b]
         for k, step in enumerate(tile.loads):
             self._emit(step, buffer, load_wait, T_IN[b] if k == len(tile.loads) - 1 else NO_SIGNAL)
         if tile.compute is not None:
             wait = (1 << T_IN[b]) | (1 << T_STORED[b]) | (1 << self.const_token)
+            if not tile.loads:  # its inputs in place: it waits as its loads would have
+                wait |= load_wait
+                if self.first_input and self.first_input[-1] is None:
+                    self.first_input[-1] = len(self.code)
+                    self.compute_anchors.add(len(self.code))
             self._emit(tile.compute, buffer, wait, T_DONE[b])
         if tile.store is not None:
             wait = 0
@@ -119,13 +142,85 @@ class Lowering:
         for i in range(len(self.code)):
             if i in moved:
                 continue
-            order.append(i)
-            order.extend(moves.get(i, []))
+            # after an input load, or before a compute that reads its input in place: either
+            # way the group's wait names the computes of the group before, as before the move
+            if i in self.compute_anchors:
+                order.extend(moves.get(i, []))
+                order.append(i)
+            else:
+                order.append(i)
+                order.extend(moves.get(i, []))
         self.code = [self.code[i] for i in order]
         position = [0] * len(order)
         for new, old in enumerate(order):
             position[old] = new
         return position, moved
+
+
+def _whole(step: Step) -> InTile | None:
+    """The tile-buffer offset of an on-chip copy (`space` 1) of a dense, unpadded box: a load of
+    a whole resident region or a store of one, which the compute can address in place."""
+    a = step.args
+    dims = [a[f"d{k}"] for k in range(4)]
+    strides = [a[f"s{k}"] for k in range(4)]
+    dense = 1
+    for k in (3, 2, 1, 0):
+        if dims[k] > 1 and strides[k] != dense:
+            return None
+        dense *= dims[k]
+    padded = any(a.get(p, 0) for p in ("pad_top", "pad_bottom", "pad_left", "pad_right"))
+    if a["space"] != 1 or padded or not isinstance(a["sram"], InTile):
+        return None
+    return a["sram"]
+
+
+def _in_place(tile: Tile) -> Tile:
+    """The tile with its on-chip copies of whole resident tensors dropped and its compute's operands
+    pointing at the resident tensors (module docstring). Only where the operands are unambiguous:
+    each dropped copy's buffer offset is a compute operand exactly, no other operand points into
+    its bytes, and no input and the output share an offset (a compute in place in its buffer)."""
+    if tile.compute is None or tile.store_after != frozenset({"compute"}):
+        return tile
+    where: dict[InTile, int] = {}  # a dropped copy's buffer offset -> the resident address
+    kept = []
+    for load in tile.loads:
+        offset = _whole(load)
+        if offset is None or offset in where:
+            kept.append(load)
+        else:
+            where[offset] = load.args["dram"]
+    out = _whole(tile.store) if tile.store is not None else None
+    if out is not None and out in where:
+        return tile
+    operands = [v for v in tile.compute.args.values() if isinstance(v, InTile)]
+    dropped = [*where, *([out] if out is not None else [])]
+    if not dropped or any(o not in operands for o in dropped):
+        return tile
+    sizes = {}
+    for load in tile.loads:
+        if load.args["sram"] in where:
+            sizes[load.args["sram"]] = _nbytes(load)
+    if out is not None:
+        sizes[out] = _nbytes(tile.store)
+    for v in operands:
+        for offset, size in sizes.items():
+            if v != offset and offset.offset <= v.offset < offset.offset + size:
+                return tile  # an operand inside a dropped copy's bytes
+    if out is not None:
+        where[out] = tile.store.args["dram"]
+    args = {k: where.get(v, v) if isinstance(v, InTile) else v for k, v in tile.compute.args.items()}
+    return Tile(
+        tile.buffers,
+        kept,
+        Step(tile.compute.op, args),
+        None if out is not None else tile.store,
+        tile.store_after,
+    )
+
+
+def _nbytes(step: Step) -> int:
+    a = step.args
+    return a["d0"] * a["d1"] * a["d2"] * a["d3"] * a["esize"]
 
 
 def _first_kept(at: int, position: list[int], moved: set[int]) -> int:

@@ -1,0 +1,126 @@
+"""A checker of the cycle model's schedule: no instruction starts before an earlier one in the
+stream that touches the same SRAM bytes has finished, when either of them writes them.
+
+The simulator executes a stream in order, so a missing wait never changes its results; it only
+lets the timeline (`cycles.Timeline`, codegen's estimate) overlap two instructions that the
+hardware could not, and report a latency it could not reach. This checks the waits against what
+each instruction reads and writes: the data operands of every compute (source and destination
+boxes, a global pool's accumulators) and both sides of every on-chip transfer; a strided box
+counts as the bytes from its first to its last element. Weights, parameters and tables are left
+to the constant slots' own rule (lowering.py) and its tests.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from npubuild.targets.cycles import Timeline
+from npubuild.targets.isa import Instruction
+
+
+def _bytes(bits: int) -> int:
+    return 1 if bits == 8 else 2
+
+
+def _box(i: Instruction, side: str) -> tuple[int, int]:
+    """The bytes a load's source or a store's destination spans in its memory."""
+    a = i.args
+    dims = [a[f"d{k}"] for k in range(4)]
+    if i.op == "load":
+        dims[2] -= a["pad_top"] + a["pad_bottom"]
+        dims[3] -= a["pad_left"] + a["pad_right"]
+    if min(dims) <= 0:
+        return (a[side], a[side])
+    last = sum((d - 1) * a[f"s{k}"] for k, d in enumerate(dims))
+    return (a[side], a[side] + (last + 1) * a["esize"])
+
+
+def footprint(i: Instruction) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(SRAM ranges read, SRAM ranges written) by one instruction, as [start, end) byte pairs."""
+    a, op = i.args, i.op
+    if op in ("load", "store"):
+        tile = (a["sram"], a["sram"] + a["d0"] * a["d1"] * a["d2"] * a["d3"] * a["esize"])
+        far = [_box(i, "dram")] if a["space"] == 1 else []
+        return ([], [tile]) if op == "load" and not far else (far, [tile]) if op == "load" else ([tile], far)
+
+    def span(at: str, count: int, bits: int) -> tuple[int, int]:
+        return (a[at], a[at] + count * _bytes(bits))
+
+    if op == "conv":  # a table in the output path writes its entries' width
+        written_bits = a["lut_bits"] if a["lut"] >= 0 else a["out_bits"]
+        return (
+            [span("src", a["in_c"] * a["in_h"] * a["in_w"], a["in_bits"])],
+            [span("dst", a["out_c"] * a["out_h"] * a["out_w"], written_bits)],
+        )
+    if op == "matmul":
+        return [span("src", a["m"] * a["k"], a["in_bits"])], [span("dst", a["m"] * a["n"], a["out_bits"])]
+    if op in ("add", "mul"):
+        reads = [span(x, a[f"{x}0"] * a[f"{x}1"] * a[f"{x}2"] * a[f"{x}3"], a[f"{x}_bits"]) for x in "ab"]
+        return reads, [span("dst", a["o0"] * a["o1"] * a["o2"] * a["o3"], a["out_bits"])]
+    if op in ("requant", "lut"):
+        return [span("src", a["n"], a["in_bits"])], [span("dst", a["n"], a["out_bits"])]
+    if op == "clamp":
+        return [span("src", a["n"], a["bits"])], [span("dst", a["n"], a["bits"])]
+    if op == "gap":
+        accumulators = (a["acc"], a["acc"] + a["c"] * 8)
+        return (
+            [span("src", a["c"] * a["hw"], a["in_bits"]), accumulators],
+            [accumulators, *([span("dst", a["c"], a["out_bits"])] if a["last"] else [])],
+        )
+    if op in ("pool", "resize"):
+        bits_in, bits_out = (a["in_bits"], a["out_bits"]) if op == "pool" else (a["bits"], a["bits"])
+        return (
+            [span("src", a["c"] * a["in_h"] * a["in_w"], bits_in)],
+            [span("dst", a["c"] * a["out_h"] * a["out_w"], bits_out)],
+        )
+    if op in ("softmax", "layernorm"):
+        return [span("src", a["rows"] * a["n"], a["in_bits"])], [
+            span("dst", a["rows"] * a["n"], a["out_bits"])
+        ]
+    if op == "bmm":
+        return (
+            [span("a", a["m"] * a["k"], a["a_bits"]), span("b", a["k"] * a["n"], a["b_bits"])],
+            [span("dst", a["m"] * a["n"], a["out_bits"])],
+        )
+    return [], []
+
+
+def hazards(program: list[Instruction], target: dict, sram_bytes: int, most: int = 10) -> list[str]:
+    """Up to `most` instructions that the timeline starts before an earlier instruction touching
+    the same bytes (a write on either side) has finished; empty when there is none."""
+    timeline = Timeline(target)
+    written = np.zeros(sram_bytes + 1, np.int64)  # when each byte's last writer finishes
+    read = np.zeros(sram_bytes + 1, np.int64)  # when each byte's last reader finishes
+    found = []
+    for k, i in enumerate(program):
+        start, done = timeline.add(i)
+        reads, writes = footprint(i)
+        for lo, hi in reads:
+            if hi > lo and (late := int(written[lo:hi].max())) > start:
+                found.append(f"#{k} {i.op} reads [{lo}, {hi}) at {start}, written until {late}")
+        for lo, hi in writes:
+            if hi > lo and (late := int(max(written[lo:hi].max(), read[lo:hi].max()))) > start:
+                found.append(f"#{k} {i.op} writes [{lo}, {hi}) at {start}, in use until {late}")
+        for lo, hi in reads:
+            read[lo:hi] = np.maximum(read[lo:hi], done)
+        for lo, hi in writes:
+            written[lo:hi] = np.maximum(written[lo:hi], done)
+        if len(found) >= most:
+            break
+    return found[:most]
+
+
+def binary_hazards(data: bytes, most: int = 10) -> list[str]:
+    """`hazards` over every NPU subgraph of a `.npub`, each entry naming its subgraph."""
+    from npubuild.targets import npub
+    from npubuild.targets.isa import decode
+
+    binary = npub.read(data)
+    target = binary.meta["target"]
+    found = []
+    for k, sg in enumerate(binary.meta["subgraphs"]):
+        if sg["device"] == "npu":
+            start, size = sg["code"]
+            code = decode(binary.code[start : start + size], binary.version[0])
+            found += [f"subgraph {k}: {h}" for h in hazards(code, target, target["sram_kib"] * 1024, most)]
+    return found[:most]

@@ -1,0 +1,119 @@
+"""The schedule checker (targets/hazards.py) and the waits it keeps honest: the simulator runs a
+stream in order, so only the checker sees a wait that is missing, as a latency the hardware could
+not reach. Lowering's own cases (ops reading and writing resident tensors in place, a Concat
+whose inputs have tiles of their own sizes, an op's constants over the tiles of the op before),
+then real binaries."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from test_backend_phases import CLAMP, _tile
+
+from npubuild.targets.backend.commands import ConstLoads, InTile, Step, Tile, const_load, load, store
+from npubuild.targets.backend.lowering import T_DONE, T_STORED, Lowering
+from npubuild.targets.backend.memory import SRAM_FLAG, SramPlan
+from npubuild.targets.hazards import binary_hazards, hazards
+from npubuild.targets.spec import BUILTIN_TARGETS
+
+M = BUILTIN_TARGETS["vnpu-m"].model_dump()
+SRAM = 1 << 16
+BOTH_STORED = (1 << T_STORED[0]) | (1 << T_STORED[1])
+
+
+def _lowered(*ops, const_slot: int = 0):
+    lowering = Lowering(SramPlan(SRAM, const_slot))
+    for commands in ops:
+        lowering.add_op(CLAMP, commands)
+    return lowering.finish()[0]
+
+
+def test_the_checker_finds_a_wait_taken_away():
+    code = _lowered([_tile() for _ in range(3)])
+    assert hazards(code, M, SRAM) == []
+    # the first tile's compute without its wait for the load: it reads the buffer being filled
+    compute = code[1]
+    assert compute.op == "clamp" and compute.wait >> 1 & 1  # token 1: input in buffer A
+    code[1] = dataclasses.replace(compute, wait=0)
+    found = hazards(code, M, SRAM)
+    assert found and found[0].startswith("#1 clamp reads [1000, 1064) at 0, written until")
+    # and the store without its wait for the compute: it copies out what is not yet written
+    code = _lowered([_tile()])
+    code[2] = dataclasses.replace(code[2], wait=0)
+    assert hazards(code, M, SRAM)[0].startswith("#2 store reads [1064, 1128)")
+
+
+def _resident_tile(n: int = 64) -> Tile:
+    """One tile whose input and output are whole resident tensors (on-chip copies, `space` 1)."""
+    box, strides = [1, 1, 1, n], [0, 0, 0, 1]
+    compute = Step("clamp", {"src": InTile(), "n": n, "bits": 8, "min": 0, "max": 1, "dst": InTile(n)})
+    return Tile(
+        (1000, 2000),
+        [load(InTile(), SRAM_FLAG + 40000, 8, box, strides, [0] * 4)],
+        compute,
+        store(InTile(n), SRAM_FLAG + 50000, 8, box, strides, [0] * 4),
+    )
+
+
+def test_an_op_of_one_tile_reads_and_writes_resident_tensors_in_place():
+    code = _lowered([_tile()], [_resident_tile()], [_tile()])
+    ops = [i.op for i in code]
+    # the middle op is its compute alone, on the resident addresses
+    assert ops == ["load", "clamp", "store", "clamp", "load", "clamp", "store", "end"]
+    middle = code[3]
+    assert (middle.args["src"], middle.args["dst"]) == (40000, 50000)
+    # it waits for everything the op before wrote or stored; the op after waits for it
+    assert middle.wait & BOTH_STORED == BOTH_STORED and middle.wait >> T_DONE[0] & 1
+    assert code[4].wait >> T_DONE[0] & 1
+    assert hazards(code, M, SRAM) == []
+    # an op of two tiles keeps its copies (a tile is no longer the whole tensor)
+    assert [i.op for i in _lowered([_resident_tile(), _resident_tile()])].count("load") == 2
+
+
+def test_a_padded_or_strided_copy_stays():
+    padded = _resident_tile()
+    padded.loads[0].args["pad_left"] = 1
+    strided = _resident_tile()
+    strided.loads[0].args["s3"] = 2
+    for tile in (padded, strided):
+        assert [i.op for i in _lowered([tile])] == ["load", "clamp", "end"]  # the store goes in place
+
+
+def test_a_tile_in_other_buffers_waits_for_both_stores():
+    """A Concat tiles each input its own way: its third tile may sit over the second's buffer."""
+    wide = dataclasses.replace(_tile(200), buffers=(1000, 1300))
+    code = _lowered([_tile(), _tile(), wide])
+    third = code[6]
+    assert third.op == "load" and third.wait & BOTH_STORED == BOTH_STORED
+    assert hazards(code, M, SRAM) == []
+
+
+def test_constants_wait_for_the_stores_of_the_tiles_they_land_on():
+    """Without constant slots an op's constants start where the op before kept its tiles."""
+    table = ConstLoads([const_load(1000, 0, 64)])
+    code = _lowered([_tile()], [table, _tile()])
+    constant = code[3]
+    assert constant.op == "load" and constant.args["sram"] == 1000
+    assert constant.wait & BOTH_STORED == BOTH_STORED
+    assert hazards(code, M, SRAM) == []
+
+
+@pytest.mark.parametrize("target_name", ["vnpu-m", "vnpu-s"])
+def test_real_binaries_have_no_hazard(cls_binary, target_name):
+    """The PP-OCR classifier, grouped (resident tensors, in place where they can be) and layer by
+    layer, on both targets."""
+    import onnx
+
+    from npubuild.intmodel.interpreter import load_integer_model
+    from npubuild.targets.compile import compile_npub, plan_partition
+
+    out = cls_binary.parent
+    model = onnx.load(out / "optimized.onnx")
+    program, arrays, _ = load_integer_model(out / "quantized.npq")
+    target = BUILTIN_TARGETS[target_name]
+    plan = plan_partition(program, arrays, model, target)
+    for group in (True, False):
+        data, _, stats = compile_npub(program, arrays, model, target, plan, group=group)
+        assert binary_hazards(data) == [], (target_name, group)
+    assert stats["instructions"] > 100
