@@ -35,6 +35,7 @@ class Lowering:
         self.groups: list[list[int]] = []  # instruction indices of each constant group (with slots)
         self.first_input: list[int | None] = []  # the first tile's input load after each group
         self.compute_anchors: set[int] = set()  # first_input entries that are computes (no load)
+        self.hoisted_before: dict[int, int] = {}  # such a compute -> the constant loads put before it
         self.in_group = False
 
     def trial(self) -> Lowering:
@@ -122,7 +123,7 @@ class Lowering:
         marks = self.marks
         if self.sram.const_slot:
             position, moved = self._hoist_constants()
-            marks = [(_first_kept(at, position, moved), op) for at, op in marks]
+            marks = [(_first_kept(at, position, moved, self.hoisted_before), op) for at, op in marks]
         self.code.append(Instruction("end", {}))
         return self.code, marks
 
@@ -147,6 +148,7 @@ class Lowering:
             if i in self.compute_anchors:
                 order.extend(moves.get(i, []))
                 order.append(i)
+                self.hoisted_before[i] = len(moves.get(i, []))
             else:
                 order.append(i)
                 order.extend(moves.get(i, []))
@@ -223,8 +225,12 @@ def _nbytes(step: Step) -> int:
     return a["d0"] * a["d1"] * a["d2"] * a["d3"] * a["esize"]
 
 
-def _first_kept(at: int, position: list[int], moved: set[int]) -> int:
-    """Where an op's first instruction that stayed in place went (its start after hoisting)."""
+def _first_kept(at: int, position: list[int], moved: set[int], before: dict[int, int]) -> int:
+    """Where an op's first instruction that stayed in place went (its start after hoisting). The
+    constant loads hoisted to just before an op's compute (an op without input loads) belong to
+    that op, as those hoisted after an op's first input load do."""
     while at < len(position) and at in moved:
         at += 1
+    if at in before:
+        return position[at] - before[at]
     return position[at] if at < len(position) else len(position)

@@ -33,6 +33,7 @@ from npubuild.targets.compile import compile_npub, plan_partition
 from npubuild.targets.spec import TargetSpec
 
 HAND_OVERS_PER_FLOAT_LAYER = 2  # to the CPU and back
+WIDE_TABLE_BYTES = 65536 * 2  # an int16-to-int16 lookup table
 TABLE_OPS = LUT_OPS | TABULATED_OPS
 
 
@@ -120,23 +121,37 @@ class Prices:
         return cls(busy[8], busy.get(16, busy[8]), fixed, target)
 
     def op(
-        self, label: str, op_type: str, input_16: bool, output_16: bool, input_share: float = 0.5
+        self,
+        label: str,
+        op_type: str,
+        input_16: bool,
+        output_16: bool,
+        input_share: float = 0.5,
+        next_table: float | None = None,
     ) -> float:
         """An op's price at these widths. A MAC op is bound by the slower of its array time (the
         input's width sets the rate) and its DMA time, which grows with the bytes it moves in and
         out (`input_share`: the input's part of the elements it moves); the price is its int8
-        span plus what that bound grows by. Other ops interpolate their int8 and int16 spans."""
+        span plus what that bound grows by. Other ops interpolate their int8 and int16 spans.
+        `next_table`: when a lookup table reads the MAC op's result, that table's weight
+        (`_table_weight`): the DMA brings the table in during the MAC op (constants load ahead of
+        their op), so the int16 compile's MAC span holds the load of a 65,536-entry int16 table,
+        which the table's own widths decide."""
         base, wide = self.int8.get(label, Busy()), self.int16.get(label, Busy())
         if op_type in MAC_OPS:
             # the span's growth at int16, split as its compute and DMA grew: compute by the input's
-            # width, DMA by the widths of what it moves
+            # width, DMA by the widths of what it moves (and of the table it loads)
             compute, dma = max(wide.compute - base.compute, 0), max(wide.dma - base.dma, 0)
             moved = input_share * input_16 + (1.0 - input_share) * output_16
-            weight = (
-                (compute * input_16 + dma * moved) / (compute + dma) if compute + dma else float(input_16)
-            )
+            table = 0.0
+            if next_table is not None:
+                table = min(dma, WIDE_TABLE_BYTES / self.target.dram_bytes_per_cycle)
+            own = dma - table
+            # the slower engine sets the span: the larger of the two growths these widths pay
+            grown = max(compute * input_16, own * moved + table * (next_table or 0.0))
+            weight = grown / max(compute, dma) if compute or dma else float(input_16)
         elif op_type in TABLE_OPS:
-            weight = input_16 * (1.0 + output_16) / 2.0
+            weight = _table_weight(input_16, output_16)
         else:
             weight = (input_16 + output_16) / 2.0
         # 16 bits never run faster than 8: a shorter int16 span is the timeline's overlap shifting
@@ -164,6 +179,10 @@ class Prices:
         of the layers the table keeps float, `work` every node's (the elements it reads and writes
         split a MAC op's DMA)."""
         total = self.fixed + sum(self.float_layer(w) for w in floats)
+        consumers: dict[str, list[onnx.NodeProto]] = {}
+        for node in graph.node:
+            for name in node.input:
+                consumers.setdefault(name, []).append(node)
         bits = {**tensor_bits, **{n: 8 for n in unstored_results(graph, fine)}}
         for node in graph.node:
             label = node_label(node)
@@ -175,11 +194,27 @@ class Prices:
             data_input = bits.get(node.input[0]) if by_input else None
             done = work.get(label, {"bytes": 0, "elements": 0})
             moved_in, moved_out = done["bytes"] - done["elements"], done["elements"]
+            readers = consumers.get(node.output[0], []) if node.op_type in MAC_OPS else []
+            next_table = None
+            if (
+                len(readers) == 1
+                and readers[0].op_type in TABLE_OPS
+                and node_label(readers[0]) in integer_nodes
+            ):
+                (reader,) = readers
+                next_table = _table_weight(bits.get(reader.input[0]) == 16, bits.get(reader.output[0]) == 16)
             total += self.op(
                 label,
                 node.op_type,
                 (data_input if data_input is not None else max(ins, default=8)) == 16,
                 max(outs, default=8) == 16,
                 moved_in / (moved_in + moved_out) if moved_in + moved_out else 0.5,
+                next_table,
             )
         return total
+
+
+def _table_weight(input_16: bool, output_16: bool) -> float:
+    """How much of an int16 table's price a table at these widths pays: its entries follow the
+    input's width (65,536 for 16 bits), its bytes the output's."""
+    return input_16 * (1.0 + output_16) / 2.0
