@@ -6,10 +6,11 @@ most recent signal of a token before it in the stream. Tiles alternate between t
 (ping-pong), so the load of tile t+1 waits only for the store that last used its buffer, and
 overlaps the computation of tile t.
 
-An op of one tile whose input or output is a whole resident tensor reads or writes it where it
-lives: the on-chip copy into or out of its tile buffer is dropped and the compute's operand is the
-resident address (`_in_place`). An op's first instructions then wait for the op before it to have
-computed as well as stored, since such an op signals no store.
+An op of one tile whose input or output is contiguous bytes of a resident tensor (a whole tensor,
+or whole channels of one) reads or writes them where they live: the on-chip copy into or out of
+its tile buffer is dropped and the compute's operand is the resident address (`_in_place`). An
+op's first instructions then wait for the op before it to have computed as well as stored, since
+such an op signals no store.
 """
 
 from __future__ import annotations
@@ -159,9 +160,10 @@ class Lowering:
         return position, moved
 
 
-def _whole(step: Step) -> InTile | None:
+def _contiguous(step: Step) -> InTile | None:
     """The tile-buffer offset of an on-chip copy (`space` 1) of a dense, unpadded box: a load of
-    a whole resident region or a store of one, which the compute can address in place."""
+    contiguous bytes of a resident tensor or a store of them, which the compute can address
+    where they are."""
     a = step.args
     dims = [a[f"d{k}"] for k in range(4)]
     strides = [a[f"s{k}"] for k in range(4)]
@@ -177,7 +179,7 @@ def _whole(step: Step) -> InTile | None:
 
 
 def _in_place(tile: Tile) -> Tile:
-    """The tile with its on-chip copies of whole resident tensors dropped and its compute's operands
+    """The tile with its on-chip copies of contiguous resident bytes dropped and its compute's operands
     pointing at the resident tensors (module docstring). Only where the operands are unambiguous:
     each dropped copy's buffer offset is a compute operand exactly, no other operand points into
     its bytes, and no input and the output share an offset (a compute in place in its buffer)."""
@@ -186,12 +188,12 @@ def _in_place(tile: Tile) -> Tile:
     where: dict[InTile, int] = {}  # a dropped copy's buffer offset -> the resident address
     kept = []
     for load in tile.loads:
-        offset = _whole(load)
+        offset = _contiguous(load)
         if offset is None or offset in where:
             kept.append(load)
         else:
             where[offset] = load.args["dram"]
-    out = _whole(tile.store) if tile.store is not None else None
+    out = _contiguous(tile.store) if tile.store is not None else None
     if out is not None and out in where:
         return tile
     operands = [v for v in tile.compute.args.values() if isinstance(v, InTile)]
