@@ -26,6 +26,10 @@ from npubuild.targets.spec import TargetSpec
 RESIDENT_SHARES = (0.0, 0.25, 0.5)
 # Shares of the rest that each of the two constant slots takes (0: no prefetch of the next weights).
 CONST_SLOT_SHARES = (0.0, 0.125, 0.25)
+# Among grouping choices within 1% of the fastest, the one with the least DRAM traffic: DRAM bytes
+# are energy and the bandwidth the host shares, and two choices that close in time are one in any
+# measurement (shufflenet on vnpu-m: +0.3% cycles for 2.2x -> 1.7x the compulsory bytes).
+DRAM_TIE = 0.01
 
 
 def model_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
@@ -65,13 +69,13 @@ def compile_npub(
     reuse_dram: bool = True,
     group: bool = True,
 ) -> tuple[bytes, str, dict]:
-    """The binary with the least estimated latency over the grouping choices: how much SRAM keeps
-    intermediates on chip (layers whose tensors stay there form one group, no DRAM round trip)
-    versus how much is left for tiles. Without grouping (or when checking every op's result),
-    every tensor goes through DRAM."""
+    """The binary with the least estimated latency over the grouping choices (the least DRAM
+    traffic among those within DRAM_TIE of it): how much SRAM keeps intermediates on chip (layers
+    whose tensors stay there form one group, no DRAM round trip) versus how much is left for
+    tiles. Without grouping (or when checking every op's result), every tensor goes through DRAM."""
     grouping = group and reuse_dram
     shares = [(r, c) for r in RESIDENT_SHARES for c in CONST_SLOT_SHARES] if grouping else [(0.0, 0.0)]
-    best = None
+    results = []
     tried = []
     for share, const_share in shares:
         budget = int(share * target.sram_kib * 1024)
@@ -88,9 +92,11 @@ def compile_npub(
                 "dram_bytes": stats["dram_bytes"],
             }
         )
-        if best is None or stats["estimated_cycles"] < best[2]["estimated_cycles"]:
-            best = result
-    data, listing, stats = best
+        results.append(result)
+    # the fastest, or among those within DRAM_TIE of it the one that moves the fewest DRAM bytes
+    fastest = min(r[2]["estimated_cycles"] for r in results)
+    close = [r for r in results if r[2]["estimated_cycles"] <= fastest * (1 + DRAM_TIE)]
+    data, listing, stats = min(close, key=lambda r: (r[2]["dram_bytes"], r[2]["estimated_cycles"]))
     stats["grouping_search"] = tried
     return data, listing, stats
 
