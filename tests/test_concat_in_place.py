@@ -10,7 +10,7 @@ import pytest
 from onnx import helper
 from test_quantize import SETTINGS  # the quantizer defaults the other quantize tests use
 
-from conftest import integer_variants, small_model
+from conftest import calibration_stats, integer_variants, small_model
 from npubuild.targets import npub
 from npubuild.targets.compile import compile_npub, plan_partition
 from npubuild.targets.runtime import Runtime
@@ -101,3 +101,26 @@ def test_a_concat_moves_only_what_is_not_already_at_its_place(built, grids, targ
         for _ in range(2):
             x = RNG.normal(size=(1, 3, 10, 10)).astype(np.float32)
             np.testing.assert_array_equal(runtime.run({"x": x})["y"], interpreter.run({"x": x})[0]["y"])
+
+
+def test_the_precision_probe_quantizes_the_joined_tensors_on_the_concats_grid(built, tmp_path):
+    """The mixed-precision search's probe is the QDQ twin of the integer model: a tensor that
+    takes a Concat's grid gets its Q/DQ pair with that grid, as every tensor with a grid of its
+    own does (a probe that compared it with the tensor's own range would leave it float)."""
+    from npubuild.intmodel.program import parse
+    from npubuild.stages.feeds import iterate_feeds
+    from npubuild.stages.quantize.integer_model import build_integer_model
+    from npubuild.stages.quantize.probe import PrecisionProbe
+
+    model, _ = built
+    samples = np.random.default_rng(11).normal(size=(8, 3, 10, 10)).astype(np.float32)
+    stats_meta, stats_arrays = calibration_stats(model, tmp_path, samples)
+    settings = {**SETTINGS, "concat_grids": "shared"}
+    program = parse(build_integer_model(model, stats_meta, stats_arrays, settings)[1], "test")
+    probe = PrecisionProbe(model, stats_meta, stats_arrays, settings, list(iterate_feeds(model, samples, 2)))
+    bits, _ = probe.plan({})
+    made_here = {"t", "c", "s", "u", "f", "cat1", "cat2", "cat3"}  # by a MAC, a fused Relu, a Concat
+    assert made_here <= set(bits), made_here - set(bits)
+    for name in made_here:
+        params, planned = probe._params(name, 8), program.tensors[name]
+        assert (params.scale, params.zero_point) == (planned.scale, planned.zero_point), name

@@ -68,6 +68,8 @@ class QuantPlan:
     pixel_inputs: list[str] = field(default_factory=list)  # arrive as uint8 pixel bytes (fuse_preprocess)
     # MAC results at preactivation_bits whose table reads their top bits (tables.WIDE_INPUT_SHIFT)
     fine_preactivations: set[str] = field(default_factory=set)
+    # tensor -> the Concat output whose grid it takes (concat_grids = "shared")
+    shared_grids: dict[str, str] = field(default_factory=dict)
 
     @property
     def tensors(self) -> dict[str, dict]:
@@ -85,6 +87,7 @@ class GraphInfo:
     constants: dict
     shapes: dict[str, list[int]]
     consumers: dict[str, list[onnx.NodeProto]]
+    producers: dict[str, onnx.NodeProto]
     outputs: frozenset[str]
     image_inputs: frozenset[str]  # the one float network input a photo data set can feed, if so
     fused_head: str | None  # the output of fuse_preprocess's head: the photo, normalised
@@ -100,15 +103,15 @@ class GraphInfo:
         for n in nodes:
             for i in n.input:
                 consumers.setdefault(i, []).append(n)
+        producers = {o: n for n in nodes for o in n.output}
         floats = (TensorProto.FLOAT, TensorProto.FLOAT16)
         float_inputs = [
             v.name for v in graph.input if v.name not in constants and v.type.tensor_type.elem_type in floats
         ]
         image_inputs = frozenset(float_inputs if len(float_inputs) == 1 else [])
         head = next((n.output[0] for n in nodes if n.name == FUSED_HEAD), None)
-        return cls(
-            nodes, constants, shapes, consumers, frozenset(o.name for o in graph.output), image_inputs, head
-        )
+        outputs = frozenset(o.name for o in graph.output)
+        return cls(nodes, constants, shapes, consumers, producers, outputs, image_inputs, head)
 
 
 def attr(node: onnx.NodeProto, name: str, default=None):
@@ -290,6 +293,7 @@ class Planner:
                     fused[id(n)] = users[0]
         skip = {id(a) for a in fused.values()}
         self._shared = self._concat_sources(choices, skip)
+        plan.shared_grids = {name: self._shared_grid(name) for name in self._shared}
         for value in self.graph.input:
             if value.name in info.constants:
                 continue
@@ -334,7 +338,7 @@ class Planner:
         """The tensors a network output is computed from by integer element-wise ops, moves and
         concatenations only, back to (and including) the results of the MACs, tables and other
         ops before them: they get `output_bits`. A float op ends the walk."""
-        producers = {o: n for n in self.info.nodes for o in n.output}
+        producers = self.info.producers
         tail, todo = set(), [o for o in self.info.outputs if o in producers]
         while todo:
             name = todo.pop()
@@ -365,7 +369,7 @@ class Planner:
         self._concats: dict[str, onnx.NodeProto] = {}
         if self.config.get("concat_grids", "own") != "shared":
             return {}
-        producers = {o: n for n in self.info.nodes for o in n.output}
+        producers = self.info.producers
         keeps_grid = MOVE_OPS | {"Relu", "Clip", "Resize"}
         shared: dict[str, str] = {}
         self._concats = {n.output[0]: n for n in self.info.nodes if n.op_type == "Concat"}

@@ -48,7 +48,11 @@ class PrecisionProbe:
         self.range_cache: dict = {}
         self.exact_convs = ExactConvs()  # the golden confirmations' sessions, shared across tables
         self.layers = Layers(model, stats_meta, stats_arrays, settings)
-        self.producers = {o: n for n in model.graph.node for o in n.output}
+        planner = self._planner()
+        self.producers = planner.info.producers
+        # a tensor a Concat joins is on the Concat's grid (concat_grids = "shared"), as the
+        # quantizer plans it with these settings
+        self.shared_grids = planner.build().shared_grids
         self.outputs = [o.name for o in model.graph.output]
         self._build_graph()
         self.runs = 0
@@ -81,9 +85,12 @@ class PrecisionProbe:
     def _params(self, name: str, bits: int):
         """`name`'s grid at `bits`: a MAC result that only an activation reads has at 16 bits the
         range the quantizer gives a fine pre-activation (the usual case: its table stays int8; an
-        int16 table reads a wider range, clipped here where the activation is flat)."""
+        int16 table reads a wider range, clipped here where the activation is flat); a tensor a
+        Concat joins has the Concat's (in a table that gives the two different widths the
+        quantizer keeps its own grid, and the probe leaves it unquantized, as a mismatch)."""
         levels = 2 ** (16 - WIDE_INPUT_SHIFT) if self._preactivation(name, bits) else None
-        return self._planner().from_stats(name, bits, self.settings["method"], levels)
+        grid = self.shared_grids.get(name, name)
+        return self._planner().from_stats(grid, bits, self.settings["method"], levels)
 
     def _build_graph(self) -> None:
         model = onnx.ModelProto()
