@@ -10,13 +10,24 @@ import pytest
 
 from npubuild.intmodel.program import IntegerModel
 from npubuild.targets.backend.allocation import AllocationError, allocate, verify_allocation
-from npubuild.targets.backend.commands import ConstLoads, InConst, InTile, Step, Tile, const_load, load, store
-from npubuild.targets.backend.context import OpContext
+from npubuild.targets.backend.commands import (
+    ConstLoads,
+    InConst,
+    InTile,
+    Step,
+    Tile,
+    const_box,
+    const_load,
+    load,
+    store,
+)
+from npubuild.targets.backend.constants import pack_constants
+from npubuild.targets.backend.context import ConstantPool, OpContext
 from npubuild.targets.backend.fusion import Fusion, fuse
 from npubuild.targets.backend.lowering import SLOT_TOKENS, T_DONE, T_IN, T_STORED, Lowering
 from npubuild.targets.backend.memory import DoesNotFit, SramPlan
 from npubuild.targets.backend.schedule import schedule
-from npubuild.targets.isa import NO_SIGNAL
+from npubuild.targets.isa import NO_SIGNAL, Instruction
 
 
 def _chain(n: int, shape=(1, 8, 16, 16)) -> tuple[dict, dict, dict]:
@@ -187,6 +198,62 @@ def test_constant_groups_alternate_slots_and_hoist_ahead():
     assert ops.index(("load", 128)) == 3 and code[4].op == "clamp"
     assert code[-2].op == "store" and code[-1].op == "end"
     assert marks[0][0] == 0
+
+
+def test_a_constant_group_loads_as_one_record_and_unread_arrays_leave_the_pool():
+    """A group of a table, a strided block of a weight matrix's columns and the block's
+    parameters becomes one load whose bytes are what the three loads put into the constant area
+    (the gaps zero); compaction then drops the arrays only the record reads and moves the rest."""
+    rng = np.random.default_rng(0)
+    table = rng.integers(-128, 128, 40, dtype=np.int8)
+    matrix = rng.integers(-128, 128, (6, 10), dtype=np.int8)  # k x n, columns 3..6 wanted
+    params = rng.integers(-(2**40), 2**40, (4, 3), dtype=np.int64)
+    other = rng.integers(-128, 128, 100, dtype=np.int8)
+    pool = ConstantPool(base=1 << 20)
+    taddr, waddr = pool.add("table", table), pool.add("matrix", matrix)
+    paddr, oaddr = pool.add("params", params), pool.add("other", other)
+
+    def group() -> ConstLoads:
+        return ConstLoads(
+            [
+                const_load(0, taddr, table.nbytes),
+                const_box(64, waddr, [1, 1, 6, 4], [0, 0, 10, 1], [0, 0, 0, 3]),
+                const_load(128, paddr, params.nbytes),
+            ]
+        )
+
+    [packed] = pack_constants(pool, [group()])
+    [record] = packed.loads
+    assert record.args["sram"] == InConst(0) and record.args["d3"] == 128 + params.nbytes
+    expected = np.zeros(128 + params.nbytes, np.uint8)
+    expected[:40] = table.view(np.uint8)
+    expected[64:88] = matrix[:, 3:7].reshape(-1).view(np.uint8)
+    expected[128:] = params.reshape(-1).view(np.uint8)
+    np.testing.assert_array_equal(pool.image(record), expected)
+    # the same group again reads the same record; other bytes make another
+    assert pack_constants(pool, [group()])[0].loads[0].args["dram"] == record.args["dram"]
+    other_group = ConstLoads([const_load(0, taddr, 40), const_load(64, waddr + 3, 1)])
+    assert pack_constants(pool, [other_group])[0].loads[0].args["dram"] != record.args["dram"]
+    record_name = next(k for k, at in pool.keys.items() if at == record.args["dram"])
+    code = [
+        Instruction("load", dict(record.args, sram=0)),
+        Instruction("load", dict(const_load(0, oaddr + 10, 20).args, sram=0)),
+        Instruction("load", dict(space=0, dram=64, sram=0, esize=1, d0=1, d1=1, d2=1, d3=8)),  # a tensor
+    ]
+    pool.compact([code])
+    assert sorted(pool.keys) == sorted(["other", record_name])  # the table, matrix, params: only in it
+    assert code[2].args["dram"] == 64
+    other_at = pool.keys["other"] - pool.base
+    np.testing.assert_array_equal(pool.image(Step("load", code[1].args)), other[10:30].view(np.uint8))
+    assert bytes(pool.data[other_at : other_at + 100]) == other.tobytes()
+    np.testing.assert_array_equal(pool.image(Step("load", code[0].args)), expected)
+
+
+def test_overlapping_constant_loads_stay_apart():
+    pool = ConstantPool()
+    a = pool.add("a", np.arange(64, dtype=np.int8))
+    group = ConstLoads([const_load(0, a, 64), const_load(32, a, 64)])
+    assert len(pack_constants(pool, [group])[0].loads) == 2
 
 
 def test_in_const_resolves_to_the_current_slot():

@@ -126,10 +126,15 @@ def _compile(
     ctx = OpContext(program.tensors, shapes, arrays, sram, allocation.addr, consts)
     dtypes = {**input_dtypes(model), **{n: "uint8" for n in program.pixel_inputs}}
     assembly = Assembly(program, arrays, shapes, target, plan, allocation, dtypes)
+    lowered = {
+        k: lower_subgraph(ctx, ops, sg["ops"], fusion, allocation, assembly.target_fields)
+        for k, sg in enumerate(plan["subgraphs"])
+        if sg["device"] == "npu"
+    }
+    consts.compact([code for code, _ in lowered.values()])
     for k, sg in enumerate(plan["subgraphs"]):
         if sg["device"] == "npu":
-            code, marks = lower_subgraph(ctx, ops, sg["ops"], fusion, allocation, assembly.target_fields)
-            assembly.add_npu(k, code, marks)
+            assembly.add_npu(k, *lowered[k])
         else:
             cpu = CpuSubgraph(model, program, arrays, k)
             for i in sg["ops"]:

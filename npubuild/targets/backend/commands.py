@@ -78,6 +78,12 @@ def store(sram, dram: int, bits: int, box, strides, start) -> Step:
     return transfer("store", sram, dram, bits, box, strides, start)
 
 
+def box_bytes(step: Step) -> int:
+    """Bytes of a load's or store's SRAM box (padding included)."""
+    a = step.args
+    return a["d0"] * a["d1"] * a["d2"] * a["d3"] * a["esize"]
+
+
 def const_load(offset: int, addr: int, nbytes: int) -> Step:
     """`nbytes` of constants (weights, parameters, tables) to `offset` in the constant area."""
     return const_box(offset, addr, [1, 1, 1, nbytes], [0, 0, 0, 1], [0, 0, 0, 0])

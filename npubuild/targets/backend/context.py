@@ -3,12 +3,15 @@ allocation's addresses, the SRAM plan, and the pool the constants go into."""
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from npubuild.intmodel.program import Op
+from npubuild.targets.backend.commands import Step
 from npubuild.targets.backend.memory import SramPlan, align, four
+from npubuild.targets.isa import Instruction
 
 
 @dataclass
@@ -35,6 +38,40 @@ class ConstantPool:
         """Forget what was added since `mark` (a trial emission's constants are not kept)."""
         del self.data[mark[0] :]
         self.keys = dict(mark[1])
+
+    def image(self, load: Step) -> np.ndarray:
+        """The bytes a constant load puts into SRAM, in SRAM order (its box, densely)."""
+        a = load.args
+        dims = [a[f"d{k}"] for k in range(4)]
+        at = (
+            a["dram"]
+            - self.base
+            + sum(
+                np.arange(d).reshape([-1 if k == j else 1 for j in range(4)]) * a[f"s{k}"] * a["esize"]
+                for k, d in enumerate(dims)
+            )
+        )
+        at = (at[..., None] + np.arange(a["esize"])).reshape(-1)
+        return np.frombuffer(self.data, np.uint8)[at]
+
+    def compact(self, programs: list[list[Instruction]]) -> None:
+        """Drop the entries no instruction reads (arrays whose every load went into a record) and
+        close the gaps, rewriting each load's DRAM address into its entry's new place."""
+        starts = sorted(set(self.keys.values()))
+        ends = starts[1:] + [self.base + len(self.data)]
+        loads = [i for code in programs for i in code if i.op == "load" and i.args["space"] == 0]
+        read = {bisect.bisect_right(starts, i.args["dram"]) - 1 for i in loads if i.args["dram"] >= self.base}
+        data, moved = bytearray(), {}
+        for k, (start, end) in enumerate(zip(starts, ends)):
+            if k in read:
+                moved[start] = self.base + len(data)
+                data += self.data[start - self.base : end - self.base]
+        for i in loads:
+            if i.args["dram"] >= self.base:
+                start = starts[bisect.bisect_right(starts, i.args["dram"]) - 1]
+                i.args["dram"] += moved[start] - start
+        self.keys = {key: moved[at] for key, at in self.keys.items() if at in moved}
+        self.data = data
 
 
 @dataclass

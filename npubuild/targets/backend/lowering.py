@@ -16,7 +16,7 @@ such an op signals no store.
 from __future__ import annotations
 
 from npubuild.intmodel.program import Op
-from npubuild.targets.backend.commands import Command, ConstLoads, InConst, InTile, Step, Tile
+from npubuild.targets.backend.commands import Command, ConstLoads, InConst, InTile, Step, Tile, box_bytes
 from npubuild.targets.backend.memory import SramPlan
 from npubuild.targets.isa import NO_SIGNAL, Instruction
 
@@ -203,9 +203,9 @@ def _in_place(tile: Tile) -> Tile:
     sizes = {}
     for load in tile.loads:
         if load.args["sram"] in where:
-            sizes[load.args["sram"]] = _nbytes(load)
+            sizes[load.args["sram"]] = box_bytes(load)
     if out is not None:
-        sizes[out] = _nbytes(tile.store)
+        sizes[out] = box_bytes(tile.store)
     for v in operands:
         for offset, size in sizes.items():
             if v != offset and offset.offset <= v.offset < offset.offset + size:
@@ -220,11 +220,6 @@ def _in_place(tile: Tile) -> Tile:
         None if out is not None else tile.store,
         tile.store_after,
     )
-
-
-def _nbytes(step: Step) -> int:
-    a = step.args
-    return a["d0"] * a["d1"] * a["d2"] * a["d3"] * a["esize"]
 
 
 def _first_kept(at: int, position: list[int], moved: set[int], before: dict[int, int]) -> int:

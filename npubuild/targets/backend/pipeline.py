@@ -7,6 +7,7 @@ from npubuild.intmodel.program import Op
 from npubuild.targets.backend import emit_data, emit_mac, emit_rows, emit_vector
 from npubuild.targets.backend.allocation import Allocation
 from npubuild.targets.backend.commands import Command, Step
+from npubuild.targets.backend.constants import pack_constants
 from npubuild.targets.backend.context import OpContext
 from npubuild.targets.backend.fusion import Fusion
 from npubuild.targets.backend.lowering import Lowering
@@ -57,8 +58,8 @@ def emit(
             return emit_vector.pool(ctx, op, sched, maxpool=True)
         return emit_data.copy(ctx, op, sched)
     if op.kind == "conv":
-        return map_convolutions(emit_mac.conv(ctx, op, sched, activation), target)
-    return EMITTERS[op.kind](ctx, op, sched)
+        return pack_constants(ctx.consts, map_convolutions(emit_mac.conv(ctx, op, sched, activation), target))
+    return pack_constants(ctx.consts, EMITTERS[op.kind](ctx, op, sched))
 
 
 def map_convolutions(commands: list[Command], target: dict) -> list[Command]:
