@@ -27,7 +27,9 @@ from npubuild.targets.backend.fusion import Fusion, fuse
 from npubuild.targets.backend.lowering import SLOT_TOKENS, T_DONE, T_IN, T_STORED, Lowering
 from npubuild.targets.backend.memory import DoesNotFit, SramPlan
 from npubuild.targets.backend.schedule import schedule
+from npubuild.targets.cycles import Timeline
 from npubuild.targets.isa import NO_SIGNAL, Instruction
+from npubuild.targets.spec import BUILTIN_TARGETS
 
 
 def _chain(n: int, shape=(1, 8, 16, 16)) -> tuple[dict, dict, dict]:
@@ -168,18 +170,35 @@ def test_lowering_alternates_buffers_and_chains_the_tokens():
     lowering = Lowering(SramPlan(1 << 16))
     lowering.add_op(CLAMP, [_tile() for _ in range(3)])
     code, marks = lowering.finish()
-    assert [i.op for i in code] == ["load", "clamp", "store"] * 3 + ["end"]
+    # the second tile's load joins the first's, ahead of the first compute (see below)
+    assert [i.op for i in code] == [
+        "load",
+        "load",
+        "clamp",
+        "store",
+        "clamp",
+        "store",
+        "load",
+        "clamp",
+        "store",
+        "end",
+    ]
     assert marks[0][0] == 0
-    loads = code[0::3][:3]
+    loads = [i for i in code if i.op == "load"]
     assert [i.args["sram"] for i in loads] == [1000, 2000, 1000]
     assert [i.signal for i in loads] == [T_IN[0], T_IN[1], T_IN[0]]
     # the first two tiles wait for every store and compute before the op (an op that wrote a
     # resident tensor in place signals no store); the third only for tile 1's store
     both = (1 << T_STORED[0]) | (1 << T_STORED[1]) | (1 << T_DONE[0]) | (1 << T_DONE[1])
     assert [i.wait for i in loads] == [both, both, 1 << T_STORED[0]]
-    assert code[1].args["dst"] == 1064 and code[1].signal == T_DONE[0]
-    assert code[1].wait == (1 << T_IN[0]) | (1 << T_STORED[0]) | 1
-    assert code[2].wait == 1 << T_DONE[0] and code[2].signal == T_STORED[0]
+    assert code[2].args["dst"] == 1064 and code[2].signal == T_DONE[0]
+    assert code[2].wait == (1 << T_IN[0]) | (1 << T_STORED[0]) | 1
+    assert code[3].wait == 1 << T_DONE[0] and code[3].signal == T_STORED[0]
+    # a wait names the latest signal before it in the stream: placed after the first tile's
+    # compute and store, the second load would wait for them and the two tiles would not overlap
+    timeline = Timeline(BUILTIN_TARGETS["vnpu-m"].model_dump())
+    spans = [timeline.add(i) for i in code]
+    assert spans[1][0] < spans[2][1]  # the second load starts before the first compute ends
 
 
 def test_constant_groups_alternate_slots_and_hoist_ahead():

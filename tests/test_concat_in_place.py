@@ -13,6 +13,7 @@ from test_quantize import SETTINGS  # the quantizer defaults the other quantize 
 from conftest import calibration_stats, integer_variants, small_model
 from npubuild.targets import npub
 from npubuild.targets.compile import compile_npub, plan_partition
+from npubuild.targets.hazards import binary_hazards
 from npubuild.targets.runtime import Runtime
 from npubuild.targets.spec import BUILTIN_TARGETS
 
@@ -97,6 +98,9 @@ def test_a_concat_moves_only_what_is_not_already_at_its_place(built, grids, targ
         moving = {row["node"] for row in stats["layers"] if row["kind"] == "concat"}
         # cat3 copies d, whose Split's tensor cannot move into it; with own grids all three requantize
         assert moving == ({"cat3"} if grids == "shared" else {"cat1", "cat2", "cat3"}), (group, moving)
+        # and no instruction overlaps another on the same bytes: a conv's output that ran past its
+        # tile buffer (its offset aligned, its schedule's tile size not) lay under the next tile's load
+        assert binary_hazards(data) == [], (group, binary_hazards(data))
         runtime = Runtime(npub.read(data))
         for _ in range(2):
             x = RNG.normal(size=(1, 3, 10, 10)).astype(np.float32)

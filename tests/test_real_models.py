@@ -205,18 +205,27 @@ def test_simulator_is_bit_exact_with_the_integer_model_on_every_npu_op(example, 
     # the deployed binary (layer groups kept in SRAM, activations fused into convolutions): every
     # subgraph output is still the golden interpreter's, bit for bit
     data, _, grouped = compile_npub(program, arrays, model, target, plan)
-    assert grouped["resident_tensors"] > 0 and grouped["dram_bytes"] < stats["dram_bytes"]
-    assert binary_hazards(data) == []
-    runtime = Runtime(npub.read(data))
-    for k, sg in enumerate(runtime.subgraphs):
-        if sg["device"] != "npu":
-            continue
-        local = {s["name"]: np.asarray(env[s["name"]])[None] for s in sg["inputs"]}
-        runtime.run_npu(k, local)
-        for spec in sg["outputs"]:
-            np.testing.assert_array_equal(
-                local[spec["name"]][0], np.asarray(env[spec["name"]]).reshape(spec["shape"])
-            )
+    assert grouped["dram_bytes"] < stats["dram_bytes"]
+    binaries = [data]
+    if not grouped["resident_tensors"]:
+        # the grouping search may find no resident tensors worth their SRAM (det on vnpu-s: the
+        # choice with a quarter of SRAM resident is 0.9% faster and moves more DRAM bytes); the
+        # grouped code is still checked, in the binary that keeps a quarter of SRAM resident
+        data, _, kept = compile_npub(program, arrays, model, target, plan, resident_shares=(0.25,))
+        assert kept["resident_tensors"] > 0
+        binaries.append(data)
+    for data in binaries:
+        assert binary_hazards(data) == []
+        runtime = Runtime(npub.read(data))
+        for k, sg in enumerate(runtime.subgraphs):
+            if sg["device"] != "npu":
+                continue
+            local = {s["name"]: np.asarray(env[s["name"]])[None] for s in sg["inputs"]}
+            runtime.run_npu(k, local)
+            for spec in sg["outputs"]:
+                np.testing.assert_array_equal(
+                    local[spec["name"]][0], np.asarray(env[spec["name"]]).reshape(spec["shape"])
+                )
 
 
 def _eval_tensors(ws, name):

@@ -33,11 +33,12 @@ def test_the_checker_finds_a_wait_taken_away():
     code = _lowered([_tile() for _ in range(3)])
     assert hazards(code, M, SRAM) == []
     # the first tile's compute without its wait for the load: it reads the buffer being filled
-    compute = code[1]
+    # (the second tile's load comes before it, into the other buffer)
+    compute = code[2]
     assert compute.op == "clamp" and compute.wait >> 1 & 1  # token 1: input in buffer A
-    code[1] = dataclasses.replace(compute, wait=0)
+    code[2] = dataclasses.replace(compute, wait=0)
     found = hazards(code, M, SRAM)
-    assert found and found[0].startswith("#1 clamp reads [1000, 1064) at 0, written until")
+    assert found and found[0].startswith("#2 clamp reads [1000, 1064) at 0, written until")
     # and the store without its wait for the compute: it copies out what is not yet written
     code = _lowered([_tile()])
     code[2] = dataclasses.replace(code[2], wait=0)

@@ -68,13 +68,15 @@ def compile_npub(
     plan: dict,
     reuse_dram: bool = True,
     group: bool = True,
+    resident_shares: tuple[float, ...] = RESIDENT_SHARES,
 ) -> tuple[bytes, str, dict]:
     """The binary with the least estimated latency over the grouping choices (the least DRAM
     traffic among those within DRAM_TIE of it): how much SRAM keeps intermediates on chip (layers
-    whose tensors stay there form one group, no DRAM round trip) versus how much is left for
-    tiles. Without grouping (or when checking every op's result), every tensor goes through DRAM."""
+    whose tensors stay there form one group, no DRAM round trip; `resident_shares`, the shares of
+    SRAM tried) versus how much is left for tiles. Without grouping (or when checking every op's
+    result), every tensor goes through DRAM."""
     grouping = group and reuse_dram
-    shares = [(r, c) for r in RESIDENT_SHARES for c in CONST_SLOT_SHARES] if grouping else [(0.0, 0.0)]
+    shares = [(r, c) for r in resident_shares for c in CONST_SLOT_SHARES] if grouping else [(0.0, 0.0)]
     results = []
     tried = []
     for share, const_share in shares:

@@ -49,16 +49,22 @@ class Lowering:
             commands = [_in_place(c) if isinstance(c, Tile) else c for c in commands]
         tile = 0
         buffers = None
+        first_loads_end = None  # where the op's first tile's loads end, while its second may join them
         for command in commands:
             if isinstance(command, ConstLoads):
                 for k, step in enumerate(command.loads):
                     self._const(step, last=k == len(command.loads) - 1)
+                first_loads_end = None
                 continue
             b = tile % 2
             tile += 1
             # a tile in other buffers than the tile before (a Concat tiles each input its own
             # way) may overlap either of the old ones: it waits as an op's first tiles do
+            start = len(self.code)
             self._tile(command, b, first_two=tile <= 2 or command.buffers != buffers)
+            if tile == 2 and first_loads_end is not None and command.buffers == buffers and command.loads:
+                self._hoist_second_loads(first_loads_end, start, len(command.loads))
+            first_loads_end = start + len(command.loads) if tile == 1 and command.loads else None
             buffers = command.buffers
 
     def _const(self, step: Step, last: bool) -> None:
@@ -104,6 +110,15 @@ class Lowering:
             if "load" in tile.store_after:
                 wait |= 1 << T_IN[b]
             self._emit(tile.store, buffer, wait, T_STORED[b])
+
+    def _hoist_second_loads(self, to: int, start: int, count: int) -> None:
+        """Move the op's second tile's loads up to just after its first tile's. They wait for
+        everything before the op (its first two tiles' rule), and a wait names the latest signal
+        before it in the stream: after the first tile's compute and store they would wait for
+        those too, and the op's first two tiles would run one after the other. Before them, the
+        second tile loads into the other buffer while the first computes."""
+        self.code[to:to] = self.code[start : start + count]
+        del self.code[start + count : start + 2 * count]
 
     def _emit(self, step: Step, buffer: int | None, wait: int, signal: int) -> None:
         const_base = self.slot * self.sram.const_slot if self.sram.const_slot else 0

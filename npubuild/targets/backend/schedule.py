@@ -122,12 +122,15 @@ def conv(ctx: OpContext, op: Op, split: int, activation: Op | None = None) -> Op
     def sizes(ocb, rows, cols):
         fixed = table_bytes + ocb * cg * kh * kw + ocb * CHANNEL_PARAM_BYTES
         channels = c if group == 1 else (ocb // og) * cg
-        tile = channels * span(rows, sh, kh, dh) * span(cols, sw, kw, dw) * xb + ocb * rows * cols * yb
+        # the output follows the input at the next aligned address (emit_mac.conv)
+        tile = align(channels * span(rows, sh, kh, dh) * span(cols, sw, kw, dw) * xb) + ocb * rows * cols * yb
         return fixed, tile
 
     def inside_group(ocb, rows, cols):  # a chunk of one group's output channels reads its inputs
         fixed = table_bytes + ocb * cg * kh * kw + ocb * CHANNEL_PARAM_BYTES
-        return fixed, cg * span(rows, sh, kh, dh) * span(cols, sw, kw, dw) * xb + ocb * rows * cols * yb
+        return fixed, align(
+            cg * span(rows, sh, kh, dh) * span(cols, sw, kw, dw) * xb
+        ) + ocb * rows * cols * yb
 
     step = og if group > 1 else 1  # whole groups per chunk
     try:
@@ -162,7 +165,7 @@ def conv_transpose(ctx: OpContext, op: Op, split: int) -> OpSchedule:
 
     def sizes(ocb, rows):
         worst = max(rows_of.count(r, min(r + rows, oh)) for r in range(0, oh, rows))
-        return ocb * c * kh * kw + ocb * CHANNEL_PARAM_BYTES, c * worst * w * xb + ocb * rows * ow * yb
+        return ocb * c * kh * kw + ocb * CHANNEL_PARAM_BYTES, align(c * worst * w * xb) + ocb * rows * ow * yb
 
     ocb, rows = shrink(ctx.sram, sizes, (oc, oh), order=(1, 0), chunked=0)
     rows = -(-rows // split)
@@ -197,7 +200,7 @@ def matmul(ctx: OpContext, op: Op, split: int) -> OpSchedule:
     xb, yb = esize(ctx.bits(x)), esize(ctx.bits(y))
 
     def sizes(mb, nb):
-        return k * nb + nb * CHANNEL_PARAM_BYTES, mb * k * xb + mb * nb * yb
+        return k * nb + nb * CHANNEL_PARAM_BYTES, align(mb * k * xb) + mb * nb * yb
 
     mb, nb = shrink(ctx.sram, sizes, (m, n), order=(0, 1), chunked=1)
     mb = -(-mb // split)
