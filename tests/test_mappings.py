@@ -24,7 +24,8 @@ def _conv(**geometry) -> dict:
         src=0, in_c=16, in_h=12, in_w=12, in_bits=8, in_zp=0, weights=4096, params=8192, dst=16384,
         out_c=16, out_h=10, out_w=10, out_bits=8, out_zp=0, kh=3, kw=3, sh=1, sw=1, dh=1, dw=1,
         group=1, min=-128, max=127, transpose=0, crop_top=0, crop_left=0, lut=-1, lut_offset=0, lut_bits=8,
-        mapping=0, lut_shift=0,
+        mapping=0, lut_shift=0, res=-1, res_bits=8, add_za=0, add_ma=0, add_zb=0, add_mb=0, sum_zp=0,
+        sum_bits=8,
     )  # fmt: skip
     return {**base, **geometry}
 
@@ -120,9 +121,15 @@ def test_every_mapping_computes_the_same_codes():
         assert np.unique(written[0]).size > 10  # neither saturated nor empty
 
 
-@pytest.mark.parametrize("major, lacks", [(1, ("mapping", "lut_shift")), (2, ("lut_shift",))])
+RESIDUAL = ("res", "res_bits", "add_za", "add_ma", "add_zb", "add_mb", "sum_zp", "sum_bits")
+
+
+@pytest.mark.parametrize(
+    "major, lacks", [(1, ("mapping", "lut_shift", *RESIDUAL)), (2, ("lut_shift", *RESIDUAL)), (3, RESIDUAL)]
+)
 def test_an_older_stream_decodes_with_the_old_meaning_of_what_it_lacks(major, lacks):
-    """Format 1.x convs have no mapping ("channels"), 2.x none of the table shifts (0)."""
+    """Format 1.x convs have no mapping ("channels"), 2.x none of the table shifts (0), 3.x no
+    residual Add in the output path (res -1)."""
     args = _conv()
     legacy = [n for n in OPERANDS["conv"] if n not in lacks]
     head = struct.pack("<BBBBI", 3, 0, 0xFF, len(legacy), 0)
@@ -131,7 +138,7 @@ def test_an_older_stream_decodes_with_the_old_meaning_of_what_it_lacks(major, la
     )
     (conv, _) = decode(stream, format_major=major)
     assert conv.args == {**args, "mapping": MAPPINGS["channels"], "lut_shift": 0}
-    with pytest.raises(NpubError, match="operands"):  # the same bytes are a short conv in format 3
+    with pytest.raises(NpubError, match="operands"):  # the same bytes are a short conv in format 4
         decode(stream)
 
 

@@ -117,7 +117,7 @@ def _compile(
     shapes = model_shapes(model)
     ops = program.ops
     # fused intermediates never exist, so the every-op check compiles without fusion
-    fusion = fuse(program, plan) if fused else Fusion()
+    fusion = fuse(program, plan, shapes) if fused else Fusion()
     allocation = allocate(
         program, arrays, shapes, plan, target.sram_kib * 1024, fusion, reuse_dram, resident_bytes
     )

@@ -46,11 +46,13 @@ def footprint(i: Instruction) -> tuple[list[tuple[int, int]], list[tuple[int, in
     def span(at: str, count: int, bits: int) -> tuple[int, int]:
         return (a[at], a[at] + count * _bytes(bits))
 
-    if op == "conv":  # a table in the output path writes its entries' width
-        written_bits = a["lut_bits"] if a["lut"] >= 0 else a["out_bits"]
+    if op == "conv":  # a table or a residual Add in the output path writes its own width
+        written_bits = a["sum_bits"] if a["res"] >= 0 else a["lut_bits"] if a["lut"] >= 0 else a["out_bits"]
+        outputs = a["out_c"] * a["out_h"] * a["out_w"]
+        residual = [span("res", outputs, a["res_bits"])] if a["res"] >= 0 else []
         return (
-            [span("src", a["in_c"] * a["in_h"] * a["in_w"], a["in_bits"])],
-            [span("dst", a["out_c"] * a["out_h"] * a["out_w"], written_bits)],
+            [span("src", a["in_c"] * a["in_h"] * a["in_w"], a["in_bits"]), *residual],
+            [span("dst", outputs, written_bits)],
         )
     if op == "matmul":
         return [span("src", a["m"] * a["k"], a["in_bits"])], [span("dst", a["m"] * a["n"], a["out_bits"])]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from npubuild.targets.npub import NpubError
+from npubuild.targets.npub import FORMAT_MAJOR, NpubError
 
 HEAD = struct.Struct("<BBBBI")
 NO_SIGNAL = 0xFF
@@ -77,6 +77,17 @@ OPERANDS: dict[str, tuple[str, ...]] = {
         "lut_bits",
         "mapping",  # how the MAC array takes the convolution (MAPPINGS); format 2.0 on
         "lut_shift",  # the output table's entry is (y + lut_offset) >> lut_shift; format 3.0 on
+        # format 4.0 on: a residual Add in the output path (res >= 0): the result z = the element-
+        # wise add of the (activated) output y, at zero point add_za and multiplier add_ma, and the
+        # res_bits codes at `res`, at add_zb and add_mb, onto a sum_bits grid of zero point sum_zp
+        "res",
+        "res_bits",
+        "add_za",
+        "add_ma",
+        "add_zb",
+        "add_mb",
+        "sum_zp",
+        "sum_bits",
     ),
     "matmul": (
         "src",
@@ -155,12 +166,25 @@ OPCODES = {name: i + 1 for i, name in enumerate(OPERANDS)}
 # when a layer has fewer output channels than the array has columns. The numbers are the encoding.
 MAPPINGS = {"channels": 0, "depthwise": 1, "spatial": 2}
 # Older streams lack the operands added since, which decode as their old meaning: format 1.x had
-# no conv mapping (every conv mapped "channels"), 2.x no table shifts (one entry per code).
+# no conv mapping (every conv mapped "channels"), 2.x no table shifts (one entry per code), 3.x no
+# residual Add in a conv's output path.
+RESIDUAL_OPERANDS = 8
 _LEGACY_OPERANDS = {
-    1: {**OPERANDS, "conv": OPERANDS["conv"][:-2], "lut": OPERANDS["lut"][:-1]},
-    2: {**OPERANDS, "conv": OPERANDS["conv"][:-1], "lut": OPERANDS["lut"][:-1]},
+    1: {**OPERANDS, "conv": OPERANDS["conv"][: -2 - RESIDUAL_OPERANDS], "lut": OPERANDS["lut"][:-1]},
+    2: {**OPERANDS, "conv": OPERANDS["conv"][: -1 - RESIDUAL_OPERANDS], "lut": OPERANDS["lut"][:-1]},
+    3: {**OPERANDS, "conv": OPERANDS["conv"][:-RESIDUAL_OPERANDS]},
 }
-_LEGACY_DEFAULTS = {"mapping": MAPPINGS["channels"], "lut_shift": 0, "shift": 0}
+_NO_RESIDUAL = {
+    "res": -1,
+    "res_bits": 8,
+    "add_za": 0,
+    "add_ma": 0,
+    "add_zb": 0,
+    "add_mb": 0,
+    "sum_zp": 0,
+    "sum_bits": 8,
+}
+_LEGACY_DEFAULTS = {"mapping": MAPPINGS["channels"], "lut_shift": 0, "shift": 0, **_NO_RESIDUAL}
 NAMES = {v: k for k, v in OPCODES.items()}
 ENGINES = {
     "load": "dma_in",
@@ -215,7 +239,7 @@ def encode(program: list[Instruction]) -> bytes:
     return b"".join(i.encode() for i in program)
 
 
-def decode(code: bytes, format_major: int = 3) -> list[Instruction]:
+def decode(code: bytes, format_major: int = FORMAT_MAJOR) -> list[Instruction]:
     """Parse a whole stream; anything malformed is an NpubError (never another exception).
     A stream of an older format gets the operands it lacks filled in with their old meaning."""
     operands = _LEGACY_OPERANDS.get(format_major, OPERANDS)

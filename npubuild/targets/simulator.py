@@ -346,14 +346,18 @@ class Simulator:
                 raise NpubError(f"conv tile gives {acc.shape[2:]}, instruction says {a['out_h'], a['out_w']}")
         self.counts["macs"] += math.prod(acc.shape[1:]) * math.prod(w.shape[1:])
         y = self._finish(acc, params, a, 1, acc_bound, params_named)
+        bits = a["out_bits"]
         if a["lut"] >= 0:  # an activation table in the output path (a LUT op fused into the conv)
             table = self._table(a["lut"], a["lut_bits"], a["out_bits"], a["lut_shift"])
-            activated = _look_up(
-                table, y, a["lut_offset"], "conv output table", (a["min"], a["max"]), a["lut_shift"]
+            y = _look_up(table, y, a["lut_offset"], "conv output table", (a["min"], a["max"]), a["lut_shift"])
+            bits = a["lut_bits"]
+        if a["res"] >= 0:  # a residual Add in the output path (an Add op fused into the conv)
+            residual = self.sram.view(a["res"], a["res_bits"], y.shape[1:])
+            y = add_codes(
+                y, a["add_za"], a["add_ma"], residual, a["add_zb"], a["add_mb"], a["sum_zp"], a["sum_bits"]
             )
-            self.sram.write(a["dst"], a["lut_bits"], activated)
-            return
-        self.sram.write(a["dst"], a["out_bits"], y)
+            bits = a["sum_bits"]
+        self.sram.write(a["dst"], bits, y)
 
     def _matmul(self, a: dict) -> None:
         x = self.sram.view(a["src"], a["in_bits"], (a["m"], a["k"]))

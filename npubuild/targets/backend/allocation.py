@@ -145,10 +145,10 @@ def allocate(
     first: dict[str, int] = {}
     last: dict[str, int] = {}
     for pos, i in enumerate(sequence):
-        written = ops[i].outputs
-        if i in fusion.activation:  # the convolution writes its activation's result
-            written = ops[fusion.activation[i]].outputs
-        for n in [*ops[i].inputs, *written]:
+        # the convolution writes its activation's or residual Add's result, reading the residual
+        written = fusion.written(i, ops)
+        read = [*ops[i].inputs, *(ops[fusion.residual[i]].inputs if i in fusion.residual else [])]
+        for n in [*read, *written]:
             if n in touched:
                 r = find(n)
                 first.setdefault(r, pos)

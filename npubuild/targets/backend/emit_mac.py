@@ -22,7 +22,14 @@ from npubuild.targets.backend.commands import (
 )
 from npubuild.targets.backend.context import OpContext
 from npubuild.targets.backend.memory import CHANNEL_PARAM_BYTES, align, esize, four, row_major
-from npubuild.targets.backend.schedule import OpSchedule, TransposeRows, conv_chunks, window
+from npubuild.targets.backend.schedule import (
+    OpSchedule,
+    TransposeRows,
+    conv_chunks,
+    output_bytes,
+    residual_input,
+    window,
+)
 
 
 def params_offset(weights_at: int, weight_bytes: int, channels: int, fixed: int) -> int:
@@ -34,11 +41,14 @@ def params_offset(weights_at: int, weight_bytes: int, channels: int, fixed: int)
     return at
 
 
-def conv(ctx: OpContext, op: Op, sched: OpSchedule, activation: Op | None = None) -> list[Command]:
+def conv(
+    ctx: OpContext, op: Op, sched: OpSchedule, activation: Op | None = None, residual: Op | None = None
+) -> list[Command]:
     if op.attrs.transpose:
         return conv_transpose(ctx, op, sched)
     x, raw = op.inputs[0], op.outputs[0]
-    y = activation.outputs[0] if activation else raw  # what is stored: the activation's result
+    y = activation.outputs[0] if activation else raw  # the activation's result
+    z = residual.outputs[0] if residual else y  # what is stored: the residual Add's, or that
     table_bytes = 0
     if activation:
         table = ctx.arrays[activation.arrays.table].astype(np.int8 if ctx.bits(y) == 8 else np.int16)
@@ -60,6 +70,7 @@ def conv(ctx: OpContext, op: Op, sched: OpSchedule, activation: Op | None = None
     ocb, rows, cols = sched.extents
     bufs = sched.buffers(ctx.sram)
     xs, ys = row_major([1, c, h, w]), row_major([1, oc, oh, ow])
+    output_path = _residual_operands(ctx, y, residual)
     commands: list[Command] = []
     inside = group > 1 and ocb < og  # chunks of one group's output channels
     for o0, n_out in conv_chunks(oc, group, ocb):
@@ -85,6 +96,15 @@ def conv(ctx: OpContext, op: Op, sched: OpSchedule, activation: Op | None = None
                     InTile(), ctx.addr[x], ctx.bits(x), [1, cin, rows_in, cols_in], xs, [0, ci0, row0, col0],
                     pads, ctx.zero_point(x),
                 )  # fmt: skip
+                loads, res = [source], {"res": -1}
+                box, start = [1, n_out, r1 - r0, c1 - c0], [0, o0, r0, c0]
+                if residual:  # the Add's other input, after the output
+                    other = residual_input(residual, y)
+                    at_res = InTile(
+                        dst.offset + align(n_out * (r1 - r0) * (c1 - c0) * output_bytes(ctx, y, residual))
+                    )
+                    loads.append(load(at_res, ctx.addr[other], ctx.bits(other), box, ys, start))
+                    res = {"res": at_res}
                 compute = Step(
                     "conv",
                     dict(
@@ -100,13 +120,28 @@ def conv(ctx: OpContext, op: Op, sched: OpSchedule, activation: Op | None = None
                         lut_offset=activation.attrs.offset if activation else 0,
                         lut_bits=ctx.bits(y),
                         lut_shift=activation.attrs.index_shift if activation else 0,
+                        **output_path, **res,
                     ),
                 )  # fmt: skip
-                result = store(
-                    dst, ctx.addr[y], ctx.bits(y), [1, n_out, r1 - r0, c1 - c0], ys, [0, o0, r0, c0]
-                )
-                commands.append(Tile(bufs, [source], compute, result))
+                result = store(dst, ctx.addr[z], ctx.bits(z), box, ys, start)
+                commands.append(Tile(bufs, loads, compute, result))
     return commands
+
+
+def _residual_operands(ctx: OpContext, result: str, residual: Op | None) -> dict:
+    """A conv instruction's residual Add operands besides its address: the Add's parameters with
+    the convolution's `result` as the first term (the Add is symmetric in its terms)."""
+    if residual is None:
+        return {"res_bits": 8, "add_za": 0, "add_ma": 0, "add_zb": 0, "add_mb": 0, "sum_zp": 0, "sum_bits": 8}
+    at = residual.attrs
+    ours, theirs = ((at.za, at.ma), (at.zb, at.mb))
+    if residual.inputs[0] != result:
+        ours, theirs = theirs, ours
+    z = residual.outputs[0]
+    return dict(
+        res_bits=ctx.bits(residual_input(residual, result)), add_za=ours[0], add_ma=ours[1],
+        add_zb=theirs[0], add_mb=theirs[1], sum_zp=ctx.zero_point(z), sum_bits=ctx.bits(z),
+    )  # fmt: skip
 
 
 def conv_transpose(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
@@ -148,7 +183,8 @@ def conv_transpose(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
                     out_c=n_out, out_h=r1 - r0, out_w=ow, out_bits=ctx.bits(y), out_zp=ctx.zero_point(y),
                     kh=kh, kw=kw, sh=sh, sw=sw, dh=dh, dw=dw, group=1, min=at.min, max=at.max,
                     transpose=1, crop_top=r0 + pt - i0 * sh, crop_left=pl,
-                    lut=-1, lut_offset=0, lut_bits=ctx.bits(y), lut_shift=0,
+                    lut=-1, lut_offset=0, lut_bits=ctx.bits(y), lut_shift=0, res=-1,
+                    **_residual_operands(ctx, y, None),
                 ),
             )  # fmt: skip
             result = store(dst, ctx.addr[y], ctx.bits(y), [1, n_out, r1 - r0, ow], ys, [0, o0, r0, 0])

@@ -1,4 +1,5 @@
-"""Fusion: activations that run in their convolution's output path instead of as ops of their own."""
+"""Fusion: activations, and residual Adds after them, that run in their convolution's output path
+instead of as ops of their own."""
 
 from __future__ import annotations
 
@@ -14,11 +15,22 @@ class Fusion:
 
     activation: dict[int, int] = field(default_factory=dict)
     fused_away: frozenset[str] = frozenset()
+    # `residual[i] = j`: op j (an Add) adds a tensor computed before convolution i to its result
+    # (after its activation) as the convolution stores it
+    residual: dict[int, int] = field(default_factory=dict)
 
     @property
     def absorbed(self) -> frozenset[int]:
         """The ops that emit nothing of their own."""
-        return frozenset(self.activation.values())
+        return frozenset(self.activation.values()) | frozenset(self.residual.values())
+
+    def written(self, i: int, ops: list) -> list[str]:
+        """What op i stores: its result, or its fused activation's or residual Add's."""
+        if i in self.residual:
+            return ops[self.residual[i]].outputs
+        if i in self.activation:
+            return ops[self.activation[i]].outputs
+        return ops[i].outputs
 
 
 # The largest table a convolution's output path holds: an int8 result's 256 entries, or an entry
@@ -26,10 +38,12 @@ class Fusion:
 OUTPUT_PATH_TABLE_ENTRIES = 4096
 
 
-def fuse(program: IntegerModel, plan: dict) -> Fusion:
+def fuse(program: IntegerModel, plan: dict, shapes: dict | None = None) -> Fusion:
     """A LUT activation whose only input is a 2-D convolution's result, read by nothing else,
     runs in that convolution's output path when its table fits there: one op, no intermediate
-    tensor."""
+    tensor. Then (given `shapes`) an Add whose one input is that result (activated or not), read
+    by nothing else, and whose other input has the same shape and is made before the convolution
+    runs (a residual connection) runs there too (`_residual`)."""
     ops, tensors = program.ops, program.tensors
     device = {i: sg["device"] for sg in plan["subgraphs"] for i in sg["ops"]}
     group = {i: k for k, sg in enumerate(plan["subgraphs"]) for i in sg["ops"]}
@@ -54,4 +68,43 @@ def fuse(program: IntegerModel, plan: dict) -> Fusion:
         if device.get(j) == "npu" and group.get(j) == group.get(i):
             activation[i] = j
             fused_away.add(y)
-    return Fusion(activation, frozenset(fused_away))
+    residual: dict[int, int] = {}
+    if shapes is not None:
+        position = {i: k for sg in plan["subgraphs"] for k, i in enumerate(sg["ops"])}
+        producer = {n: i for i, op in enumerate(ops) for n in op.outputs if n}
+        for i, op in enumerate(ops):
+            if op.kind != "conv" or op.attrs.transpose or device.get(i) != "npu":
+                continue
+            result = ops[activation[i]].outputs[0] if i in activation else op.outputs[0]
+            j = _residual(ops, readers, outputs, shapes, result)
+            if j is None or device.get(j) != "npu" or group.get(j) != group.get(i):
+                continue
+            other = next(n for n in ops[j].inputs if n != result)
+            made = producer.get(other)
+            if made is not None and group.get(made) == group.get(i) and position[made] > position[i]:
+                continue  # made after the convolution: not there when its output path needs it
+            residual[i] = j
+            fused_away.add(result)
+    return Fusion(activation, frozenset(fused_away), residual)
+
+
+def _residual(ops: list, readers: dict, outputs: set, shapes: dict, result: str) -> int | None:
+    """The Add that is the only reader of a convolution's `result` and adds a non-constant tensor
+    of the same shape (no broadcast) to it, if there is one."""
+    users = readers.get(result, [])
+    if len(users) != 1 or result in outputs:
+        return None
+    (j,) = users
+    add = ops[j]
+    if add.kind != "add" or len(add.inputs) != 2 or add.inputs[0] == add.inputs[1]:
+        return None
+    other = next(n for n in add.inputs if n != result)
+    shape = shapes.get(result)
+    if (
+        other in add.constants
+        or shape is None
+        or shapes.get(other) != shape
+        or shapes.get(add.outputs[0]) != shape
+    ):
+        return None
+    return j

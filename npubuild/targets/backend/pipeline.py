@@ -49,7 +49,12 @@ def fits(ctx: OpContext, op: Op) -> bool:
 
 
 def emit(
-    ctx: OpContext, op: Op, sched: OpSchedule | None, target: dict, activation: Op | None = None
+    ctx: OpContext,
+    op: Op,
+    sched: OpSchedule | None,
+    target: dict,
+    activation: Op | None = None,
+    residual: Op | None = None,
 ) -> list[Command]:
     if sched is None:
         return []
@@ -58,7 +63,8 @@ def emit(
             return emit_vector.pool(ctx, op, sched, maxpool=True)
         return emit_data.copy(ctx, op, sched)
     if op.kind == "conv":
-        return pack_constants(ctx.consts, map_convolutions(emit_mac.conv(ctx, op, sched, activation), target))
+        commands = emit_mac.conv(ctx, op, sched, activation, residual)
+        return pack_constants(ctx.consts, map_convolutions(commands, target))
     return pack_constants(ctx.consts, EMITTERS[op.kind](ctx, op, sched))
 
 
@@ -82,12 +88,16 @@ def lower_subgraph(
             lowering.add_op(op, [])  # applied by the convolution before it, or a view of its input
             continue
         activation = ops[fusion.activation[i]] if i in fusion.activation else None
-        split = choose_split(ctx, op, activation, lowering, target)
-        lowering.add_op(op, emit(ctx, op, schedule(ctx, op, split, activation), target, activation))
+        residual = ops[fusion.residual[i]] if i in fusion.residual else None
+        split = choose_split(ctx, op, activation, residual, lowering, target)
+        sched = schedule(ctx, op, split, activation, residual)
+        lowering.add_op(op, emit(ctx, op, sched, target, activation, residual))
     return lowering.finish()
 
 
-def choose_split(ctx: OpContext, op: Op, activation: Op | None, lowering: Lowering, target: dict) -> int:
+def choose_split(
+    ctx: OpContext, op: Op, activation: Op | None, residual: Op | None, lowering: Lowering, target: dict
+) -> int:
     """The split of the op's largest fitting tile that the cycle model finds fastest. One tile
     leaves the DMA nothing to overlap; more tiles pipeline load, compute and store, but each costs
     a DMA latency and an instruction to simulate."""
@@ -95,7 +105,9 @@ def choose_split(ctx: OpContext, op: Op, activation: Op | None, lowering: Loweri
     for split in PIPELINE_SPLITS:
         mark = ctx.consts.mark()
         try:
-            commands = emit(ctx, op, schedule(ctx, op, split, activation), target, activation)
+            commands = emit(
+                ctx, op, schedule(ctx, op, split, activation, residual), target, activation, residual
+            )
         except DoesNotFit:
             if split == 1:
                 raise

@@ -48,7 +48,9 @@ class OpSchedule:
         return sram.buffers(self.fixed, self.per_tile, self.scratch)
 
 
-def schedule(ctx: OpContext, op: Op, split: int = 1, activation: Op | None = None) -> OpSchedule | None:
+def schedule(
+    ctx: OpContext, op: Op, split: int = 1, activation: Op | None = None, residual: Op | None = None
+) -> OpSchedule | None:
     """The op's tiling (None for an op that moves nothing); DoesNotFit when none fits."""
     kind = op.kind
     if kind == "move":
@@ -61,7 +63,7 @@ def schedule(ctx: OpContext, op: Op, split: int = 1, activation: Op | None = Non
     if planner is None:
         raise DoesNotFit
     if kind == "conv":
-        return planner(ctx, op, split, activation)
+        return planner(ctx, op, split, activation, residual)
     return planner(ctx, op, split)
 
 
@@ -103,7 +105,9 @@ def window(o0: int, o1: int, stride: int, k: int, d: int, pad: int, size: int) -
     return total, lead, inside, first
 
 
-def conv(ctx: OpContext, op: Op, split: int, activation: Op | None = None) -> OpSchedule:
+def conv(
+    ctx: OpContext, op: Op, split: int, activation: Op | None = None, residual: Op | None = None
+) -> OpSchedule:
     if op.attrs.transpose:
         return conv_transpose(ctx, op, split)
     x, raw = op.inputs[0], op.outputs[0]
@@ -117,20 +121,27 @@ def conv(ctx: OpContext, op: Op, split: int, activation: Op | None = None) -> Op
     dh, dw = at.dilations
     group = at.group
     og, cg = oc // group, c // group
-    xb, yb = esize(ctx.bits(x)), esize(ctx.bits(y))
+    xb, yb = esize(ctx.bits(x)), output_bytes(ctx, y, residual)
+    rb = esize(ctx.bits(residual_input(residual, y))) if residual else 0
+
+    def outputs(ocb, rows, cols):  # the result, then a residual Add's other input
+        n = ocb * rows * cols
+        return align(n * yb) + n * rb if residual else n * yb
 
     def sizes(ocb, rows, cols):
         fixed = table_bytes + ocb * cg * kh * kw + ocb * CHANNEL_PARAM_BYTES
         channels = c if group == 1 else (ocb // og) * cg
         # the output follows the input at the next aligned address (emit_mac.conv)
-        tile = align(channels * span(rows, sh, kh, dh) * span(cols, sw, kw, dw) * xb) + ocb * rows * cols * yb
+        tile = align(channels * span(rows, sh, kh, dh) * span(cols, sw, kw, dw) * xb) + outputs(
+            ocb, rows, cols
+        )
         return fixed, tile
 
     def inside_group(ocb, rows, cols):  # a chunk of one group's output channels reads its inputs
         fixed = table_bytes + ocb * cg * kh * kw + ocb * CHANNEL_PARAM_BYTES
-        return fixed, align(
-            cg * span(rows, sh, kh, dh) * span(cols, sw, kw, dw) * xb
-        ) + ocb * rows * cols * yb
+        return fixed, align(cg * span(rows, sh, kh, dh) * span(cols, sw, kw, dw) * xb) + outputs(
+            ocb, rows, cols
+        )
 
     step = og if group > 1 else 1  # whole groups per chunk
     try:
@@ -144,6 +155,19 @@ def conv(ctx: OpContext, op: Op, split: int, activation: Op | None = None) -> Op
         ocb, rows, cols = shrink(ctx.sram, sizes, (og, oh, ow), order=(1, 0, 2), chunked=0)
     rows = -(-rows // split)
     return OpSchedule((ocb, rows, cols), *sizes(ocb, rows, cols))
+
+
+def residual_input(residual: Op, result: str) -> str:
+    """The other input of a residual Add fused into the convolution whose result is `result`."""
+    return next(n for n in residual.inputs if n != result)
+
+
+def output_bytes(ctx: OpContext, result: str, residual: Op | None) -> int:
+    """Bytes per element of a convolution's output in its tile: its result's, or with a residual
+    Add in its output path the wider of that and the sum's (the sum is written where it was)."""
+    if residual is None:
+        return esize(ctx.bits(result))
+    return max(esize(ctx.bits(result)), esize(ctx.bits(residual.outputs[0])))
 
 
 def conv_chunks(oc: int, group: int, ocb: int) -> list[tuple[int, int]]:
