@@ -273,6 +273,8 @@ def test_overlapping_constant_loads_stay_apart():
     a = pool.add("a", np.arange(64, dtype=np.int8))
     group = ConstLoads([const_load(0, a, 64), const_load(32, a, 64)])
     assert len(pack_constants(pool, [group])[0].loads) == 2
+    same_place = ConstLoads([const_load(0, a, 64), const_load(0, a, 32)])
+    assert len(pack_constants(pool, [same_place])[0].loads) == 2
 
 
 def test_in_const_resolves_to_the_current_slot():

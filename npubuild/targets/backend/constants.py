@@ -26,7 +26,7 @@ def pack_constants(pool: ConstantPool, commands: list[Command]) -> list[Command]
     for command in commands:
         if not isinstance(command, ConstLoads) or len(command.loads) < 2:
             continue
-        spans = sorted((load.args["sram"].offset, load) for load in command.loads)
+        spans = sorted(((load.args["sram"].offset, load) for load in command.loads), key=lambda s: s[0])
         hi = spans[0][0]
         for offset, load in spans:
             if offset < hi:
