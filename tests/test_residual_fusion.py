@@ -1,7 +1,9 @@
 """Residual Adds in a convolution's output path (issue 19, part 3): an Add whose one term is a
 convolution's result (activated or not), read by nothing else, and whose other term is made before
-that convolution runs is applied by the convolution as it stores; the simulator still computes the
-integer model's codes, and no instruction overlaps another on the same bytes."""
+that convolution runs is applied by the convolution as it stores; an Add of x and x * g (a
+squeeze-excite block's shortcut, PP-OCRv4 det's) is chained onto the mul's vector pass. The
+simulator still computes the integer model's codes, and no instruction overlaps another on the
+same bytes."""
 
 from __future__ import annotations
 
@@ -26,13 +28,15 @@ def _model(rng: np.random.Generator) -> onnx.ModelProto:
       with conv3 not activated (fused into conv3);
     - add3: conv4's result, which conv5 also reads, plus conv5's: conv4's result has two readers,
       and conv5's term is made after conv4, so only conv5 takes add3;
-    - add4: two tensors made before it by no convolution of theirs (a MaxPool and an input): stays."""
+    - add4: two tensors made before it by no convolution of theirs (a MaxPool and an input): stays;
+    - add5: y + y * g, g a squeeze-excite gate of y (chained onto the mul)."""
     weights = {
         "w1": rng.normal(size=(16, 3, 3, 3)) * 0.4,
         "w2": rng.normal(size=(16, 16, 3, 3)) * 0.15,
         "w3": rng.normal(size=(16, 16, 1, 1)) * 0.3,
         "w4": rng.normal(size=(16, 16, 1, 1)) * 0.3,
         "w5": rng.normal(size=(16, 16, 3, 3)) * 0.1,
+        "w6": rng.normal(size=(16, 16, 1, 1)) * 0.5,
     }
     nodes = [
         helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
@@ -46,7 +50,12 @@ def _model(rng: np.random.Generator) -> onnx.ModelProto:
         helper.make_node("Conv", ["c4", "w5"], ["c5"], pads=[1, 1, 1, 1], name="conv5"),
         helper.make_node("Add", ["c4", "c5"], ["y3"], name="add3"),
         helper.make_node("MaxPool", ["y3"], ["p"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], name="pool"),
-        helper.make_node("Add", ["p", "y2"], ["y"], name="add4"),
+        helper.make_node("Add", ["p", "y2"], ["y4"], name="add4"),
+        helper.make_node("GlobalAveragePool", ["y4"], ["s"], name="gap"),
+        helper.make_node("Conv", ["s", "w6"], ["s1"], name="conv6"),
+        helper.make_node("HardSigmoid", ["s1"], ["g"], name="gate"),
+        helper.make_node("Mul", ["y4", "g"], ["m"], name="mul"),
+        helper.make_node("Add", ["m", "y4"], ["y"], name="add5"),
     ]
     return small_model(nodes, "residuals", {"x": [1, 3, 12, 12]}, {"y": [1, 16, 12, 12]}, weights)
 
@@ -69,6 +78,7 @@ def test_the_adds_fused_are_those_whose_terms_are_ready(built):
         "conv2": "add1",
         "conv3": "add2",
         "conv5": "add3",
+        "mul": "add5",
     }
     # without shapes (every op's own result checked) nothing is fused but the activations
     assert fuse(program, plan).residual == {}
@@ -86,10 +96,11 @@ def test_a_fused_residual_add_computes_the_integer_models_codes(built, target_na
     for group in (True, False):  # fused (grouped) and every op on its own
         data, listing, stats = compile_npub(program, arrays, model, target, plan, group=group)
         kinds = [row["kind"] for row in stats["layers"]]
-        # add4 always has its own instructions; the other three only without fusion
-        assert kinds.count("add") == (1 if group else 4), (group, kinds)
+        # add4 always has its own instructions; the other four only without fusion
+        assert kinds.count("add") == (1 if group else 5), (group, kinds)
         fused = [line for line in listing.splitlines() if " conv " in f" {line} " and "res=-1" not in line]
-        assert bool(fused) == group
+        chained = [line for line in listing.splitlines() if " mul " in f" {line} " and "then_add=1" in line]
+        assert bool(fused) == bool(chained) == group
         assert binary_hazards(data) == []
         runtime = Runtime(npub.read(data))
         for _ in range(2):

@@ -40,6 +40,9 @@ def cost(i: Instruction, target: dict) -> int:
     width = 2 if max(a.get("out_bits", 8), a.get("bits", 8), a.get("in_bits", 8)) == 16 else 1
     if i.op in ("add", "mul"):
         elements = a["o0"] * a["o1"] * a["o2"] * a["o3"]
+        if a.get("then_add"):  # a chained residual Add: a second pass over the elements
+            width = max(width, 2 if a["sum_bits"] == 16 else 1)
+            elements *= 2
     elif i.op == "pool":
         elements = a["c"] * a["out_h"] * a["out_w"] * a["kh"] * a["kw"]
     elif i.op == "gap":
@@ -184,8 +187,8 @@ def per_op(program: list[Instruction], marks: list, target: dict) -> list[dict]:
         names[at] = (node, kind)  # an op with no instructions shares the next op's index: last wins
     rows = []
     for start, end in zip(bounds, bounds[1:]):
-        if start not in names:
-            continue
+        if start not in names or all(i.op == "end" for i in program[start:end]):
+            continue  # no op here, or one that emits nothing at the stream's end (a fused Add)
         first = last = None
         compute = dma = moved = work = 0
         mappings = set()

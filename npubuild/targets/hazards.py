@@ -58,7 +58,8 @@ def footprint(i: Instruction) -> tuple[list[tuple[int, int]], list[tuple[int, in
         return [span("src", a["m"] * a["k"], a["in_bits"])], [span("dst", a["m"] * a["n"], a["out_bits"])]
     if op in ("add", "mul"):
         reads = [span(x, a[f"{x}0"] * a[f"{x}1"] * a[f"{x}2"] * a[f"{x}3"], a[f"{x}_bits"]) for x in "ab"]
-        return reads, [span("dst", a["o0"] * a["o1"] * a["o2"] * a["o3"], a["out_bits"])]
+        written_bits = a["sum_bits"] if a.get("then_add") else a["out_bits"]
+        return reads, [span("dst", a["o0"] * a["o1"] * a["o2"] * a["o3"], written_bits)]
     if op in ("requant", "lut"):
         return [span("src", a["n"], a["in_bits"])], [span("dst", a["n"], a["out_bits"])]
     if op == "clamp":

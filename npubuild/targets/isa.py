@@ -27,6 +27,8 @@ _TWO_BOXES = (
     *("b", "b0", "b1", "b2", "b3", "b_bits"),
     *("dst", "o0", "o1", "o2", "o3", "out_bits"),
 )
+# A residual Add's parameters in the output path of a conv or a mul (format 4.0 on)
+SUM_OPERANDS = ("add_za", "add_ma", "add_zb", "add_mb", "sum_zp", "sum_bits")
 OPERANDS: dict[str, tuple[str, ...]] = {
     "load": (
         "space",
@@ -82,12 +84,7 @@ OPERANDS: dict[str, tuple[str, ...]] = {
         # res_bits codes at `res`, at add_zb and add_mb, onto a sum_bits grid of zero point sum_zp
         "res",
         "res_bits",
-        "add_za",
-        "add_ma",
-        "add_zb",
-        "add_mb",
-        "sum_zp",
-        "sum_bits",
+        *SUM_OPERANDS,
     ),
     "matmul": (
         "src",
@@ -106,7 +103,9 @@ OPERANDS: dict[str, tuple[str, ...]] = {
     ),
     # add and mul read two 4-D boxes that broadcast to the output box
     "add": (*_TWO_BOXES, "za", "ma", "zb", "mb", "out_zp"),
-    "mul": (*_TWO_BOXES, "za", "zb", "m0", "shift", "out_zp"),
+    # format 4.0 on: then_add 1 adds operand a (add_term 0) or b (1) to the product, as "add" adds
+    # (the product at add_za, add_ma; the term at add_zb, add_mb), onto sum_bits codes at sum_zp
+    "mul": (*_TWO_BOXES, "za", "zb", "m0", "shift", "out_zp", "then_add", "add_term", *SUM_OPERANDS),
     "requant": ("src", "n", "in_bits", "in_zp", "m0", "shift", "dst", "out_bits", "out_zp"),
     "lut": ("src", "n", "in_bits", "table", "offset", "dst", "out_bits", "shift"),  # shift: 3.0 on
     "clamp": ("src", "n", "bits", "min", "max", "dst"),
@@ -167,24 +166,24 @@ OPCODES = {name: i + 1 for i, name in enumerate(OPERANDS)}
 MAPPINGS = {"channels": 0, "depthwise": 1, "spatial": 2}
 # Older streams lack the operands added since, which decode as their old meaning: format 1.x had
 # no conv mapping (every conv mapped "channels"), 2.x no table shifts (one entry per code), 3.x no
-# residual Add in a conv's output path.
-RESIDUAL_OPERANDS = 8
+# residual Add in a conv's output path or chained onto a mul. Those are, on a conv, res, res_bits
+# and the sum's operands; on a mul, then_add, add_term and the sum's.
+RESIDUAL_OPERANDS = 2 + len(SUM_OPERANDS)
+_NO_CHAIN = {**OPERANDS, "mul": OPERANDS["mul"][:-RESIDUAL_OPERANDS]}
 _LEGACY_OPERANDS = {
-    1: {**OPERANDS, "conv": OPERANDS["conv"][: -2 - RESIDUAL_OPERANDS], "lut": OPERANDS["lut"][:-1]},
-    2: {**OPERANDS, "conv": OPERANDS["conv"][: -1 - RESIDUAL_OPERANDS], "lut": OPERANDS["lut"][:-1]},
-    3: {**OPERANDS, "conv": OPERANDS["conv"][:-RESIDUAL_OPERANDS]},
+    1: {**_NO_CHAIN, "conv": OPERANDS["conv"][: -2 - RESIDUAL_OPERANDS], "lut": OPERANDS["lut"][:-1]},
+    2: {**_NO_CHAIN, "conv": OPERANDS["conv"][: -1 - RESIDUAL_OPERANDS], "lut": OPERANDS["lut"][:-1]},
+    3: {**_NO_CHAIN, "conv": OPERANDS["conv"][:-RESIDUAL_OPERANDS]},
 }
-_NO_RESIDUAL = {
+NO_RESIDUAL = {
     "res": -1,
     "res_bits": 8,
-    "add_za": 0,
-    "add_ma": 0,
-    "add_zb": 0,
-    "add_mb": 0,
-    "sum_zp": 0,
+    "then_add": 0,
+    "add_term": 0,
+    **dict.fromkeys(SUM_OPERANDS, 0),
     "sum_bits": 8,
 }
-_LEGACY_DEFAULTS = {"mapping": MAPPINGS["channels"], "lut_shift": 0, "shift": 0, **_NO_RESIDUAL}
+_LEGACY_DEFAULTS = {"mapping": MAPPINGS["channels"], "lut_shift": 0, "shift": 0, **NO_RESIDUAL}
 NAMES = {v: k for k, v in OPCODES.items()}
 ENGINES = {
     "load": "dma_in",

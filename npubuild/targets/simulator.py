@@ -402,7 +402,18 @@ class Simulator:
         def multiply(u, v):
             return multiply_codes(u, a["za"], v, a["zb"], a["m0"], a["shift"], a["out_zp"], a["out_bits"])
 
-        self.sram.write(a["dst"], a["out_bits"], elementwise(multiply, x, a["a_bits"], y, a["b_bits"]))
+        product = elementwise(multiply, x, a["a_bits"], y, a["b_bits"])
+        if not a["then_add"]:
+            self.sram.write(a["dst"], a["out_bits"], product)
+            return
+        # a residual Add chained onto the product (an Add op fused into the mul): one of its operands
+        term = x if a["add_term"] == 0 else y
+        if term.shape != product.shape:
+            raise NpubError(f"mul adds a term of shape {term.shape[1:]} to a product of {product.shape[1:]}")
+        total = add_codes(
+            product, a["add_za"], a["add_ma"], term, a["add_zb"], a["add_mb"], a["sum_zp"], a["sum_bits"]
+        )
+        self.sram.write(a["dst"], a["sum_bits"], total)
 
     def _requant(self, a: dict) -> None:
         x = self.sram.view(a["src"], a["in_bits"], (a["n"],))

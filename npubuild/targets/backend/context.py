@@ -105,6 +105,20 @@ class OpContext:
             return four(self.arrays[consts[name]].shape)
         return four(self.shapes[name])
 
+    def sum_operands(self, residual: Op, first: str) -> dict:
+        """The operands of a residual Add run in another op's output path (format 4.0): its
+        parameters with `first` (that op's result) as the first term, the Add being symmetric in
+        its terms, and its sum's grid."""
+        at = residual.attrs
+        ours, theirs = (at.za, at.ma), (at.zb, at.mb)
+        if residual.inputs[0] != first:
+            ours, theirs = theirs, ours
+        z = residual.outputs[0]
+        return dict(
+            add_za=ours[0], add_ma=ours[1], add_zb=theirs[0], add_mb=theirs[1],
+            sum_zp=self.zero_point(z), sum_bits=self.bits(z),
+        )  # fmt: skip
+
     def mac_params(self, op: Op) -> np.ndarray:
         """Per output channel: bias, M0, shift (int64 each, CHANNEL_PARAM_BYTES together)."""
         a = op.arrays

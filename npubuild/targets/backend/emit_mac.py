@@ -30,6 +30,7 @@ from npubuild.targets.backend.schedule import (
     residual_input,
     window,
 )
+from npubuild.targets.isa import NO_RESIDUAL, SUM_OPERANDS
 
 
 def params_offset(weights_at: int, weight_bytes: int, channels: int, fixed: int) -> int:
@@ -132,16 +133,9 @@ def _residual_operands(ctx: OpContext, result: str, residual: Op | None) -> dict
     """A conv instruction's residual Add operands besides its address: the Add's parameters with
     the convolution's `result` as the first term (the Add is symmetric in its terms)."""
     if residual is None:
-        return {"res_bits": 8, "add_za": 0, "add_ma": 0, "add_zb": 0, "add_mb": 0, "sum_zp": 0, "sum_bits": 8}
-    at = residual.attrs
-    ours, theirs = ((at.za, at.ma), (at.zb, at.mb))
-    if residual.inputs[0] != result:
-        ours, theirs = theirs, ours
-    z = residual.outputs[0]
-    return dict(
-        res_bits=ctx.bits(residual_input(residual, result)), add_za=ours[0], add_ma=ours[1],
-        add_zb=theirs[0], add_mb=theirs[1], sum_zp=ctx.zero_point(z), sum_bits=ctx.bits(z),
-    )  # fmt: skip
+        return {k: NO_RESIDUAL[k] for k in ("res_bits", *SUM_OPERANDS)}
+    other = residual_input(residual, result)
+    return {"res_bits": ctx.bits(other), **ctx.sum_operands(residual, result)}
 
 
 def conv_transpose(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:

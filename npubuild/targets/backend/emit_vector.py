@@ -20,11 +20,19 @@ from npubuild.targets.backend.commands import (
 )
 from npubuild.targets.backend.context import OpContext
 from npubuild.targets.backend.memory import align, esize, four, row_major
-from npubuild.targets.backend.schedule import OpSchedule, boxes, broadcast_box, pool_geometry, window
+from npubuild.targets.backend.schedule import (
+    OpSchedule,
+    boxes,
+    broadcast_box,
+    pool_geometry,
+    window,
+)
+from npubuild.targets.isa import NO_RESIDUAL, SUM_OPERANDS
 
 
-def binary(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
+def binary(ctx: OpContext, op: Op, sched: OpSchedule, residual: Op | None = None) -> list[Command]:
     y = op.outputs[0]
+    z = residual.outputs[0] if residual else y  # what is stored: a chained residual Add's sum, or y
     out4 = four(ctx.shapes[y])
     operands = [ctx.operand(op, name, ctx.bits(y)) for name in op.inputs]
     bufs = sched.buffers(ctx.sram)
@@ -48,10 +56,20 @@ def binary(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
         if op.kind == "add":
             args.update(ma=at.ma, mb=at.mb)
         else:
-            args.update(m0=at.m0, shift=at.shift)
-        result = store(InTile(offset), ctx.addr[y], ctx.bits(y), size, row_major(out4), start)
+            args.update(m0=at.m0, shift=at.shift, **_chained_add(ctx, op, residual))
+        result = store(InTile(offset), ctx.addr[z], ctx.bits(z), size, row_major(out4), start)
         commands.append(Tile(bufs, loads, Step(op.kind, args), result))
     return commands
+
+
+def _chained_add(ctx: OpContext, op: Op, residual: Op | None) -> dict:
+    """A mul instruction's chained residual Add operands: which of its operands the Add adds to
+    the product, and the Add's parameters with the product as the first term."""
+    if residual is None:
+        return {k: NO_RESIDUAL[k] for k in ("then_add", "add_term", *SUM_OPERANDS)}
+    product = op.outputs[0]
+    term = next(n for n in residual.inputs if n != product)
+    return {"then_add": 1, "add_term": op.inputs.index(term), **ctx.sum_operands(residual, product)}
 
 
 def unary(ctx: OpContext, op: Op, sched: OpSchedule, instruction: str, **operands) -> list[Command]:

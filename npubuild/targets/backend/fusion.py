@@ -16,7 +16,8 @@ class Fusion:
     activation: dict[int, int] = field(default_factory=dict)
     fused_away: frozenset[str] = frozenset()
     # `residual[i] = j`: op j (an Add) adds a tensor computed before convolution i to its result
-    # (after its activation) as the convolution stores it
+    # (after its activation) as the convolution stores it, or adds one of mul i's operands to its
+    # product in the same vector pass
     residual: dict[int, int] = field(default_factory=dict)
 
     @property
@@ -85,6 +86,16 @@ def fuse(program: IntegerModel, plan: dict, shapes: dict | None = None) -> Fusio
                 continue  # made after the convolution: not there when its output path needs it
             residual[i] = j
             fused_away.add(result)
+        for i, op in enumerate(ops):  # x + x * g (a squeeze-excite block's shortcut): one vector pass
+            if op.kind != "mul" or device.get(i) != "npu":
+                continue
+            j = _residual(ops, readers, outputs, shapes, op.outputs[0])
+            if j is None or j in residual.values() or device.get(j) != "npu" or group.get(j) != group.get(i):
+                continue
+            other = next(n for n in ops[j].inputs if n != op.outputs[0])
+            if other in op.inputs and other not in op.constants:
+                residual[i] = j
+                fused_away.add(op.outputs[0])
     return Fusion(activation, frozenset(fused_away), residual)
 
 

@@ -65,6 +65,8 @@ def emit(
     if op.kind == "conv":
         commands = emit_mac.conv(ctx, op, sched, activation, residual)
         return pack_constants(ctx.consts, map_convolutions(commands, target))
+    if op.kind == "mul":  # with a chained residual Add, if fusion gave it one
+        return pack_constants(ctx.consts, emit_vector.binary(ctx, op, sched, residual))
     return pack_constants(ctx.consts, EMITTERS[op.kind](ctx, op, sched))
 
 

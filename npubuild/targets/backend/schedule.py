@@ -64,6 +64,8 @@ def schedule(
         raise DoesNotFit
     if kind == "conv":
         return planner(ctx, op, split, activation, residual)
+    if kind == "mul":
+        return planner(ctx, op, split, residual)
     return planner(ctx, op, split)
 
 
@@ -273,7 +275,7 @@ def broadcast_box(shape: list[int], blk) -> list[int]:
     return [bk if d != 1 else 1 for d, bk in zip(shape, blk)]
 
 
-def binary(ctx: OpContext, op: Op, split: int) -> OpSchedule:
+def binary(ctx: OpContext, op: Op, split: int, residual: Op | None = None) -> OpSchedule:
     y = op.outputs[0]
     out4 = four(ctx.shapes[y])
     operands = []
@@ -286,7 +288,7 @@ def binary(ctx: OpContext, op: Op, split: int) -> OpSchedule:
 
     def need(blk):
         size = sum(int(np.prod(broadcast_box(shape, blk))) * esize(bits) for shape, bits in operands)
-        return 0, size + int(np.prod(blk)) * esize(ctx.bits(y)) + 3 * 64
+        return 0, size + int(np.prod(blk)) * output_bytes(ctx, y, residual) + 3 * 64
 
     return blocked(ctx.sram, out4, need, split)
 
