@@ -195,29 +195,3 @@ def test_hand_back_steps_run_on_the_integer_model_when_the_probe_measures_the_se
         "hand b back one level",
         "hand a back one level",
     ]
-
-
-class NearMissProbe(StubProbe):
-    NOISE = {"a": 1.0, "b": 0.3, "c": 0.25, "big": 0.5}
-
-
-def test_a_near_miss_cheaper_than_the_answer_is_repaired_by_the_next_layers_in_order():
-    """A table the integer model found just short of the goal (cosine 0.895 for 0.9; within a
-    tenth of the way to 1), cheaper than the search's answer, takes the next layers of the search
-    order one at a time while it stays cheaper: {a} + b passes at a fraction of {a, big}'s cost.
-    A miss farther from the goal is left alone."""
-    work = {u: {"macs": 1_000_000 if u == "big" else 0, "elements": 64} for u in NearMissProbe.NOISE}
-    goal = {"cosine": 0.9}
-    base = {u: "int8" for u in NearMissProbe.NOISE}
-    found = {**base, "a": "int16", "big": "int16"}
-
-    s = make_search(NearMissProbe(), list(NearMissProbe.NOISE), goal, work, [])
-    assert not s.confirm({**base, "a": "int16"})  # 0.895: a near miss
-    repaired = strategies.repair_near_misses(s, found, "int16", goal)
-    assert repaired == {**base, "a": "int16", "b": "int16"}
-    assert s.costs.objective(repaired) < s.costs.objective(found)
-    assert [step["action"] for step in s.log.path][-1] == "repair a near miss: b int16"
-
-    s = make_search(NearMissProbe(), list(NearMissProbe.NOISE), goal, work, [])
-    assert not s.confirm({**base, "c": "int16"})  # 0.82: not near
-    assert strategies.repair_near_misses(s, found, "int16", goal) == found

@@ -4,10 +4,8 @@ From all layers at the lowest candidate, layers are promoted in order of error r
 cycle (the output noise a layer adds when it alone is quantized, over what promoting it one level
 costs) to the next candidate up: the smallest prefix that meets the goal is found by doubling and
 then bisection, each step verified by running the quantized model on the evaluation samples. A
-budgeted fill in order of noise alone may beat that prefix; tables cheaper than the better of the
-two that the integer model found just short of the goal are then repaired by the next layers of
-the per-cycle order (`repair_near_misses`). If every layer at one level is not enough, the next
-level (float) is searched the same way on top. Then promoted layers are handed
+budgeted fill in order of noise alone may beat that prefix. If every layer at one level is not
+enough, the next level (float) is searched the same way on top. Then promoted layers are handed
 back one level at a time, least sensitive first, wherever the goal still holds. The answer is the
 cheapest table the integer model itself showed to meet the goal.
 
@@ -27,7 +25,6 @@ LADDER = ("int8", "int16", "float")
 CONFIRM_ATTEMPTS = 6
 CONFIRM_ROUNDS = 3
 HAND_BACK_RUNS = 48
-REPAIR_RUNS = 12
 CONFIRM_ACTION = "confirm on the integer model (golden interpreter)"
 # Bisection steps over the cost budget of the noise-ordered fill (see budget_fill).
 FILL_STEPS = 7
@@ -160,7 +157,6 @@ def search(s: Search, goal: dict) -> Table | None:
                     found = filled
             if not meets(s.measurer.golden_metrics(found), goal):
                 return found  # the integer model misses it: the caller raises the goal
-            found = repair_near_misses(s, found, level, goal)
             return hand_back(s, found, goal)
         table = s.prefix(table, level, len(s.units))
     return None
@@ -229,54 +225,6 @@ def budget_fill(s: Search, base: Table, level: str, spend, ceiling: float, goal:
         else:
             low = budget
     return best
-
-
-def repair_near_misses(s: Search, found: Table, level: str, goal: dict) -> Table:
-    """Tables cheaper than `found` that the integer model ran and found just short of the goal
-    (a fill's bisection lands where the goal only just holds, and a table 0.0005 short sends it up
-    to a far costlier one): promote the next layers of the search order one at a time, while the
-    table stays cheaper than `found`, until the integer model passes one. At most REPAIR_RUNS runs,
-    cheapest near miss first; only in the first round up from the lowest level, whose tables the
-    runs so far are promotions of."""
-    if level != s.levels[1]:
-        return found
-    runs = REPAIR_RUNS
-    base = {u: s.levels[0] for u in s.units}
-    ran = s.measurer.measured if s.measurer.exact else s.measurer.golden
-    misses = []
-    for key, metrics in ran.items():
-        table = {**base, **dict(key)}
-        if (
-            not meets(metrics, goal)
-            and meets(metrics, near(goal))
-            and s.costs.objective(table) < s.costs.objective(found)
-        ):
-            misses.append((s.costs.objective(table), key, table))
-    for _, _, table in sorted(misses, key=lambda m: (m[0], m[1])):
-        for u in s.units:
-            if runs <= 0:
-                return found
-            if table[u] != s.levels[0]:
-                continue
-            trial = {**table, u: level}
-            if s.costs.objective(trial) >= s.costs.objective(found):
-                break
-            runs -= 1
-            if s.judge(trial, f"repair a near miss: {u} {level}", goal):
-                found = trial
-                break
-            table = trial
-    return found
-
-
-def near(goal: dict) -> dict:
-    """A goal a tenth of the way to nothing looser: cosine 0.98 -> 0.978."""
-    out = dict(goal)
-    if goal.get("cosine") is not None:
-        out["cosine"] = goal["cosine"] - 0.1 * (1 - goal["cosine"])
-    if goal.get("sqnr") is not None:
-        out["sqnr"] = goal["sqnr"] - 0.2
-    return out
 
 
 def hand_back(s: Search, table: Table, goal: dict) -> Table:
