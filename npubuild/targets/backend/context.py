@@ -59,17 +59,20 @@ class ConstantPool:
         close the gaps, rewriting each load's DRAM address into its entry's new place."""
         starts = sorted(set(self.keys.values()))
         ends = starts[1:] + [self.base + len(self.data)]
-        loads = [i for code in programs for i in code if i.op == "load" and i.args["space"] == 0]
-        read = {bisect.bisect_right(starts, i.args["dram"]) - 1 for i in loads if i.args["dram"] >= self.base}
+        owners = [  # each constant load and the start of the entry it reads
+            (i, starts[bisect.bisect_right(starts, i.args["dram"]) - 1])
+            for code in programs
+            for i in code
+            if i.op == "load" and i.args["space"] == 0 and i.args["dram"] >= self.base
+        ]
+        read = {start for _, start in owners}
         data, moved = bytearray(), {}
-        for k, (start, end) in enumerate(zip(starts, ends)):
-            if k in read:
+        for start, end in zip(starts, ends):
+            if start in read:
                 moved[start] = self.base + len(data)
                 data += self.data[start - self.base : end - self.base]
-        for i in loads:
-            if i.args["dram"] >= self.base:
-                start = starts[bisect.bisect_right(starts, i.args["dram"]) - 1]
-                i.args["dram"] += moved[start] - start
+        for i, start in owners:
+            i.args["dram"] += moved[start] - start
         self.keys = {key: moved[at] for key, at in self.keys.items() if at in moved}
         self.data = data
 

@@ -21,13 +21,13 @@ from npubuild.targets.backend.commands import (
     store,
 )
 from npubuild.targets.backend.context import OpContext
+from npubuild.targets.backend.fusion import other_term
 from npubuild.targets.backend.memory import CHANNEL_PARAM_BYTES, align, esize, four, row_major
 from npubuild.targets.backend.schedule import (
     OpSchedule,
     TransposeRows,
     conv_chunks,
     output_bytes,
-    residual_input,
     window,
 )
 from npubuild.targets.isa import NO_RESIDUAL, SUM_OPERANDS
@@ -97,10 +97,10 @@ def conv(
                     InTile(), ctx.addr[x], ctx.bits(x), [1, cin, rows_in, cols_in], xs, [0, ci0, row0, col0],
                     pads, ctx.zero_point(x),
                 )  # fmt: skip
-                loads, res = [source], {"res": -1}
+                loads, res = [source], {}
                 box, start = [1, n_out, r1 - r0, c1 - c0], [0, o0, r0, c0]
                 if residual:  # the Add's other input, after the output
-                    other = residual_input(residual, y)
+                    other = other_term(residual, y)
                     at_res = InTile(
                         dst.offset + align(n_out * (r1 - r0) * (c1 - c0) * output_bytes(ctx, y, residual))
                     )
@@ -130,12 +130,11 @@ def conv(
 
 
 def _residual_operands(ctx: OpContext, result: str, residual: Op | None) -> dict:
-    """A conv instruction's residual Add operands besides its address: the Add's parameters with
-    the convolution's `result` as the first term (the Add is symmetric in its terms)."""
+    """A conv instruction's residual Add operands (with one, all but its tile address `res`): the
+    Add's parameters with the convolution's `result` as the first term."""
     if residual is None:
-        return {k: NO_RESIDUAL[k] for k in ("res_bits", *SUM_OPERANDS)}
-    other = residual_input(residual, result)
-    return {"res_bits": ctx.bits(other), **ctx.sum_operands(residual, result)}
+        return {k: NO_RESIDUAL[k] for k in ("res", "res_bits", *SUM_OPERANDS)}
+    return {"res_bits": ctx.bits(other_term(residual, result)), **ctx.sum_operands(residual, result)}
 
 
 def conv_transpose(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
@@ -177,7 +176,7 @@ def conv_transpose(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
                     out_c=n_out, out_h=r1 - r0, out_w=ow, out_bits=ctx.bits(y), out_zp=ctx.zero_point(y),
                     kh=kh, kw=kw, sh=sh, sw=sw, dh=dh, dw=dw, group=1, min=at.min, max=at.max,
                     transpose=1, crop_top=r0 + pt - i0 * sh, crop_left=pl,
-                    lut=-1, lut_offset=0, lut_bits=ctx.bits(y), lut_shift=0, res=-1,
+                    lut=-1, lut_offset=0, lut_bits=ctx.bits(y), lut_shift=0,
                     **_residual_operands(ctx, y, None),
                 ),
             )  # fmt: skip

@@ -19,6 +19,7 @@ from npubuild.targets.backend.commands import (
     store,
 )
 from npubuild.targets.backend.context import OpContext
+from npubuild.targets.backend.fusion import other_term
 from npubuild.targets.backend.memory import align, esize, four, row_major
 from npubuild.targets.backend.schedule import (
     OpSchedule,
@@ -68,7 +69,7 @@ def _chained_add(ctx: OpContext, op: Op, residual: Op | None) -> dict:
     if residual is None:
         return {k: NO_RESIDUAL[k] for k in ("then_add", "add_term", *SUM_OPERANDS)}
     product = op.outputs[0]
-    term = next(n for n in residual.inputs if n != product)
+    term = other_term(residual, product)
     return {"then_add": 1, "add_term": op.inputs.index(term), **ctx.sum_operands(residual, product)}
 
 

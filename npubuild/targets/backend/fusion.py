@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from npubuild.intmodel.program import IntegerModel
+from npubuild.intmodel.program import IntegerModel, Op
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def fuse(program: IntegerModel, plan: dict, shapes: dict | None = None) -> Fusio
             j = _residual(ops, readers, outputs, shapes, result)
             if j is None or device.get(j) != "npu" or group.get(j) != group.get(i):
                 continue
-            other = next(n for n in ops[j].inputs if n != result)
+            other = other_term(ops[j], result)
             made = producer.get(other)
             if made is not None and group.get(made) == group.get(i) and position[made] > position[i]:
                 continue  # made after the convolution: not there when its output path needs it
@@ -92,11 +92,16 @@ def fuse(program: IntegerModel, plan: dict, shapes: dict | None = None) -> Fusio
             j = _residual(ops, readers, outputs, shapes, op.outputs[0])
             if j is None or j in residual.values() or device.get(j) != "npu" or group.get(j) != group.get(i):
                 continue
-            other = next(n for n in ops[j].inputs if n != op.outputs[0])
+            other = other_term(ops[j], op.outputs[0])
             if other in op.inputs and other not in op.constants:
                 residual[i] = j
                 fused_away.add(op.outputs[0])
     return Fusion(activation, frozenset(fused_away), residual)
+
+
+def other_term(add: Op, term: str) -> str:
+    """The input of a fused residual Add that is not `term` (the result of the op it runs in)."""
+    return next(n for n in add.inputs if n != term)
 
 
 def _residual(ops: list, readers: dict, outputs: set, shapes: dict, result: str) -> int | None:
@@ -109,7 +114,7 @@ def _residual(ops: list, readers: dict, outputs: set, shapes: dict, result: str)
     add = ops[j]
     if add.kind != "add" or len(add.inputs) != 2 or add.inputs[0] == add.inputs[1]:
         return None
-    other = next(n for n in add.inputs if n != result)
+    other = other_term(add, result)
     shape = shapes.get(result)
     if (
         other in add.constants

@@ -19,6 +19,7 @@ from npubuild.intmodel.kernels import nearest_indices, pool_pads
 from npubuild.intmodel.ops import ALIASES
 from npubuild.intmodel.program import Op, maxpool_attrs
 from npubuild.targets.backend.context import OpContext
+from npubuild.targets.backend.fusion import other_term
 from npubuild.targets.backend.memory import (
     CHANNEL_PARAM_BYTES,
     DoesNotFit,
@@ -124,7 +125,7 @@ def conv(
     group = at.group
     og, cg = oc // group, c // group
     xb, yb = esize(ctx.bits(x)), output_bytes(ctx, y, residual)
-    rb = esize(ctx.bits(residual_input(residual, y))) if residual else 0
+    rb = esize(ctx.bits(other_term(residual, y))) if residual else 0
 
     def outputs(ocb, rows, cols):  # the result, then a residual Add's other input
         n = ocb * rows * cols
@@ -159,14 +160,9 @@ def conv(
     return OpSchedule((ocb, rows, cols), *sizes(ocb, rows, cols))
 
 
-def residual_input(residual: Op, result: str) -> str:
-    """The other input of a residual Add fused into the convolution whose result is `result`."""
-    return next(n for n in residual.inputs if n != result)
-
-
 def output_bytes(ctx: OpContext, result: str, residual: Op | None) -> int:
-    """Bytes per element of a convolution's output in its tile: its result's, or with a residual
-    Add in its output path the wider of that and the sum's (the sum is written where it was)."""
+    """Bytes per element of a convolution's or mul's output in its tile: its result's, or with a
+    residual Add in its output path the wider of that and the sum's (written where it was)."""
     if residual is None:
         return esize(ctx.bits(result))
     return max(esize(ctx.bits(result)), esize(ctx.bits(residual.outputs[0])))
