@@ -407,6 +407,8 @@ class Simulator:
             self.sram.write(a["dst"], a["out_bits"], product)
             return
         # a residual Add chained onto the product (an Add op fused into the mul): one of its operands
+        if a["add_term"] not in (0, 1):
+            raise NpubError(f"mul adds operand {a['add_term']}; it has operands 0 (a) and 1 (b)")
         term = x if a["add_term"] == 0 else y
         if term.shape != product.shape:
             raise NpubError(f"mul adds a term of shape {term.shape[1:]} to a product of {product.shape[1:]}")
