@@ -46,12 +46,17 @@ def footprint(i: Instruction) -> tuple[list[tuple[int, int]], list[tuple[int, in
     def span(at: str, count: int, bits: int) -> tuple[int, int]:
         return (a[at], a[at] + count * _bytes(bits))
 
+    def bordered() -> int:  # the elements of a conv's or pool's input box without its borders
+        rows = a["in_h"] - a["in_pad_top"] - a["in_pad_bottom"]
+        columns = a["in_w"] - a["in_pad_left"] - a["in_pad_right"]
+        return (a["in_c"] if op == "conv" else a["c"]) * rows * columns
+
     if op == "conv":  # a table or a residual Add in the output path writes its own width
         written_bits = a["sum_bits"] if a["res"] >= 0 else a["lut_bits"] if a["lut"] >= 0 else a["out_bits"]
         outputs = a["out_c"] * a["out_h"] * a["out_w"]
         residual = [span("res", outputs, a["res_bits"])] if a["res"] >= 0 else []
         return (
-            [span("src", a["in_c"] * a["in_h"] * a["in_w"], a["in_bits"]), *residual],
+            [span("src", bordered(), a["in_bits"]), *residual],
             [span("dst", outputs, written_bits)],
         )
     if op == "matmul":
@@ -70,11 +75,13 @@ def footprint(i: Instruction) -> tuple[list[tuple[int, int]], list[tuple[int, in
             [span("src", a["c"] * a["hw"], a["in_bits"]), accumulators],
             [accumulators, *([span("dst", a["c"], a["out_bits"])] if a["last"] else [])],
         )
-    if op in ("pool", "resize"):
-        bits_in, bits_out = (a["in_bits"], a["out_bits"]) if op == "pool" else (a["bits"], a["bits"])
+    if op == "pool":
+        outputs = a["c"] * a["out_h"] * a["out_w"]
+        return [span("src", bordered(), a["in_bits"])], [span("dst", outputs, a["out_bits"])]
+    if op == "resize":
         return (
-            [span("src", a["c"] * a["in_h"] * a["in_w"], bits_in)],
-            [span("dst", a["c"] * a["out_h"] * a["out_w"], bits_out)],
+            [span("src", a["c"] * a["in_h"] * a["in_w"], a["bits"])],
+            [span("dst", a["c"] * a["out_h"] * a["out_w"], a["bits"])],
         )
     if op in ("softmax", "layernorm"):
         return [span("src", a["rows"] * a["n"], a["in_bits"])], [

@@ -29,6 +29,9 @@ _TWO_BOXES = (
 )
 # A residual Add's parameters in the output path of a conv or a mul (format 4.0 on)
 SUM_OPERANDS = ("add_za", "add_ma", "add_zb", "add_mb", "sum_zp", "sum_bits")
+# Borders a conv or pool adds around the box it reads (format 5.0 on): the box at `src` is
+# in_h - top - bottom rows by in_w - left - right columns, read as if padded to in_h x in_w
+INPUT_PADS = ("in_pad_top", "in_pad_bottom", "in_pad_left", "in_pad_right")
 OPERANDS: dict[str, tuple[str, ...]] = {
     "load": (
         "space",
@@ -85,6 +88,7 @@ OPERANDS: dict[str, tuple[str, ...]] = {
         "res",
         "res_bits",
         *SUM_OPERANDS,
+        *INPUT_PADS,
     ),
     "matmul": (
         "src",
@@ -144,6 +148,7 @@ OPERANDS: dict[str, tuple[str, ...]] = {
         "out_w",
         "out_bits",
         "out_zp",
+        *INPUT_PADS,
     ),
     "resize": ("src", "c", "in_h", "in_w", "bits", "index", "dst", "out_h", "out_w"),
     "end": (),
@@ -166,14 +171,22 @@ OPCODES = {name: i + 1 for i, name in enumerate(OPERANDS)}
 MAPPINGS = {"channels": 0, "depthwise": 1, "spatial": 2}
 # Older streams lack the operands added since, which decode as their old meaning: format 1.x had
 # no conv mapping (every conv mapped "channels"), 2.x no table shifts (one entry per code), 3.x no
-# residual Add in a conv's output path or chained onto a mul. Those are, on a conv, res, res_bits
-# and the sum's operands; on a mul, then_add, add_term and the sum's.
+# residual Add in a conv's output path or chained onto a mul (on a conv res, res_bits and the
+# sum's operands; on a mul then_add, add_term and the sum's), 4.x no input borders on a conv or
+# a pool (their input tile was padded in SRAM).
 RESIDUAL_OPERANDS = 2 + len(SUM_OPERANDS)
-_NO_CHAIN = {**OPERANDS, "mul": OPERANDS["mul"][:-RESIDUAL_OPERANDS]}
+_NO_PADS = {
+    **OPERANDS,
+    "conv": OPERANDS["conv"][: -len(INPUT_PADS)],
+    "pool": OPERANDS["pool"][: -len(INPUT_PADS)],
+}
+_NO_CHAIN = {**_NO_PADS, "mul": OPERANDS["mul"][:-RESIDUAL_OPERANDS]}
+_CONV_3 = _NO_PADS["conv"][:-RESIDUAL_OPERANDS]
 _LEGACY_OPERANDS = {
-    1: {**_NO_CHAIN, "conv": OPERANDS["conv"][: -2 - RESIDUAL_OPERANDS], "lut": OPERANDS["lut"][:-1]},
-    2: {**_NO_CHAIN, "conv": OPERANDS["conv"][: -1 - RESIDUAL_OPERANDS], "lut": OPERANDS["lut"][:-1]},
-    3: {**_NO_CHAIN, "conv": OPERANDS["conv"][:-RESIDUAL_OPERANDS]},
+    1: {**_NO_CHAIN, "conv": _CONV_3[:-2], "lut": OPERANDS["lut"][:-1]},
+    2: {**_NO_CHAIN, "conv": _CONV_3[:-1], "lut": OPERANDS["lut"][:-1]},
+    3: {**_NO_CHAIN, "conv": _CONV_3},
+    4: _NO_PADS,
 }
 NO_RESIDUAL = {
     "res": -1,
@@ -183,7 +196,8 @@ NO_RESIDUAL = {
     **dict.fromkeys(SUM_OPERANDS, 0),
     "sum_bits": 8,
 }
-_LEGACY_DEFAULTS = {"mapping": MAPPINGS["channels"], "lut_shift": 0, "shift": 0, **NO_RESIDUAL}
+NO_PADS = dict.fromkeys(INPUT_PADS, 0)
+_LEGACY_DEFAULTS = {"mapping": MAPPINGS["channels"], "lut_shift": 0, "shift": 0, **NO_RESIDUAL, **NO_PADS}
 NAMES = {v: k for k, v in OPCODES.items()}
 ENGINES = {
     "load": "dma_in",

@@ -32,7 +32,7 @@ from npubuild.intmodel.ortconv import ExactConvs
 from npubuild.intmodel.program import ConvGeometry
 from npubuild.intmodel.rowwise import EPS_CODES_MAX, layernorm_rows, softmax_rows
 from npubuild.targets.cycles import Timeline
-from npubuild.targets.isa import ENGINES, MAPPINGS, Instruction
+from npubuild.targets.isa import ENGINES, INPUT_PADS, MAPPINGS, Instruction
 from npubuild.targets.npub import NpubError
 
 
@@ -58,10 +58,10 @@ def _look_up(
 
 
 @lru_cache(maxsize=1024)
-def _geometry(sh: int, sw: int, dh: int, dw: int, group: int) -> ConvGeometry:
+def _geometry(sh: int, sw: int, dh: int, dw: int, group: int, pads: tuple[int, ...]) -> ConvGeometry:
     """A conv instruction's geometry (frozen, so shared by every instruction alike: a validated
     model per instruction cost more than the tile's arithmetic on small tiles)."""
-    return ConvGeometry(strides=[sh, sw], dilations=[dh, dw], pads=[0, 0, 0, 0], group=group)
+    return ConvGeometry(strides=[sh, sw], dilations=[dh, dw], pads=list(pads), group=group)
 
 
 # what a load's tile holds, given its source bytes: its shape, strides, element size and padding
@@ -307,8 +307,17 @@ class Simulator:
                 self._output_rules[key] = rule
         return rule.apply(acc, acc_bound)
 
+    def _bordered(self, a: dict, bits: int, channels: int) -> tuple[np.ndarray, tuple[int, int, int, int]]:
+        """A conv's or pool's input box at `src` (in_h x in_w less its borders, format 5.0) and
+        its borders in ONNX order (top, left, bottom, right)."""
+        top, bottom, left, right = (a[k] for k in INPUT_PADS)
+        if min(top, bottom, left, right) < 0 or top + bottom >= a["in_h"] or left + right >= a["in_w"]:
+            raise NpubError(f"{a['in_h']} x {a['in_w']} input with borders {top}, {bottom}, {left}, {right}")
+        box = (channels, a["in_h"] - top - bottom, a["in_w"] - left - right)
+        return self.sram.view(a["src"], bits, box), (top, left, bottom, right)
+
     def _conv(self, a: dict) -> None:
-        x = self.sram.view(a["src"], a["in_bits"], (a["in_c"], a["in_h"], a["in_w"]))
+        x, pads = self._bordered(a, a["in_bits"], a["in_c"])
         group = a["group"]
         if group <= 0 or a["in_c"] % group:
             raise NpubError(f"conv with {a['in_c']} input channels in {group} groups")
@@ -327,7 +336,10 @@ class Simulator:
         params, params_named = self.sram.same_in_every_row(a["params"], 64, (a["out_c"], 3))
         if min(a["sh"], a["sw"], a["dh"], a["dw"], a["kh"], a["kw"]) <= 0:
             raise NpubError("conv with a non-positive kernel, stride or dilation")
-        attrs = _geometry(a["sh"], a["sw"], a["dh"], a["dw"], group)
+        if a["transpose"] and any(pads):
+            raise NpubError("transposed conv with input borders")
+        # a border is the zero point: zero once centred, as the geometry's padding pads
+        attrs = _geometry(a["sh"], a["sw"], a["dh"], a["dw"], group, pads)
         x_bound = centred_bound(a["in_bits"], a["in_zp"])
         acc_bound = None
         if a["transpose"]:
@@ -474,17 +486,16 @@ class Simulator:
             self.sram.write(a["dst"], a["out_bits"], y)
 
     def _pool(self, a: dict) -> None:
-
-        x = self.sram.view(a["src"], a["in_bits"], (a["c"], a["in_h"], a["in_w"]))
+        x, pads = self._bordered(a, a["in_bits"], a["c"])
         kernel, strides, dil = [a["kh"], a["kw"]], [a["sh"], a["sw"]], [a["dh"], a["dw"]]
         if min(*kernel, *strides, *dil) <= 0:
             raise NpubError("pool with a non-positive window, stride or dilation")
         shape = (a["out_h"], a["out_w"])
-        if a["mode"] == 0:
-            y = window_max(x, kernel, strides, dil, [0, 0, 0, 0], 0)
-        else:
+        if a["mode"] == 0:  # borders hold the lowest code
+            y = window_max(x, kernel, strides, dil, pads, -(1 << (a["in_bits"] - 1)))
+        else:  # borders hold the zero point
             xc = x.astype(np.float64) - a["in_zp"]
-            total = np.rint(windows(xc, kernel, strides, dil, [0, 0, 0, 0], 0.0).sum(axis=(-2, -1)))
+            total = np.rint(windows(xc, kernel, strides, dil, pads, 0.0).sum(axis=(-2, -1)))
             params = _same_in_every_row(self.sram.view(a["params"], 64, (*shape, 2)))
             y = requantize(total.astype(np.int64), params[..., 0], params[..., 1]) + a["out_zp"]
             y = saturate(y, a["out_bits"])

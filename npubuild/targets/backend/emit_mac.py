@@ -30,7 +30,7 @@ from npubuild.targets.backend.schedule import (
     output_bytes,
     window,
 )
-from npubuild.targets.isa import NO_RESIDUAL, SUM_OPERANDS
+from npubuild.targets.isa import NO_PADS, NO_RESIDUAL, SUM_OPERANDS
 
 
 def params_offset(weights_at: int, weight_bytes: int, channels: int, fixed: int) -> int:
@@ -121,7 +121,7 @@ def conv(
                         lut_offset=activation.attrs.offset if activation else 0,
                         lut_bits=ctx.bits(y),
                         lut_shift=activation.attrs.index_shift if activation else 0,
-                        **output_path, **res,
+                        **output_path, **res, **NO_PADS,
                     ),
                 )  # fmt: skip
                 result = store(dst, ctx.addr[z], ctx.bits(z), box, ys, start)
@@ -177,7 +177,7 @@ def conv_transpose(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
                     kh=kh, kw=kw, sh=sh, sw=sw, dh=dh, dw=dw, group=1, min=at.min, max=at.max,
                     transpose=1, crop_top=r0 + pt - i0 * sh, crop_left=pl,
                     lut=-1, lut_offset=0, lut_bits=ctx.bits(y), lut_shift=0,
-                    **_residual_operands(ctx, y, None),
+                    **_residual_operands(ctx, y, None), **NO_PADS,
                 ),
             )  # fmt: skip
             result = store(dst, ctx.addr[y], ctx.bits(y), [1, n_out, r1 - r0, ow], ys, [0, o0, r0, 0])

@@ -28,7 +28,7 @@ from npubuild.targets.backend.schedule import (
     pool_geometry,
     window,
 )
-from npubuild.targets.isa import NO_RESIDUAL, SUM_OPERANDS
+from npubuild.targets.isa import NO_PADS, NO_RESIDUAL, SUM_OPERANDS
 
 
 def binary(ctx: OpContext, op: Op, sched: OpSchedule, residual: Op | None = None) -> list[Command]:
@@ -186,6 +186,7 @@ def pool(ctx: OpContext, op: Op, sched: OpSchedule, maxpool: bool = False) -> li
                         kh=kh, kw=kw, sh=strides[0], sw=strides[1], dh=dil[0], dw=dil[1],
                         mode=0 if maxpool else 1, params=par if not maxpool else 0, dst=InTile(dst_at),
                         out_h=r1 - r0, out_w=q1 - q0, out_bits=ctx.bits(y), out_zp=ctx.zero_point(y),
+                        **NO_PADS,
                     ),
                 )  # fmt: skip
                 box = [1, c1 - c0, r1 - r0, q1 - q0]

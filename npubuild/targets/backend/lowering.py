@@ -18,7 +18,7 @@ from __future__ import annotations
 from npubuild.intmodel.program import Op
 from npubuild.targets.backend.commands import Command, ConstLoads, InConst, InTile, Step, Tile, box_bytes
 from npubuild.targets.backend.memory import SramPlan
-from npubuild.targets.isa import NO_SIGNAL, Instruction
+from npubuild.targets.isa import INPUT_PADS, NO_SIGNAL, Instruction
 
 T_CONST, T_IN, T_DONE, T_STORED = 0, (1, 2), (3, 4), (5, 6)
 SLOT_TOKENS = (0, 7)  # the token each constant slot's loads signal
@@ -175,35 +175,59 @@ class Lowering:
         return position, moved
 
 
+PADS = ("pad_top", "pad_bottom", "pad_left", "pad_right")  # a load's, in INPUT_PADS order
+
+
 def _contiguous(step: Step) -> InTile | None:
-    """The tile-buffer offset of an on-chip copy (`space` 1) of a dense, unpadded box: a load of
-    contiguous bytes of a resident tensor or a store of them, which the compute can address
-    where they are."""
+    """The tile-buffer offset of an on-chip copy (`space` 1) of a dense box: a load of contiguous
+    bytes of a resident tensor (with borders it adds, possibly) or a store of them, which the
+    compute can address where they are."""
     a = step.args
-    dims = [a[f"d{k}"] for k in range(4)]
+    pads = [a.get(p, 0) for p in PADS]
+    dims = [a["d0"], a["d1"], a["d2"] - pads[0] - pads[1], a["d3"] - pads[2] - pads[3]]
     strides = [a[f"s{k}"] for k in range(4)]
     dense = 1
     for k in (3, 2, 1, 0):
         if dims[k] > 1 and strides[k] != dense:
             return None
         dense *= dims[k]
-    padded = any(a.get(p, 0) for p in ("pad_top", "pad_bottom", "pad_left", "pad_right"))
-    if a["space"] != 1 or padded or not isinstance(a["sram"], InTile):
+    if a["space"] != 1 or not isinstance(a["sram"], InTile):
         return None
     return a["sram"]
+
+
+def _border_value(compute: Step) -> int | None:
+    """The code a compute reads outside the box it is given (format 5.0), or None for an op that
+    takes no borders: a conv's and an average pool's zero point, a max pool's lowest code."""
+    a = compute.args
+    if compute.op == "conv" and not a["transpose"]:
+        return a["in_zp"]
+    if compute.op == "pool":
+        return a["in_zp"] if a["mode"] else -(1 << (a["in_bits"] - 1))
+    return None
 
 
 def _in_place(tile: Tile) -> Tile:
     """The tile with its on-chip copies of contiguous resident bytes dropped and its compute's operands
     pointing at the resident tensors (module docstring). Only where the operands are unambiguous:
     each dropped copy's buffer offset is a compute operand exactly, no other operand points into
-    its bytes, and no input and the output share an offset (a compute in place in its buffer)."""
+    its bytes, and no input and the output share an offset (a compute in place in its buffer). A
+    copy that pads its box is dropped only where it is a conv's or pool's input and pads with the
+    code the op's own borders hold: the compute then takes the borders (INPUT_PADS)."""
     if tile.compute is None or tile.store_after != frozenset({"compute"}):
         return tile
     where: dict[InTile, int] = {}  # a dropped copy's buffer offset -> the resident address
+    borders: dict[str, int] = {}
     kept = []
     for load in tile.loads:
         offset = _contiguous(load)
+        pads = [load.args[p] for p in PADS]
+        if any(pads) and offset is not None:
+            value = _border_value(tile.compute)
+            bordered = offset == tile.compute.args.get("src") and load.args["pad_value"] == value
+            offset = offset if bordered and not borders else None
+            if offset is not None:
+                borders = dict(zip(INPUT_PADS, pads))
         if offset is None or offset in where:
             kept.append(load)
         else:
@@ -231,7 +255,7 @@ def _in_place(tile: Tile) -> Tile:
     return Tile(
         tile.buffers,
         kept,
-        Step(tile.compute.op, args),
+        Step(tile.compute.op, {**args, **borders}),
         None if out is not None else tile.store,
         tile.store_after,
     )
