@@ -34,13 +34,19 @@ def test_cycles_of_each_mapping_worked_out_by_hand():
     depthwise = _conv(in_c=64, out_c=64, group=64)
     # channels: 64 groups of one output channel, 9 taps in 32 rows: 64 folds x 100 positions
     assert conv_cycles(depthwise, MAPPINGS["channels"], 32, 32) == 6400
-    # depthwise: 64 channels over 32 columns, 9 taps in 32 rows: 2 folds x 100 positions
-    assert conv_cycles(depthwise, MAPPINGS["depthwise"], 32, 32) == 200
+    # depthwise: 64 channels over 32 columns, 9 taps in 32 rows: 2 folds; the rows hold 3 bands of
+    # 9 taps, 3 output positions at a time: 2 folds x 34 steps
+    assert conv_cycles(depthwise, MAPPINGS["depthwise"], 32, 32) == 68
+    # 5 x 5 taps: one band of 25 rows, one position at a time: 2 folds x 64 positions
+    assert conv_cycles(_conv(in_c=64, out_c=64, group=64, kh=5, kw=5, out_h=8, out_w=8), 1, 32, 32) == 128
+    # 7 x 7 taps: 49 rows, two row folds: 2 x 2 folds x 36 positions
+    assert conv_cycles(_conv(in_c=64, out_c=64, group=64, kh=7, kw=7, out_h=6, out_w=6), 1, 32, 32) == 144
     narrow_depthwise = _conv(in_c=8, out_c=8, group=8)
-    # depthwise, 8 channels: 4 positions side by side on the 32 columns, 1 fold x 25 steps
-    assert conv_cycles(narrow_depthwise, MAPPINGS["depthwise"], 32, 32) == 25
-    # ...and 12 channels: 2 side by side (24 of 32 columns), 50 steps
-    assert conv_cycles(_conv(in_c=12, out_c=12, group=12), MAPPINGS["depthwise"], 32, 32) == 50
+    # depthwise, 8 channels: 4 positions side by side on the 32 columns, 3 bands down the rows:
+    # 12 positions at a time, 1 fold x 9 steps
+    assert conv_cycles(narrow_depthwise, MAPPINGS["depthwise"], 32, 32) == 9
+    # ...and 12 channels: 2 side by side (24 of 32 columns) x 3 bands, 17 steps
+    assert conv_cycles(_conv(in_c=12, out_c=12, group=12), MAPPINGS["depthwise"], 32, 32) == 17
     narrow = _conv(in_c=16, out_c=8)
     # channels: 1 column fold, 144 = 16 x 9 reduction over 32 rows: 5 folds x 100 positions
     assert conv_cycles(narrow, MAPPINGS["channels"], 32, 32) == 500

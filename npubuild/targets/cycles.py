@@ -63,7 +63,8 @@ def conv_cycles(a: dict, mapping: int, rows: int, cols: int) -> int:
     output position per cycle per fold (transposed: one input position per tap).
     depthwise: ceil(out_c / C) x ceil(kh x kw / R) folds: C channels side by side, each column
     holding its channel's taps and fed its own channel's input; with fewer channels than columns,
-    u = floor(C / out_c) output positions side by side, over ceil(positions / u) steps.
+    u = floor(C / out_c) output positions side by side, and b = floor(R / (kh x kw)) bands of
+    taps down each column for b more, over ceil(positions / (u x b)) steps.
     spatial: u = floor(C / out_c) output positions side by side (each with its own copy of the
     filters in out_c columns), ceil(reduction / R) folds over ceil(positions / u) steps. On a
     transposed convolution an input position's out_c x taps filters take the columns (every tap
@@ -79,8 +80,10 @@ def conv_cycles(a: dict, mapping: int, rows: int, cols: int) -> int:
         positions = a["out_h"] * a["out_w"]
     if mapping == MAPPINGS["depthwise"]:
         # fewer channels than columns: the spare columns take the same channels' taps for other
-        # output positions, each column fed its own window (the per-column input path again)
-        side_by_side = max(cols // max(a["out_c"], 1), 1)
+        # output positions, each column fed its own window (the per-column input path again);
+        # a column's rows hold floor(R / taps) bands of its channel's taps, each band another
+        # output position's window summed into its own accumulator
+        side_by_side = max(cols // max(a["out_c"], 1), 1) * max(rows // taps, 1)
         return math.ceil(a["out_c"] / cols) * math.ceil(taps / rows) * math.ceil(positions / side_by_side)
     if mapping == MAPPINGS["spatial"] and a["transpose"]:
         columns = per_group_out * taps
