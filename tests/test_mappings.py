@@ -53,10 +53,14 @@ def test_cycles_of_each_mapping_worked_out_by_hand():
     # spatial: 4 positions side by side (32 // 8 columns), 5 folds x 25 steps
     assert conv_cycles(narrow, MAPPINGS["spatial"], 32, 32) == 125
     wide = _conv(in_c=16, out_c=48)
-    # spatial with more output channels than columns places one position at a time: as channels
-    assert (
-        conv_cycles(wide, MAPPINGS["spatial"], 32, 32) == conv_cycles(wide, MAPPINGS["channels"], 32, 32) / 2
-    )
+    # channels: 48 output channels take 2 column folds, the second half empty: 5 x 2 x 100
+    assert conv_cycles(wide, MAPPINGS["channels"], 32, 32) == 1000
+    # spatial: 2 positions' 96 filters fill 3 column folds: 5 x 3 folds x 50 steps
+    assert conv_cycles(wide, MAPPINGS["spatial"], 32, 32) == 750
+    # 24 output channels: channels leaves 8 columns empty (5 x 100); spatial puts 4 positions'
+    # 96 filters in 3 folds: 5 x 3 x 25
+    assert conv_cycles(_conv(in_c=16, out_c=24), MAPPINGS["channels"], 32, 32) == 500
+    assert conv_cycles(_conv(in_c=16, out_c=24), MAPPINGS["spatial"], 32, 32) == 375
     up = _conv(in_c=16, out_c=1, kh=2, kw=2, sh=2, sw=2, out_h=24, out_w=24, transpose=1)
     # transposed, channels: 1 column, 16 rows, one tap per pass: 144 input positions x 4 taps
     assert conv_cycles(up, MAPPINGS["channels"], 32, 32) == 576
@@ -72,7 +76,8 @@ def test_cycles_of_each_mapping_worked_out_by_hand():
 def test_the_code_generator_picks_depthwise_spatial_or_channels_by_geometry():
     assert conv_mapping(_conv(in_c=32, out_c=64, group=32), M) == MAPPINGS["depthwise"]  # multiplier 2
     assert conv_mapping(_conv(in_c=16, out_c=8), M) == MAPPINGS["spatial"]
-    assert conv_mapping(_conv(in_c=16, out_c=32), M) == MAPPINGS["channels"]
+    assert conv_mapping(_conv(in_c=16, out_c=32), M) == MAPPINGS["channels"]  # no cheaper
+    assert conv_mapping(_conv(in_c=16, out_c=48), M) == MAPPINGS["spatial"]  # 3 folds for 2 positions
     assert conv_mapping(_conv(in_c=16, out_c=16, group=4), M) == MAPPINGS["channels"]
     up = dict(kh=2, kw=2, sh=2, sw=2, out_h=24, out_w=24, transpose=1)
     assert conv_mapping(_conv(in_c=16, out_c=1, **up), M) == MAPPINGS["spatial"]  # 32x cheaper

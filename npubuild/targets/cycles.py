@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from npubuild.targets.isa import ENGINES, MAPPINGS, NO_SIGNAL, TOKENS, Instruction
 
@@ -65,11 +66,12 @@ def conv_cycles(a: dict, mapping: int, rows: int, cols: int) -> int:
     holding its channel's taps and fed its own channel's input; with fewer channels than columns,
     u = floor(C / out_c) output positions side by side, and b = floor(R / (kh x kw)) bands of
     taps down each column for b more, over ceil(positions / (u x b)) steps.
-    spatial: u = floor(C / out_c) output positions side by side (each with its own copy of the
-    filters in out_c columns), ceil(reduction / R) folds over ceil(positions / u) steps. On a
-    transposed convolution an input position's out_c x taps filters take the columns (every tap
-    of it at once, where channels takes one tap per pass), u = floor(C / (out_c x taps)) input
-    positions side by side (format 3.1)."""
+    spatial: u output positions side by side, each with its own copy of the filters, u x out_c
+    columns over ceil(u x out_c / C) column folds, ceil(reduction / R) row folds, ceil(positions
+    / u) steps; u is the cheapest (`packed`): floor(C / out_c) where out_c divides C, else as many
+    as fill whole folds (24 channels: 4 positions in 3 folds, where one position takes one fold).
+    On a transposed convolution an input position's out_c x taps filters take the columns
+    (every tap of it at once, where channels takes one tap per pass) (format 3.1)."""
     group = a["group"]
     taps = a["kh"] * a["kw"]
     if a["transpose"]:
@@ -86,33 +88,41 @@ def conv_cycles(a: dict, mapping: int, rows: int, cols: int) -> int:
         side_by_side = max(cols // max(a["out_c"], 1), 1) * max(rows // taps, 1)
         return math.ceil(a["out_c"] / cols) * math.ceil(taps / rows) * math.ceil(positions / side_by_side)
     if mapping == MAPPINGS["spatial"] and a["transpose"]:
-        columns = per_group_out * taps
-        side_by_side = max(cols // max(columns, 1), 1)
-        steps = math.ceil(a["in_h"] * a["in_w"] / side_by_side)
-        return group * math.ceil(reduction / rows) * math.ceil(columns / cols) * steps
+        return group * math.ceil(reduction / rows) * packed(per_group_out * taps, a["in_h"] * a["in_w"], cols)
     if mapping == MAPPINGS["spatial"]:
-        side_by_side = max(cols // max(per_group_out, 1), 1)
-        return group * math.ceil(reduction / rows) * math.ceil(positions / side_by_side)
+        return group * math.ceil(reduction / rows) * packed(per_group_out, positions, cols)
     return group * math.ceil(per_group_out / cols) * math.ceil(reduction / rows) * positions
 
 
+@lru_cache(maxsize=4096)
+def packed(columns: int, positions: int, cols: int) -> int:
+    """Column folds x steps of `positions` that each take `columns` of the array's `cols`
+    columns, u positions side by side over ceil(u x columns / cols) folds, at the cheapest u."""
+    if columns <= 0 or positions <= 0:
+        return 0
+    return min(
+        math.ceil(u * columns / cols) * math.ceil(positions / u) for u in range(1, min(cols, positions) + 1)
+    )
+
+
 def conv_mapping(a: dict, target: dict) -> int:
-    """The mapping the code generator gives a conv instruction: depthwise for a depthwise
-    convolution (one input channel per group), spatial for an ungrouped one with fewer output
-    channels than the array has columns, channels otherwise, among the target's `conv_mappings`.
-    Each is the cheapest one allowed for its geometry. A transposed convolution takes spatial
-    where that is cheaper (its taps across the columns: PP-OCRv4 det's last ConvTranspose, 1
-    output channel of 2 x 2 taps, is 32x faster so), else channels."""
+    """The mapping the code generator gives a conv instruction, among the target's
+    `conv_mappings`: depthwise for a depthwise convolution (one input channel per group);
+    spatial for an ungrouped or transposed one where that is cheaper than channels (fewer
+    output channels than the array has columns, or a count that leaves a fold part empty: 24 or
+    48 of 32; PP-OCRv4 det's last ConvTranspose, 1 output channel of 2 x 2 taps, is 32x faster
+    so); channels otherwise."""
     offered = target["conv_mappings"]
-    if a["transpose"]:
+    if a["group"] > 1 and a["in_c"] == a["group"] and not a["transpose"] and "depthwise" in offered:
+        return MAPPINGS["depthwise"]
+    if (a["group"] == 1 or a["transpose"]) and "spatial" in offered:
         rows, cols = target["mac_rows"], target["mac_cols"]
         spatial, channels = MAPPINGS["spatial"], MAPPINGS["channels"]
-        cheaper = conv_cycles(a, spatial, rows, cols) < conv_cycles(a, channels, rows, cols)
-        return spatial if "spatial" in offered and cheaper else channels
-    if a["group"] > 1 and a["in_c"] == a["group"] and "depthwise" in offered:
-        return MAPPINGS["depthwise"]
-    if a["group"] == 1 and a["out_c"] < target["mac_cols"] and "spatial" in offered:
-        return MAPPINGS["spatial"]
+        return (
+            spatial
+            if conv_cycles(a, spatial, rows, cols) < conv_cycles(a, channels, rows, cols)
+            else channels
+        )
     return MAPPINGS["channels"]
 
 
