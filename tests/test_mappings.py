@@ -32,26 +32,27 @@ def _conv(**geometry) -> dict:
 
 def test_cycles_of_each_mapping_worked_out_by_hand():
     depthwise = _conv(in_c=64, out_c=64, group=64)
-    # channels: 64 groups of one output channel, 9 taps in 32 rows: 64 folds x 100 positions
-    assert conv_cycles(depthwise, MAPPINGS["channels"], 32, 32) == 6400
-    # depthwise: 64 channels over 32 columns, 9 taps in 32 rows: 2 folds; the rows hold 3 bands of
-    # 9 taps, 3 output positions at a time: 2 folds x 34 steps
+    # a 9-product sum fits 3 times in 32 rows: 3 bands, 3 output positions per step, 34 steps of
+    # the 100 positions. channels: 64 groups of one output channel, 64 folds x 34 steps
+    assert conv_cycles(depthwise, MAPPINGS["channels"], 32, 32) == 2176
+    # depthwise: 64 channels over 32 columns: 2 folds x 34 steps
     assert conv_cycles(depthwise, MAPPINGS["depthwise"], 32, 32) == 68
     # 5 x 5 taps: one band of 25 rows, one position at a time: 2 folds x 64 positions
     assert conv_cycles(_conv(in_c=64, out_c=64, group=64, kh=5, kw=5, out_h=8, out_w=8), 1, 32, 32) == 128
     # 7 x 7 taps: 49 rows, two row folds: 2 x 2 folds x 36 positions
     assert conv_cycles(_conv(in_c=64, out_c=64, group=64, kh=7, kw=7, out_h=6, out_w=6), 1, 32, 32) == 144
-    narrow_depthwise = _conv(in_c=8, out_c=8, group=8)
-    # depthwise, 8 channels: 4 positions side by side on the 32 columns, 3 bands down the rows:
-    # 12 positions at a time, 1 fold x 9 steps
-    assert conv_cycles(narrow_depthwise, MAPPINGS["depthwise"], 32, 32) == 9
-    # ...and 12 channels: 2 side by side (24 of 32 columns) x 3 bands, 17 steps
-    assert conv_cycles(_conv(in_c=12, out_c=12, group=12), MAPPINGS["depthwise"], 32, 32) == 17
+    # depthwise, 8 channels: 4 positions side by side on the 32 columns, 1 fold x 9 of the 34 steps
+    assert conv_cycles(_conv(in_c=8, out_c=8, group=8), MAPPINGS["depthwise"], 32, 32) == 9
+    # ...and 12 channels: 5 positions' 60 columns in 2 folds, 7 steps of 5 of the 34: 14 (2 side by
+    # side in one fold, 24 of 32 columns: 17; 8 in 3 folds: 15)
+    assert conv_cycles(_conv(in_c=12, out_c=12, group=12), MAPPINGS["depthwise"], 32, 32) == 14
     narrow = _conv(in_c=16, out_c=8)
     # channels: 1 column fold, 144 = 16 x 9 reduction over 32 rows: 5 folds x 100 positions
     assert conv_cycles(narrow, MAPPINGS["channels"], 32, 32) == 500
     # spatial: 4 positions side by side (32 // 8 columns), 5 folds x 25 steps
     assert conv_cycles(narrow, MAPPINGS["spatial"], 32, 32) == 125
+    # a 1 x 1 conv of 8 input channels: 4 bands of 8 rows, 4 positions per step: 25 steps
+    assert conv_cycles(_conv(in_c=8, out_c=32, kh=1, kw=1, in_h=10, in_w=10), 0, 32, 32) == 25
     wide = _conv(in_c=16, out_c=48)
     # channels: 48 output channels take 2 column folds, the second half empty: 5 x 2 x 100
     assert conv_cycles(wide, MAPPINGS["channels"], 32, 32) == 1000
@@ -62,15 +63,29 @@ def test_cycles_of_each_mapping_worked_out_by_hand():
     assert conv_cycles(_conv(in_c=16, out_c=24), MAPPINGS["channels"], 32, 32) == 500
     assert conv_cycles(_conv(in_c=16, out_c=24), MAPPINGS["spatial"], 32, 32) == 375
     up = _conv(in_c=16, out_c=1, kh=2, kw=2, sh=2, sw=2, out_h=24, out_w=24, transpose=1)
-    # transposed, channels: 1 column, 16 rows, one tap per pass: 144 input positions x 4 taps
-    assert conv_cycles(up, MAPPINGS["channels"], 32, 32) == 576
-    # spatial: an input position's 1 x 4 tap filters in 4 columns, 8 positions side by side: 18 steps
-    assert conv_cycles(up, MAPPINGS["spatial"], 32, 32) == 18
+    # transposed, channels: 1 column, 16 rows (2 bands), one tap per pass: 72 steps of the 144
+    # input positions x 4 taps
+    assert conv_cycles(up, MAPPINGS["channels"], 32, 32) == 288
+    # spatial: an input position's 1 x 4 tap filters in 4 columns, 8 positions side by side: 9 steps
+    assert conv_cycles(up, MAPPINGS["spatial"], 32, 32) == 9
     wide_up = _conv(in_c=16, out_c=32, kh=2, kw=2, sh=2, sw=2, out_h=24, out_w=24, transpose=1)
     # 128 tap filters take four column folds, one position at a time: as channels (4 taps x 1 fold)
     assert conv_cycles(wide_up, MAPPINGS["spatial"], 32, 32) == conv_cycles(
         wide_up, MAPPINGS["channels"], 32, 32
     )
+
+
+def test_row_bands_are_a_property_of_the_target():
+    """A 1 x 1 conv of 8 input channels: 4 bands of 8 rows on vnpu-m (4 positions per step),
+    none on an array without them (vnpu-s, a target written from scratch)."""
+    from npubuild.targets.cycles import cost
+    from npubuild.targets.spec import TargetSpec
+
+    conv = Instruction("conv", _conv(in_c=8, out_c=32, kh=1, kw=1, in_h=10, in_w=10))
+    assert M["row_bands"] and cost(conv, M) == 25
+    assert cost(conv, {**M, "row_bands": False}) == 100
+    assert not BUILTIN_TARGETS["vnpu-s"].row_bands
+    assert not TargetSpec(**{k: v for k, v in M.items() if k != "row_bands"}).row_bands
 
 
 def test_the_code_generator_picks_depthwise_spatial_or_channels_by_geometry():

@@ -30,7 +30,7 @@ def cost(i: Instruction, target: dict) -> int:
         return target["dram_latency_cycles"] + math.ceil(max(moved, 0) / target["dram_bytes_per_cycle"])
     slow = 1.0 / target["int16_rate"] if a.get("in_bits", 8) == 16 else 1.0
     if i.op == "conv":
-        return math.ceil(conv_cycles(a, a["mapping"], rows, cols) * slow)
+        return math.ceil(conv_cycles(a, a["mapping"], rows, cols, target.get("row_bands", False)) * slow)
     if i.op == "bmm":
         slow = 1.0 / target["int16_rate"] if max(a["a_bits"], a["b_bits"]) == 16 else 1.0
         return math.ceil(math.ceil(a["n"] / cols) * math.ceil(a["k"] / rows) * a["m"] * slow)
@@ -57,41 +57,41 @@ def cost(i: Instruction, target: dict) -> int:
     return math.ceil(elements * width / lanes)
 
 
-def conv_cycles(a: dict, mapping: int, rows: int, cols: int) -> int:
+def conv_cycles(a: dict, mapping: int, rows: int, cols: int, row_bands: bool = True) -> int:
     """Cycles of one conv instruction at int8 under a mapping (docs/npu.md, "Mappings").
 
-    channels: group x ceil(out_c per group / C) x ceil(in_c per group x kh x kw / R) folds, one
-    output position per cycle per fold (transposed: one input position per tap).
-    depthwise: ceil(out_c / C) x ceil(kh x kw / R) folds: C channels side by side, each column
-    holding its channel's taps and fed its own channel's input; with fewer channels than columns,
-    u = floor(C / out_c) output positions side by side, and b = floor(R / (kh x kw)) bands of
-    taps down each column for b more, over ceil(positions / (u x b)) steps.
-    spatial: u output positions side by side, each with its own copy of the filters, u x out_c
-    columns over ceil(u x out_c / C) column folds, ceil(reduction / R) row folds, ceil(positions
-    / u) steps; u is the cheapest (`packed`): floor(C / out_c) where out_c divides C, else as many
-    as fill whole folds (24 channels: 4 positions in 3 folds, where one position takes one fold).
-    On a transposed convolution an input position's out_c x taps filters take the columns
-    (every tap of it at once, where channels takes one tap per pass) (format 3.1)."""
+    Every mapping puts a sum of `reduction` products down a column's R rows (input channels per
+    group x kh x kw; depthwise: the taps), over ceil(reduction / R) row folds; on an array with
+    `row_bands`, where it fits twice or more, the rows hold b = floor(R / reduction) bands, each
+    another output position's sum into its own accumulator (the column's adder chain cut at the
+    bands' edges), so the positions take ceil(positions / b) steps.
+    channels: group x ceil(out_c per group / C) column folds, one step per position (transposed:
+    one input position per tap).
+    spatial: u positions side by side, each with its own copy of the filters, u x out_c columns
+    over ceil(u x out_c / C) column folds, at the cheapest u (`packed`: 24 channels on 32 columns,
+    4 positions in 3 folds, where one position takes one fold). Transposed: an input position's
+    out_c x taps filters take the columns (every tap at once) (format 3.1).
+    depthwise: the channels across the columns, each column holding its channel's taps and fed
+    its own channel's input, packed as spatial packs filters (fewer or more channels than
+    columns: other positions in the spare columns)."""
     group = a["group"]
     taps = a["kh"] * a["kw"]
     if a["transpose"]:
         per_group_out, reduction = a["out_c"] // group, a["in_c"] // group
-        positions = a["in_h"] * a["in_w"] * taps
+        positions = a["in_h"] * a["in_w"]
     else:
         per_group_out, reduction = a["out_c"] // group, (a["in_c"] // group) * taps
         positions = a["out_h"] * a["out_w"]
     if mapping == MAPPINGS["depthwise"]:
-        # fewer channels than columns: the spare columns take the same channels' taps for other
-        # output positions, each column fed its own window (the per-column input path again);
-        # a column's rows hold floor(R / taps) bands of its channel's taps, each band another
-        # output position's window summed into its own accumulator
-        side_by_side = max(cols // max(a["out_c"], 1), 1) * max(rows // taps, 1)
-        return math.ceil(a["out_c"] / cols) * math.ceil(taps / rows) * math.ceil(positions / side_by_side)
-    if mapping == MAPPINGS["spatial"] and a["transpose"]:
-        return group * math.ceil(reduction / rows) * packed(per_group_out * taps, a["in_h"] * a["in_w"], cols)
+        reduction = taps
+    folds = math.ceil(reduction / rows)
+    bands = max(rows // max(reduction, 1), 1) if row_bands else 1
+    steps = math.ceil(positions / bands)
+    if mapping == MAPPINGS["depthwise"]:
+        return folds * packed(a["out_c"], steps, cols)
     if mapping == MAPPINGS["spatial"]:
-        return group * math.ceil(reduction / rows) * packed(per_group_out, positions, cols)
-    return group * math.ceil(per_group_out / cols) * math.ceil(reduction / rows) * positions
+        return group * folds * packed(per_group_out * (taps if a["transpose"] else 1), steps, cols)
+    return group * math.ceil(per_group_out / cols) * folds * steps * (taps if a["transpose"] else 1)
 
 
 @lru_cache(maxsize=4096)
@@ -116,13 +116,10 @@ def conv_mapping(a: dict, target: dict) -> int:
     if a["group"] > 1 and a["in_c"] == a["group"] and not a["transpose"] and "depthwise" in offered:
         return MAPPINGS["depthwise"]
     if (a["group"] == 1 or a["transpose"]) and "spatial" in offered:
-        rows, cols = target["mac_rows"], target["mac_cols"]
+        shape = (target["mac_rows"], target["mac_cols"], target.get("row_bands", False))
         spatial, channels = MAPPINGS["spatial"], MAPPINGS["channels"]
-        return (
-            spatial
-            if conv_cycles(a, spatial, rows, cols) < conv_cycles(a, channels, rows, cols)
-            else channels
-        )
+        cheaper = conv_cycles(a, spatial, *shape) < conv_cycles(a, channels, *shape)
+        return spatial if cheaper else channels
     return MAPPINGS["channels"]
 
 

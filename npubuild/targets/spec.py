@@ -37,6 +37,9 @@ class TargetSpec(BaseModel):
     supported_ops: tuple[str, ...] = ()
     # how the MAC array can take a convolution (docs/npu.md, "Mappings"); every array has channels
     conv_mappings: tuple[Literal["channels", "depthwise", "spatial"], ...] = ("channels",)
+    # whether a column's adder chain can be cut into bands of rows, each summing another output
+    # position into its own accumulator, where a sum fits the rows twice or more (docs/npu.md)
+    row_bands: bool = False
 
     @model_validator(mode="after")
     def _banks_divide_sram(self) -> TargetSpec:
@@ -116,6 +119,7 @@ BUILTIN_TARGETS: dict[str, TargetSpec] = {
         # price list disagrees with codegen by 5.6% on one PP-OCR cls table there (issue 16 asks
         # for 5%; tests/test_search_prices.py); on vnpu-m it agrees within 5%
         conv_mappings=("channels", "depthwise", "spatial"),
+        row_bands=True,
         clock_mhz=1000,
         mac_rows=32,
         mac_cols=32,
