@@ -93,7 +93,13 @@ def test_the_code_generator_picks_depthwise_spatial_or_channels_by_geometry():
     assert conv_mapping(_conv(in_c=16, out_c=8), M) == MAPPINGS["spatial"]
     assert conv_mapping(_conv(in_c=16, out_c=32), M) == MAPPINGS["channels"]  # no cheaper
     assert conv_mapping(_conv(in_c=16, out_c=48), M) == MAPPINGS["spatial"]  # 3 folds for 2 positions
-    assert conv_mapping(_conv(in_c=16, out_c=16, group=4), M) == MAPPINGS["channels"]
+    grouped = _conv(in_c=16, out_c=16, group=4)  # 4 output channels per group, 36-product sums
+    # channels: 4 groups x 2 row folds x 100 positions, 4 of 32 columns; spatial: 8 positions'
+    # filters in one fold, 13 steps: 4 x 2 x 13
+    assert conv_cycles(grouped, MAPPINGS["channels"], 32, 32) == 800
+    assert conv_cycles(grouped, MAPPINGS["spatial"], 32, 32) == 104
+    assert conv_mapping(grouped, M) == MAPPINGS["spatial"]
+    assert conv_mapping(_conv(in_c=64, out_c=64, group=2), M) == MAPPINGS["channels"]  # 32 per group
     up = dict(kh=2, kw=2, sh=2, sw=2, out_h=24, out_w=24, transpose=1)
     assert conv_mapping(_conv(in_c=16, out_c=1, **up), M) == MAPPINGS["spatial"]  # 32x cheaper
     assert conv_mapping(_conv(in_c=16, out_c=16, **up), M) == MAPPINGS["spatial"]  # 2x: 16 of 32 columns

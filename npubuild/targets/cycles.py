@@ -108,14 +108,14 @@ def packed(columns: int, positions: int, cols: int) -> int:
 def conv_mapping(a: dict, target: dict) -> int:
     """The mapping the code generator gives a conv instruction, among the target's
     `conv_mappings`: depthwise for a depthwise convolution (one input channel per group);
-    spatial for an ungrouped or transposed one where that is cheaper than channels (fewer
-    output channels than the array has columns, or a count that leaves a fold part empty: 24 or
-    48 of 32; PP-OCRv4 det's last ConvTranspose, 1 output channel of 2 x 2 taps, is 32x faster
-    so); channels otherwise."""
+    spatial for any other where that is cheaper than channels (fewer output channels per group
+    than the array has columns, or a count that leaves a fold part empty: 24 or 48 of 32,
+    ShuffleNet's 34 per group; PP-OCRv4 det's last ConvTranspose, 1 output channel of 2 x 2
+    taps, is 32x faster so); channels otherwise."""
     offered = target["conv_mappings"]
     if a["group"] > 1 and a["in_c"] == a["group"] and not a["transpose"] and "depthwise" in offered:
         return MAPPINGS["depthwise"]
-    if (a["group"] == 1 or a["transpose"]) and "spatial" in offered:
+    if "spatial" in offered:
         shape = (target["mac_rows"], target["mac_cols"], target.get("row_bands", False))
         spatial, channels = MAPPINGS["spatial"], MAPPINGS["channels"]
         cheaper = conv_cycles(a, spatial, *shape) < conv_cycles(a, channels, *shape)
