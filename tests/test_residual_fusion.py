@@ -111,7 +111,7 @@ def test_a_fused_residual_add_computes_the_integer_models_codes(built, target_na
 def test_a_mul_that_adds_an_operand_it_lacks_is_one_npub_error():
     """A chained Add names operand a (0) or b (1); a binary naming another is refused, not read
     as b."""
-    from npubuild.targets.isa import NO_RESIDUAL, SUM_OPERANDS, Instruction
+    from npubuild.targets.isa import NO_CLAMP, NO_RESIDUAL, SUM_OPERANDS, Instruction
     from npubuild.targets.npub import NpubError
     from npubuild.targets.simulator import Simulator
 
@@ -119,7 +119,7 @@ def test_a_mul_that_adds_an_operand_it_lacks_is_one_npub_error():
     mul = dict(
         a=0, a0=1, a1=4, a2=2, a3=2, a_bits=8, b=64, b0=1, b1=4, b2=1, b3=1, b_bits=8,
         dst=128, o0=1, o1=4, o2=2, o3=2, out_bits=8, za=0, zb=0, m0=1 << 30, shift=31, out_zp=0,
-        **{k: NO_RESIDUAL[k] for k in SUM_OPERANDS}, then_add=1,
+        **{k: NO_RESIDUAL[k] for k in SUM_OPERANDS}, then_add=1, **NO_CLAMP,
     )  # fmt: skip
     Simulator(target["sram_kib"] * 1024, 1024, target).execute([Instruction("mul", {**mul, "add_term": 0})])
     with pytest.raises(NpubError, match="mul adds operand 2"):

@@ -32,6 +32,7 @@ SUM_OPERANDS = ("add_za", "add_ma", "add_zb", "add_mb", "sum_zp", "sum_bits")
 # Borders a conv or pool adds around the box it reads (format 5.0 on): the box at `src` is
 # in_h - top - bottom rows by in_w - left - right columns, read as if padded to in_h x in_w
 INPUT_PADS = ("in_pad_top", "in_pad_bottom", "in_pad_left", "in_pad_right")
+OUTPUT_CLAMP = ("min", "max")
 OPERANDS: dict[str, tuple[str, ...]] = {
     "load": (
         "space",
@@ -105,11 +106,15 @@ OPERANDS: dict[str, tuple[str, ...]] = {
         "min",
         "max",
     ),
-    # add and mul read two 4-D boxes that broadcast to the output box
-    "add": (*_TWO_BOXES, "za", "ma", "zb", "mb", "out_zp"),
+    # add and mul read two 4-D boxes that broadcast to the output box; format 5.0 on, the codes
+    # they write are clamped to [min, max] (a ReLU or Clip in the output path)
+    "add": (*_TWO_BOXES, "za", "ma", "zb", "mb", "out_zp", *OUTPUT_CLAMP),
     # format 4.0 on: then_add 1 adds operand a (add_term 0) or b (1) to the product, as "add" adds
     # (the product at add_za, add_ma; the term at add_zb, add_mb), onto sum_bits codes at sum_zp
-    "mul": (*_TWO_BOXES, "za", "zb", "m0", "shift", "out_zp", "then_add", "add_term", *SUM_OPERANDS),
+    "mul": (
+        *(*_TWO_BOXES, "za", "zb", "m0", "shift", "out_zp", "then_add", "add_term", *SUM_OPERANDS),
+        *OUTPUT_CLAMP,
+    ),
     "requant": ("src", "n", "in_bits", "in_zp", "m0", "shift", "dst", "out_bits", "out_zp"),
     "lut": ("src", "n", "in_bits", "table", "offset", "dst", "out_bits", "shift"),  # shift: 3.0 on
     "clamp": ("src", "n", "bits", "min", "max", "dst"),
@@ -173,20 +178,23 @@ MAPPINGS = {"channels": 0, "depthwise": 1, "spatial": 2}
 # no conv mapping (every conv mapped "channels"), 2.x no table shifts (one entry per code), 3.x no
 # residual Add in a conv's output path or chained onto a mul (on a conv res, res_bits and the
 # sum's operands; on a mul then_add, add_term and the sum's), 4.x no input borders on a conv or
-# a pool (their input tile was padded in SRAM).
+# a pool (their input tile was padded in SRAM), and no clamp on an add's or a mul's output (a
+# ReLU after them was an op of its own).
 RESIDUAL_OPERANDS = 2 + len(SUM_OPERANDS)
-_NO_PADS = {
+_FORMAT_4 = {
     **OPERANDS,
     "conv": OPERANDS["conv"][: -len(INPUT_PADS)],
     "pool": OPERANDS["pool"][: -len(INPUT_PADS)],
+    "add": OPERANDS["add"][: -len(OUTPUT_CLAMP)],
+    "mul": OPERANDS["mul"][: -len(OUTPUT_CLAMP)],
 }
-_NO_CHAIN = {**_NO_PADS, "mul": OPERANDS["mul"][:-RESIDUAL_OPERANDS]}
-_CONV_3 = _NO_PADS["conv"][:-RESIDUAL_OPERANDS]
+_NO_CHAIN = {**_FORMAT_4, "mul": _FORMAT_4["mul"][:-RESIDUAL_OPERANDS]}
+_CONV_3 = _FORMAT_4["conv"][:-RESIDUAL_OPERANDS]
 _LEGACY_OPERANDS = {
     1: {**_NO_CHAIN, "conv": _CONV_3[:-2], "lut": OPERANDS["lut"][:-1]},
     2: {**_NO_CHAIN, "conv": _CONV_3[:-1], "lut": OPERANDS["lut"][:-1]},
     3: {**_NO_CHAIN, "conv": _CONV_3},
-    4: _NO_PADS,
+    4: _FORMAT_4,
 }
 NO_RESIDUAL = {
     "res": -1,
@@ -197,7 +205,15 @@ NO_RESIDUAL = {
     "sum_bits": 8,
 }
 NO_PADS = dict.fromkeys(INPUT_PADS, 0)
-_LEGACY_DEFAULTS = {"mapping": MAPPINGS["channels"], "lut_shift": 0, "shift": 0, **NO_RESIDUAL, **NO_PADS}
+NO_CLAMP = {"min": -(1 << 15), "max": (1 << 15) - 1}  # wider than any code an add or mul writes
+_LEGACY_DEFAULTS = {
+    "mapping": MAPPINGS["channels"],
+    "lut_shift": 0,
+    "shift": 0,
+    **NO_RESIDUAL,
+    **NO_PADS,
+    **NO_CLAMP,
+}
 NAMES = {v: k for k, v in OPCODES.items()}
 ENGINES = {
     "load": "dma_in",

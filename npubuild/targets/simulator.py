@@ -57,6 +57,15 @@ def _look_up(
     return looked_up(one, x, offset)
 
 
+def _clamped(codes: np.ndarray, a: dict, bits: int) -> np.ndarray:
+    """An add's or mul's codes clamped to its [min, max] (format 5.0: a ReLU in its output path),
+    as the clamp instruction clamps; a clamp wider than the codes changes nothing."""
+    lowest, highest = qrange(bits)
+    if a["min"] <= lowest and a["max"] >= highest:
+        return codes
+    return saturate(np.clip(codes.astype(np.int64), a["min"], a["max"]), bits)
+
+
 @lru_cache(maxsize=1024)
 def _geometry(sh: int, sw: int, dh: int, dw: int, group: int, pads: tuple[int, ...]) -> ConvGeometry:
     """A conv instruction's geometry (frozen, so shared by every instruction alike: a validated
@@ -406,7 +415,8 @@ class Simulator:
         def add(u, v):
             return add_codes(u, a["za"], a["ma"], v, a["zb"], a["mb"], a["out_zp"], a["out_bits"])
 
-        self.sram.write(a["dst"], a["out_bits"], elementwise(add, x, a["a_bits"], y, a["b_bits"]))
+        total = elementwise(add, x, a["a_bits"], y, a["b_bits"])
+        self.sram.write(a["dst"], a["out_bits"], _clamped(total, a, a["out_bits"]))
 
     def _mul(self, a: dict) -> None:
         x, y = self._operands(a)
@@ -416,7 +426,7 @@ class Simulator:
 
         product = elementwise(multiply, x, a["a_bits"], y, a["b_bits"])
         if not a["then_add"]:
-            self.sram.write(a["dst"], a["out_bits"], product)
+            self.sram.write(a["dst"], a["out_bits"], _clamped(product, a, a["out_bits"]))
             return
         # a residual Add chained onto the product (an Add op fused into the mul): one of its operands
         if a["add_term"] not in (0, 1):
@@ -427,7 +437,7 @@ class Simulator:
         total = add_codes(
             product, a["add_za"], a["add_ma"], term, a["add_zb"], a["add_mb"], a["sum_zp"], a["sum_bits"]
         )
-        self.sram.write(a["dst"], a["sum_bits"], total)
+        self.sram.write(a["dst"], a["sum_bits"], _clamped(total, a, a["sum_bits"]))
 
     def _requant(self, a: dict) -> None:
         x = self.sram.view(a["src"], a["in_bits"], (a["n"],))

@@ -28,12 +28,21 @@ from npubuild.targets.backend.schedule import (
     pool_geometry,
     window,
 )
-from npubuild.targets.isa import NO_PADS, NO_RESIDUAL, SUM_OPERANDS
+from npubuild.targets.isa import NO_PADS, NO_RESIDUAL, OUTPUT_CLAMP, SUM_OPERANDS
 
 
-def binary(ctx: OpContext, op: Op, sched: OpSchedule, residual: Op | None = None) -> list[Command]:
+def binary(
+    ctx: OpContext, op: Op, sched: OpSchedule, residual: Op | None = None, clamp: Op | None = None
+) -> list[Command]:
     y = op.outputs[0]
     z = residual.outputs[0] if residual else y  # what is stored: a chained residual Add's sum, or y
+    # a fused clamp keeps z's codes and grid, and names what is stored
+    bounds = (
+        {"min": clamp.attrs.min, "max": clamp.attrs.max}
+        if clamp
+        else dict(zip(OUTPUT_CLAMP, qrange(ctx.bits(z))))
+    )
+    z = clamp.outputs[0] if clamp else z
     out4 = four(ctx.shapes[y])
     operands = [ctx.operand(op, name, ctx.bits(y)) for name in op.inputs]
     bufs = sched.buffers(ctx.sram)
@@ -55,9 +64,9 @@ def binary(ctx: OpContext, op: Op, sched: OpSchedule, residual: Op | None = None
             za=at.za, zb=at.zb, out_zp=ctx.zero_point(y),
         )  # fmt: skip
         if op.kind == "add":
-            args.update(ma=at.ma, mb=at.mb)
+            args.update(ma=at.ma, mb=at.mb, **bounds)
         else:
-            args.update(m0=at.m0, shift=at.shift, **_chained_add(ctx, op, residual))
+            args.update(m0=at.m0, shift=at.shift, **_chained_add(ctx, op, residual), **bounds)
         result = store(InTile(offset), ctx.addr[z], ctx.bits(z), size, row_major(out4), start)
         commands.append(Tile(bufs, loads, Step(op.kind, args), result))
     return commands

@@ -1,5 +1,5 @@
 """Fusion: activations, and residual Adds after them, that run in their convolution's output path
-instead of as ops of their own."""
+instead of as ops of their own; ReLUs (clamps) that run in an add's or a mul's."""
 
 from __future__ import annotations
 
@@ -19,14 +19,22 @@ class Fusion:
     # (after its activation) as the convolution stores it, or adds one of mul i's operands to its
     # product in the same vector pass
     residual: dict[int, int] = field(default_factory=dict)
+    # `clamp[i] = j`: op j (a clamp: ReLU, Clip) clamps what add or mul i writes (format 5.0)
+    clamp: dict[int, int] = field(default_factory=dict)
 
     @property
     def absorbed(self) -> frozenset[int]:
         """The ops that emit nothing of their own."""
-        return frozenset(self.activation.values()) | frozenset(self.residual.values())
+        return (
+            frozenset(self.activation.values())
+            | frozenset(self.residual.values())
+            | frozenset(self.clamp.values())
+        )
 
     def written(self, i: int, ops: list) -> list[str]:
-        """What op i stores: its result, or its fused activation's or residual Add's."""
+        """What op i stores: its result, or its fused activation's, residual Add's or clamp's."""
+        if i in self.clamp:
+            return ops[self.clamp[i]].outputs
         if i in self.residual:
             return ops[self.residual[i]].outputs
         if i in self.activation:
@@ -96,7 +104,21 @@ def fuse(program: IntegerModel, plan: dict, shapes: dict | None = None) -> Fusio
             if other in op.inputs and other not in op.constants:
                 residual[i] = j
                 fused_away.add(op.outputs[0])
-    return Fusion(activation, frozenset(fused_away), residual)
+    clamp: dict[int, int] = {}
+    for i, op in enumerate(ops):  # Add/Mul -> ReLU (DenseNet's batch norms before each conv)
+        if op.kind not in ("add", "mul") or device.get(i) != "npu" or i in residual.values():
+            continue
+        result = ops[residual[i]].outputs[0] if i in residual else op.outputs[0]
+        users = readers.get(result, [])
+        if len(users) != 1 or result in outputs:
+            continue
+        (j,) = users
+        clip = ops[j]
+        same_grid = tensors[result].bits == tensors[clip.outputs[0]].bits
+        if clip.kind == "clamp" and same_grid and device.get(j) == "npu" and group.get(j) == group.get(i):
+            clamp[i] = j
+            fused_away.add(result)
+    return Fusion(activation, frozenset(fused_away), residual, clamp)
 
 
 def other_term(add: Op, term: str) -> str:

@@ -55,6 +55,7 @@ def emit(
     target: dict,
     activation: Op | None = None,
     residual: Op | None = None,
+    clamp: Op | None = None,
 ) -> list[Command]:
     if sched is None:
         return []
@@ -65,8 +66,8 @@ def emit(
     if op.kind == "conv":
         commands = emit_mac.conv(ctx, op, sched, activation, residual)
         return pack_constants(ctx.consts, map_convolutions(commands, target))
-    if op.kind == "mul":  # with a chained residual Add, if fusion gave it one
-        return pack_constants(ctx.consts, emit_vector.binary(ctx, op, sched, residual))
+    if op.kind in ("add", "mul"):  # with a chained residual Add or a clamp, if fusion gave them
+        return pack_constants(ctx.consts, emit_vector.binary(ctx, op, sched, residual, clamp))
     return pack_constants(ctx.consts, EMITTERS[op.kind](ctx, op, sched))
 
 
@@ -91,14 +92,21 @@ def lower_subgraph(
             continue
         activation = ops[fusion.activation[i]] if i in fusion.activation else None
         residual = ops[fusion.residual[i]] if i in fusion.residual else None
-        split = choose_split(ctx, op, activation, residual, lowering, target)
+        clamp = ops[fusion.clamp[i]] if i in fusion.clamp else None
+        split = choose_split(ctx, op, activation, residual, clamp, lowering, target)
         sched = schedule(ctx, op, split, activation, residual)
-        lowering.add_op(op, emit(ctx, op, sched, target, activation, residual))
+        lowering.add_op(op, emit(ctx, op, sched, target, activation, residual, clamp))
     return lowering.finish()
 
 
 def choose_split(
-    ctx: OpContext, op: Op, activation: Op | None, residual: Op | None, lowering: Lowering, target: dict
+    ctx: OpContext,
+    op: Op,
+    activation: Op | None,
+    residual: Op | None,
+    clamp: Op | None,
+    lowering: Lowering,
+    target: dict,
 ) -> int:
     """The split of the op's largest fitting tile that the cycle model finds fastest. One tile
     leaves the DMA nothing to overlap; more tiles pipeline load, compute and store, but each costs
@@ -107,9 +115,8 @@ def choose_split(
     for split in PIPELINE_SPLITS:
         mark = ctx.consts.mark()
         try:
-            commands = emit(
-                ctx, op, schedule(ctx, op, split, activation, residual), target, activation, residual
-            )
+            sched = schedule(ctx, op, split, activation, residual)
+            commands = emit(ctx, op, sched, target, activation, residual, clamp)
         except DoesNotFit:
             if split == 1:
                 raise
