@@ -28,7 +28,8 @@ def _model(rng: np.random.Generator):
       ReLU runs in the Add's output path);
     - mul2: conv2's result times a scale, then ReLU (in the Mul's);
     - add3: the two ReLUs' sum, then ReLU into the network output (in the Add's);
-    - add4: read by a ReLU and by the next Add as well: its ReLU stays an op."""
+    - add4: read by a ReLU and by the next Add as well: its ReLU stays an op;
+    - bn6: another Add + ReLU, whose ReLU and the conv after it a precision table may keep float."""
     weights = {
         "w1": rng.normal(size=(16, 3, 3, 3)) * 0.4,
         "w2": rng.normal(size=(16, 16, 1, 1)) * 0.3,
@@ -48,8 +49,12 @@ def _model(rng: np.random.Generator):
         helper.make_node("Add", ["c2", "c1"], ["a4"], name="add4"),
         helper.make_node("Relu", ["a4"], ["r4"], name="relu4"),
         helper.make_node("Add", ["r4", "a4"], ["z"], name="add5"),
+        helper.make_node("Add", ["c1", "shift"], ["a6"], name="bn6"),
+        helper.make_node("Relu", ["a6"], ["r6"], name="relu6"),
+        helper.make_node("Conv", ["r6", "w2"], ["c6"], name="conv6"),
+        helper.make_node("Add", ["c6", "c2"], ["w"], name="add7"),
     ]
-    outputs = {"y": [1, 16, 12, 12], "z": [1, 16, 12, 12]}
+    outputs = {"y": [1, 16, 12, 12], "z": [1, 16, 12, 12], "w": [1, 16, 12, 12]}
     return small_model(nodes, "clamps", {"x": [1, 3, 12, 12]}, outputs, weights)
 
 
@@ -58,12 +63,17 @@ def built(tmp_path_factory):
     rng = np.random.default_rng(17)
     model = _model(rng)
     samples = rng.normal(size=(8, 3, 12, 12)).astype(np.float32)
-    out = integer_variants(model, tmp_path_factory.mktemp("clamp"), samples, {"default": SETTINGS})
-    return model, *out["default"]
+    # relu6 and conv6 kept float: bn6's only reader is a float op, whose output is no integer
+    # tensor (a precision table's float layers; this once raised a KeyError)
+    kept = [dict(match=n, op_type=None, bits=None, method=None, keep_float=True) for n in ("relu6", "conv6")]
+    variants = {"default": SETTINGS, "float_reader": {**SETTINGS, "overrides": kept}}
+    out = integer_variants(model, tmp_path_factory.mktemp("clamp"), samples, variants)
+    return model, out
 
 
 def test_the_clamps_fused_are_those_of_a_result_read_by_nothing_else(built):
-    model, program, arrays, _ = built
+    model, variants = built
+    program, arrays, _ = variants["default"]
     plan = plan_partition(program, arrays, model, BUILTIN_TARGETS["vnpu-m"])
     fusion = fuse(program, plan, model_shapes(model))
     names = {i: op.node for i, op in enumerate(program.ops)}
@@ -71,6 +81,7 @@ def test_the_clamps_fused_are_those_of_a_result_read_by_nothing_else(built):
         "bn_shift": "relu1",
         "mul2": "relu2",
         "add3": "relu3",
+        "bn6": "relu6",
     }
     assert {names[i] for i in fusion.absorbed} >= {"relu1", "relu2", "relu3"}
     assert "relu4" not in {names[i] for i in fusion.absorbed}
@@ -78,21 +89,48 @@ def test_the_clamps_fused_are_those_of_a_result_read_by_nothing_else(built):
 
 @pytest.mark.parametrize("target_name", ["vnpu-m", "vnpu-s"])
 def test_a_fused_clamp_computes_the_integer_models_codes(built, target_name):
-    model, program, arrays, interpreter = built
+    model, variants = built
+    program, arrays, interpreter = variants["default"]
     target = BUILTIN_TARGETS[target_name]
     plan = plan_partition(program, arrays, model, target)
     rng = np.random.default_rng(5)
     for group in (True, False):  # fused and every op on its own
         data, _, stats = compile_npub(program, arrays, model, target, plan, group=group)
         kinds = [row["kind"] for row in stats["layers"]]
-        assert kinds.count("clamp") == (1 if group else 4), (group, kinds)  # relu4 stays an op
+        assert kinds.count("clamp") == (1 if group else 5), (group, kinds)  # relu4 stays an op
         assert binary_hazards(data) == []
         runtime = Runtime(npub.read(data))
         for _ in range(2):
             x = rng.normal(size=(1, 3, 12, 12)).astype(np.float32)
             got, want = runtime.run({"x": x}), interpreter.run({"x": x})[0]
-            for name in ("y", "z"):
+            for name in ("y", "z", "w"):
                 np.testing.assert_array_equal(got[name], want[name])
+
+
+def test_an_add_read_only_by_a_float_layer_keeps_its_codes(built):
+    model, variants = built
+    program, arrays, interpreter = variants["float_reader"]
+    target = BUILTIN_TARGETS["vnpu-m"]
+    plan = plan_partition(program, arrays, model, target)
+    fusion = fuse(program, plan, model_shapes(model))
+    names = {i: op.node for i, op in enumerate(program.ops)}
+    assert {names[i]: names[j] for i, j in fusion.clamp.items()} == {
+        "bn_shift": "relu1",
+        "mul2": "relu2",
+        "add3": "relu3",
+    }
+    x = np.random.default_rng(6).normal(size=(1, 3, 12, 12)).astype(np.float32)
+    fused, apart = (
+        Runtime(npub.read(compile_npub(program, arrays, model, target, plan, group=group)[0])).run({"x": x})
+        for group in (True, False)
+    )
+    want = interpreter.run({"x": x})[0]
+    for name in ("y", "z", "w"):
+        np.testing.assert_array_equal(fused[name], apart[name])
+        # the float layers run in onnxruntime here and in numpy in the interpreter: codes after
+        # them may round the other way
+        a, b = fused[name].ravel(), want[name].ravel()
+        assert a @ b / (np.linalg.norm(a) * np.linalg.norm(b)) > 0.999, name
 
 
 @pytest.mark.parametrize("op", ["add", "mul"])

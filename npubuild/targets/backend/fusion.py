@@ -114,8 +114,10 @@ def fuse(program: IntegerModel, plan: dict, shapes: dict | None = None) -> Fusio
             continue
         (j,) = users
         clip = ops[j]
-        same_grid = tensors[result].bits == tensors[clip.outputs[0]].bits
-        if clip.kind == "clamp" and same_grid and device.get(j) == "npu" and group.get(j) == group.get(i):
+        if clip.kind != "clamp" or device.get(j) != "npu" or group.get(j) != group.get(i):
+            continue
+        written, clamped = tensors.get(result), tensors.get(clip.outputs[0])
+        if written is not None and clamped is not None and written.bits == clamped.bits:
             clamp[i] = j
             fused_away.add(result)
     return Fusion(activation, frozenset(fused_away), residual, clamp)
