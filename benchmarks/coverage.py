@@ -151,6 +151,10 @@ def main() -> int:
     args = parser.parse_args()
     ws = assemble(args.workspace or Path(tempfile.mkdtemp(prefix="npubuild-corpus-")))
     selected = args.only or names(ws)
+    unknown = sorted(set(selected) - set(names(ws)))
+    if unknown:
+        print(f"coverage.py: no npu_model named {', '.join(unknown)} in corpus/models/BUILD", file=sys.stderr)
+        return 2
     started = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-m", "npubuild", "build", *(f"//models:{n}" for n in selected)]
