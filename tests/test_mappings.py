@@ -34,44 +34,46 @@ def test_cycles_of_each_mapping_worked_out_by_hand():
     depthwise = _conv(in_c=64, out_c=64, group=64)
     # a 9-product sum fits 3 times in 32 rows: 3 bands, 3 output positions per step, 34 steps of
     # the 100 positions. channels: 64 groups of one output channel, 64 folds x 34 steps
-    assert conv_cycles(depthwise, MAPPINGS["channels"], 32, 32) == 2176
+    assert conv_cycles(depthwise, MAPPINGS["channels"], 32, 32, True) == 2176
     # depthwise: 64 channels over 32 columns: 2 folds x 34 steps
-    assert conv_cycles(depthwise, MAPPINGS["depthwise"], 32, 32) == 68
+    assert conv_cycles(depthwise, MAPPINGS["depthwise"], 32, 32, True) == 68
     # 5 x 5 taps: one band of 25 rows, one position at a time: 2 folds x 64 positions
-    assert conv_cycles(_conv(in_c=64, out_c=64, group=64, kh=5, kw=5, out_h=8, out_w=8), 1, 32, 32) == 128
+    five = _conv(in_c=64, out_c=64, group=64, kh=5, kw=5, out_h=8, out_w=8)
+    assert conv_cycles(five, MAPPINGS["depthwise"], 32, 32, True) == 128
     # 7 x 7 taps: 49 rows, two row folds: 2 x 2 folds x 36 positions
-    assert conv_cycles(_conv(in_c=64, out_c=64, group=64, kh=7, kw=7, out_h=6, out_w=6), 1, 32, 32) == 144
+    seven = _conv(in_c=64, out_c=64, group=64, kh=7, kw=7, out_h=6, out_w=6)
+    assert conv_cycles(seven, MAPPINGS["depthwise"], 32, 32, True) == 144
     # depthwise, 8 channels: 4 positions side by side on the 32 columns, 1 fold x 9 of the 34 steps
-    assert conv_cycles(_conv(in_c=8, out_c=8, group=8), MAPPINGS["depthwise"], 32, 32) == 9
+    assert conv_cycles(_conv(in_c=8, out_c=8, group=8), MAPPINGS["depthwise"], 32, 32, True) == 9
     # ...and 12 channels: 5 positions' 60 columns in 2 folds, 7 steps of 5 of the 34: 14 (2 side by
     # side in one fold, 24 of 32 columns: 17; 8 in 3 folds: 15)
-    assert conv_cycles(_conv(in_c=12, out_c=12, group=12), MAPPINGS["depthwise"], 32, 32) == 14
+    assert conv_cycles(_conv(in_c=12, out_c=12, group=12), MAPPINGS["depthwise"], 32, 32, True) == 14
     narrow = _conv(in_c=16, out_c=8)
     # channels: 1 column fold, 144 = 16 x 9 reduction over 32 rows: 5 folds x 100 positions
-    assert conv_cycles(narrow, MAPPINGS["channels"], 32, 32) == 500
+    assert conv_cycles(narrow, MAPPINGS["channels"], 32, 32, True) == 500
     # spatial: 4 positions side by side (32 // 8 columns), 5 folds x 25 steps
-    assert conv_cycles(narrow, MAPPINGS["spatial"], 32, 32) == 125
+    assert conv_cycles(narrow, MAPPINGS["spatial"], 32, 32, True) == 125
     # a 1 x 1 conv of 8 input channels: 4 bands of 8 rows, 4 positions per step: 25 steps
-    assert conv_cycles(_conv(in_c=8, out_c=32, kh=1, kw=1, in_h=10, in_w=10), 0, 32, 32) == 25
+    assert conv_cycles(_conv(in_c=8, out_c=32, kh=1, kw=1, in_h=10, in_w=10), 0, 32, 32, True) == 25
     wide = _conv(in_c=16, out_c=48)
     # channels: 48 output channels take 2 column folds, the second half empty: 5 x 2 x 100
-    assert conv_cycles(wide, MAPPINGS["channels"], 32, 32) == 1000
+    assert conv_cycles(wide, MAPPINGS["channels"], 32, 32, True) == 1000
     # spatial: 2 positions' 96 filters fill 3 column folds: 5 x 3 folds x 50 steps
-    assert conv_cycles(wide, MAPPINGS["spatial"], 32, 32) == 750
+    assert conv_cycles(wide, MAPPINGS["spatial"], 32, 32, True) == 750
     # 24 output channels: channels leaves 8 columns empty (5 x 100); spatial puts 4 positions'
     # 96 filters in 3 folds: 5 x 3 x 25
-    assert conv_cycles(_conv(in_c=16, out_c=24), MAPPINGS["channels"], 32, 32) == 500
-    assert conv_cycles(_conv(in_c=16, out_c=24), MAPPINGS["spatial"], 32, 32) == 375
+    assert conv_cycles(_conv(in_c=16, out_c=24), MAPPINGS["channels"], 32, 32, True) == 500
+    assert conv_cycles(_conv(in_c=16, out_c=24), MAPPINGS["spatial"], 32, 32, True) == 375
     up = _conv(in_c=16, out_c=1, kh=2, kw=2, sh=2, sw=2, out_h=24, out_w=24, transpose=1)
     # transposed, channels: 1 column, 16 rows (2 bands), one tap per pass: 72 steps of the 144
     # input positions x 4 taps
-    assert conv_cycles(up, MAPPINGS["channels"], 32, 32) == 288
+    assert conv_cycles(up, MAPPINGS["channels"], 32, 32, True) == 288
     # spatial: an input position's 1 x 4 tap filters in 4 columns, 8 positions side by side: 9 steps
-    assert conv_cycles(up, MAPPINGS["spatial"], 32, 32) == 9
+    assert conv_cycles(up, MAPPINGS["spatial"], 32, 32, True) == 9
     wide_up = _conv(in_c=16, out_c=32, kh=2, kw=2, sh=2, sw=2, out_h=24, out_w=24, transpose=1)
     # 128 tap filters take four column folds, one position at a time: as channels (4 taps x 1 fold)
-    assert conv_cycles(wide_up, MAPPINGS["spatial"], 32, 32) == conv_cycles(
-        wide_up, MAPPINGS["channels"], 32, 32
+    assert conv_cycles(wide_up, MAPPINGS["spatial"], 32, 32, True) == conv_cycles(
+        wide_up, MAPPINGS["channels"], 32, 32, True
     )
 
 
@@ -96,8 +98,8 @@ def test_the_code_generator_picks_depthwise_spatial_or_channels_by_geometry():
     grouped = _conv(in_c=16, out_c=16, group=4)  # 4 output channels per group, 36-product sums
     # channels: 4 groups x 2 row folds x 100 positions, 4 of 32 columns; spatial: 8 positions'
     # filters in one fold, 13 steps: 4 x 2 x 13
-    assert conv_cycles(grouped, MAPPINGS["channels"], 32, 32) == 800
-    assert conv_cycles(grouped, MAPPINGS["spatial"], 32, 32) == 104
+    assert conv_cycles(grouped, MAPPINGS["channels"], 32, 32, True) == 800
+    assert conv_cycles(grouped, MAPPINGS["spatial"], 32, 32, True) == 104
     assert conv_mapping(grouped, M) == MAPPINGS["spatial"]
     assert conv_mapping(_conv(in_c=64, out_c=64, group=2), M) == MAPPINGS["channels"]  # 32 per group
     up = dict(kh=2, kw=2, sh=2, sw=2, out_h=24, out_w=24, transpose=1)
@@ -189,6 +191,7 @@ def test_the_real_direction_classifier_runs_its_depthwise_layers_in_the_depthwis
 
     binary = npub.read(cls_binary.read_bytes())
     rows, cols = BUILTIN_TARGETS["vnpu-m"].mac_rows, BUILTIN_TARGETS["vnpu-m"].mac_cols
+    bands = BUILTIN_TARGETS["vnpu-m"].row_bands
     convs = [
         i
         for sg in binary.meta["subgraphs"]
@@ -203,11 +206,11 @@ def test_the_real_direction_classifier_runs_its_depthwise_layers_in_the_depthwis
         MAPPINGS["spatial"],
     }
     for i in convs:
-        assert conv_cycles(i.args, i.args["mapping"], rows, cols) <= conv_cycles(
-            i.args, MAPPINGS["channels"], rows, cols
+        assert conv_cycles(i.args, i.args["mapping"], rows, cols, bands) <= conv_cycles(
+            i.args, MAPPINGS["channels"], rows, cols, bands
         )
-    saved = sum(conv_cycles(i.args, MAPPINGS["channels"], rows, cols) for i in depthwise)
-    assert saved > 4 * sum(conv_cycles(i.args, MAPPINGS["depthwise"], rows, cols) for i in depthwise)
+    saved = sum(conv_cycles(i.args, MAPPINGS["channels"], rows, cols, bands) for i in depthwise)
+    assert saved > 4 * sum(conv_cycles(i.args, MAPPINGS["depthwise"], rows, cols, bands) for i in depthwise)
 
 
 def test_vnpu_s_and_a_target_written_from_scratch_offer_the_channels_mapping_only():

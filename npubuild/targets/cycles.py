@@ -57,7 +57,7 @@ def cost(i: Instruction, target: dict) -> int:
     return math.ceil(elements * width / lanes)
 
 
-def conv_cycles(a: dict, mapping: int, rows: int, cols: int, row_bands: bool = True) -> int:
+def conv_cycles(a: dict, mapping: int, rows: int, cols: int, row_bands: bool) -> int:
     """Cycles of one conv instruction at int8 under a mapping (docs/npu.md, "Mappings").
 
     Every mapping puts a sum of `reduction` products down a column's R rows (input channels per
