@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from conftest import cli, run_build
 from npubuild.cache.store import Store
 
@@ -57,6 +59,8 @@ def test_corrupt_blob_found_while_materialising_is_rebuilt(small_ws, warm_store)
     assert outputs(small_ws) == expected
 
 
+# slow tier: real processes killed or racing, seconds each (CI runs every tier)
+@pytest.mark.slow
 def test_sigkill_mid_build_leaves_a_usable_cache(small_ws, tmp_path):
     reference_cache = tmp_path / "reference"
     assert cli(["build", "//...", "-j", "1"], small_ws, reference_cache).returncode == 0
@@ -175,6 +179,8 @@ def test_noop_build_does_not_rehash_unchanged_sources(small_ws, warm_store, monk
     assert outcome.ok and outcome.executed() == set()
 
 
+# slow tier: real processes killed or racing, seconds each (CI runs every tier)
+@pytest.mark.slow
 def test_two_builds_sharing_one_cache_agree(small_ws, tmp_path, warm_cache):
     # the outputs one build alone gives (from the session's build: the two below start cold)
     assert cli(["build", "//...", "-j", "1"], small_ws, warm_cache).returncode == 0

@@ -76,6 +76,8 @@ def test_workers_die_with_the_build(small_ws, tmp_path, sig):
                 os.kill(w, signal.SIGKILL)
 
 
+# slow tier: real processes killed or racing, seconds each (CI runs every tier)
+@pytest.mark.slow
 def test_ctrl_c_is_quiet_and_exits_130(small_ws, tmp_path):
     proc, workers = _start_build(small_ws, tmp_path / "cache")
     assert proc.poll() is None, "the build ended before it could be interrupted"
