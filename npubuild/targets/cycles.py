@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from npubuild.targets.isa import ENGINES, MAPPINGS, NO_SIGNAL, TOKENS, Instruction
+from npubuild.targets.isa import ENGINES, MAPPINGS, NO_SIGNAL, TOKENS, Instruction, far_box
 
 SRAM_COPY_LATENCY = 4
 MAPPING_NAMES = {code: name for name, code in MAPPINGS.items()}
@@ -178,8 +178,8 @@ def moved_bytes(i: Instruction) -> int:
     if i.op == "store":
         return a["d0"] * a["d1"] * a["d2"] * a["d3"] * a["esize"]
     if i.op == "load":
-        inner = (a["d2"] - a["pad_top"] - a["pad_bottom"]) * (a["d3"] - a["pad_left"] - a["pad_right"])
-        return a["d0"] * a["d1"] * max(inner, 0) * a["esize"]
+        _, _, rows, columns = far_box(a)
+        return a["d0"] * a["d1"] * max(rows * columns, 0) * a["esize"]
     return 0
 
 

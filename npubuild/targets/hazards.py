@@ -12,10 +12,12 @@ to the constant slots' own rule (lowering.py) and its tests.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from npubuild.targets.cycles import Timeline
-from npubuild.targets.isa import Instruction
+from npubuild.targets.isa import Instruction, far_box, input_box
 
 
 def _bytes(bits: int) -> int:
@@ -25,10 +27,7 @@ def _bytes(bits: int) -> int:
 def _box(i: Instruction, side: str) -> tuple[int, int]:
     """The bytes a load's source or a store's destination spans in its memory."""
     a = i.args
-    dims = [a[f"d{k}"] for k in range(4)]
-    if i.op == "load":
-        dims[2] -= a["pad_top"] + a["pad_bottom"]
-        dims[3] -= a["pad_left"] + a["pad_right"]
+    dims = far_box(a)
     if min(dims) <= 0:
         return (a[side], a[side])
     last = sum((d - 1) * a[f"s{k}"] for k, d in enumerate(dims))
@@ -47,9 +46,7 @@ def footprint(i: Instruction) -> tuple[list[tuple[int, int]], list[tuple[int, in
         return (a[at], a[at] + count * _bytes(bits))
 
     def bordered() -> int:  # the elements of a conv's or pool's input box without its borders
-        rows = a["in_h"] - a["in_pad_top"] - a["in_pad_bottom"]
-        columns = a["in_w"] - a["in_pad_left"] - a["in_pad_right"]
-        return (a["in_c"] if op == "conv" else a["c"]) * rows * columns
+        return math.prod(input_box(op, a))
 
     if op == "conv":  # a table or a residual Add in the output path writes its own width
         written_bits = a["sum_bits"] if a["res"] >= 0 else a["lut_bits"] if a["lut"] >= 0 else a["out_bits"]

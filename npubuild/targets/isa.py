@@ -27,6 +27,8 @@ _TWO_BOXES = (
     *("b", "b0", "b1", "b2", "b3", "b_bits"),
     *("dst", "o0", "o1", "o2", "o3", "out_bits"),
 )
+# The borders a load pads its SRAM box with (pad_value), in the order of INPUT_PADS below
+LOAD_PADS = ("pad_top", "pad_bottom", "pad_left", "pad_right")
 # A residual Add's parameters in the output path of a conv or a mul (format 4.0 on)
 SUM_OPERANDS = ("add_za", "add_ma", "add_zb", "add_mb", "sum_zp", "sum_bits")
 # Borders a conv or pool adds around the box it reads (format 5.0 on): the box at `src` is
@@ -44,10 +46,7 @@ OPERANDS: dict[str, tuple[str, ...]] = {
         "s1",
         "s2",
         "s3",
-        "pad_top",
-        "pad_bottom",
-        "pad_left",
-        "pad_right",
+        *LOAD_PADS,
         "pad_value",
     ),
     "store": ("space", "sram", "dram", "esize", *_BOX, "s0", "s1", "s2", "s3"),
@@ -215,6 +214,33 @@ _LEGACY_DEFAULTS = {
     **NO_CLAMP,
 }
 NAMES = {v: k for k, v in OPCODES.items()}
+
+
+def far_box(a: dict) -> list[int]:
+    """The box a load copies from, or a store copies to, the far memory: a load's SRAM box less
+    the borders it pads (a store has none)."""
+    top, bottom, left, right = (a.get(k, 0) for k in LOAD_PADS)
+    return [a["d0"], a["d1"], a["d2"] - top - bottom, a["d3"] - left - right]
+
+
+def input_box(op: str, a: dict) -> tuple[int, int, int]:
+    """The box a conv or pool reads at `src`: [channels, in_h, in_w] less its borders (format 5.0)."""
+    channels = a["in_c"] if op == "conv" else a["c"]
+    rows = a["in_h"] - a["in_pad_top"] - a["in_pad_bottom"]
+    return channels, rows, a["in_w"] - a["in_pad_left"] - a["in_pad_right"]
+
+
+def border_code(op: str, a: dict) -> int | None:
+    """The code a conv's or pool's input borders hold (format 5.0): a conv's and an average pool's
+    zero point, a max pool's lowest code; None where an instruction takes no borders (a
+    transposed conv, every other op)."""
+    if op == "conv" and not a["transpose"]:
+        return a["in_zp"]
+    if op == "pool":
+        return a["in_zp"] if a["mode"] else -(1 << (a["in_bits"] - 1))
+    return None
+
+
 ENGINES = {
     "load": "dma_in",
     "store": "dma_out",

@@ -32,7 +32,16 @@ from npubuild.intmodel.ortconv import ExactConvs
 from npubuild.intmodel.program import ConvGeometry
 from npubuild.intmodel.rowwise import EPS_CODES_MAX, layernorm_rows, softmax_rows
 from npubuild.targets.cycles import Timeline
-from npubuild.targets.isa import ENGINES, INPUT_PADS, MAPPINGS, Instruction
+from npubuild.targets.isa import (
+    ENGINES,
+    INPUT_PADS,
+    LOAD_PADS,
+    MAPPINGS,
+    Instruction,
+    border_code,
+    far_box,
+    input_box,
+)
 from npubuild.targets.npub import NpubError
 
 
@@ -76,7 +85,7 @@ def _geometry(sh: int, sw: int, dh: int, dw: int, group: int, pads: tuple[int, .
 # what a load's tile holds, given its source bytes: its shape, strides, element size and padding
 _LOAD_FIELDS = (
     *("esize", "d0", "d1", "d2", "d3", "s0", "s1", "s2", "s3"),
-    *("pad_top", "pad_bottom", "pad_left", "pad_right", "pad_value"),
+    *(*LOAD_PADS, "pad_value"),
 )
 
 VIEWS_KEPT = 1 << 16  # a large stream's distinct views; beyond that they are built again
@@ -251,8 +260,7 @@ class Simulator:
         esize = a["esize"]
         if esize not in (1, 2, 4, 8):
             raise NpubError(f"DMA element size {esize}")
-        pads = [a.get(k, 0) if padded else 0 for k in ("pad_top", "pad_bottom", "pad_left", "pad_right")]
-        inner = (a["d0"], a["d1"], a["d2"] - pads[0] - pads[1], a["d3"] - pads[2] - pads[3])
+        inner = tuple(far_box(a)) if padded else (a["d0"], a["d1"], a["d2"], a["d3"])
         strides = (a["s0"], a["s1"], a["s2"], a["s3"])
         if any(d < 0 for d in inner) or any(s < 0 for s in strides) or a["dram"] < 0:
             raise NpubError("DMA with a negative extent, stride or address")
@@ -316,17 +324,17 @@ class Simulator:
                 self._output_rules[key] = rule
         return rule.apply(acc, acc_bound)
 
-    def _bordered(self, a: dict, bits: int, channels: int) -> tuple[np.ndarray, tuple[int, int, int, int]]:
+    def _bordered(self, op: str, a: dict) -> tuple[np.ndarray, tuple[int, int, int, int]]:
         """A conv's or pool's input box at `src` (in_h x in_w less its borders, format 5.0) and
         its borders in ONNX order (top, left, bottom, right)."""
         top, bottom, left, right = (a[k] for k in INPUT_PADS)
-        if min(top, bottom, left, right) < 0 or top + bottom >= a["in_h"] or left + right >= a["in_w"]:
+        box = input_box(op, a)
+        if min(top, bottom, left, right) < 0 or min(box[1:]) <= 0:
             raise NpubError(f"{a['in_h']} x {a['in_w']} input with borders {top}, {bottom}, {left}, {right}")
-        box = (channels, a["in_h"] - top - bottom, a["in_w"] - left - right)
-        return self.sram.view(a["src"], bits, box), (top, left, bottom, right)
+        return self.sram.view(a["src"], a["in_bits"], box), (top, left, bottom, right)
 
     def _conv(self, a: dict) -> None:
-        x, pads = self._bordered(a, a["in_bits"], a["in_c"])
+        x, pads = self._bordered("conv", a)
         group = a["group"]
         if group <= 0 or a["in_c"] % group:
             raise NpubError(f"conv with {a['in_c']} input channels in {group} groups")
@@ -496,13 +504,13 @@ class Simulator:
             self.sram.write(a["dst"], a["out_bits"], y)
 
     def _pool(self, a: dict) -> None:
-        x, pads = self._bordered(a, a["in_bits"], a["c"])
+        x, pads = self._bordered("pool", a)
         kernel, strides, dil = [a["kh"], a["kw"]], [a["sh"], a["sw"]], [a["dh"], a["dw"]]
         if min(*kernel, *strides, *dil) <= 0:
             raise NpubError("pool with a non-positive window, stride or dilation")
         shape = (a["out_h"], a["out_w"])
         if a["mode"] == 0:  # borders hold the lowest code
-            y = window_max(x, kernel, strides, dil, pads, -(1 << (a["in_bits"] - 1)))
+            y = window_max(x, kernel, strides, dil, pads, border_code("pool", a))
         else:  # borders hold the zero point
             xc = x.astype(np.float64) - a["in_zp"]
             total = np.rint(windows(xc, kernel, strides, dil, pads, 0.0).sum(axis=(-2, -1)))

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from npubuild.targets.backend.memory import esize, space
+from npubuild.targets.isa import LOAD_PADS
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ def transfer(op: str, sram, far: int, bits: int, box, strides, start, **args) ->
 
 def load(sram, dram: int, bits: int, box, strides, start, pads=(0, 0, 0, 0), value: int = 0) -> Step:
     """Load a box of `box` (SRAM dims incl. padding) whose unpadded part starts at `start`."""
-    pad = dict(zip(("pad_top", "pad_bottom", "pad_left", "pad_right"), pads))
+    pad = dict(zip(LOAD_PADS, pads))
     return transfer("load", sram, dram, bits, box, strides, start, **pad, pad_value=value)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from npubuild.intmodel.program import Op
 from npubuild.targets.backend.commands import Command, ConstLoads, InConst, InTile, Step, Tile, box_bytes
 from npubuild.targets.backend.memory import SramPlan
-from npubuild.targets.isa import INPUT_PADS, NO_SIGNAL, Instruction
+from npubuild.targets.isa import INPUT_PADS, LOAD_PADS, NO_SIGNAL, Instruction, border_code, far_box
 
 T_CONST, T_IN, T_DONE, T_STORED = 0, (1, 2), (3, 4), (5, 6)
 SLOT_TOKENS = (0, 7)  # the token each constant slot's loads signal
@@ -175,16 +175,12 @@ class Lowering:
         return position, moved
 
 
-PADS = ("pad_top", "pad_bottom", "pad_left", "pad_right")  # a load's, in INPUT_PADS order
-
-
 def _contiguous(step: Step) -> InTile | None:
     """The tile-buffer offset of an on-chip copy (`space` 1) of a dense box: a load of contiguous
     bytes of a resident tensor (with borders it adds, possibly) or a store of them, which the
     compute can address where they are."""
     a = step.args
-    pads = [a.get(p, 0) for p in PADS]
-    dims = [a["d0"], a["d1"], a["d2"] - pads[0] - pads[1], a["d3"] - pads[2] - pads[3]]
+    dims = far_box(a)
     strides = [a[f"s{k}"] for k in range(4)]
     dense = 1
     for k in (3, 2, 1, 0):
@@ -194,17 +190,6 @@ def _contiguous(step: Step) -> InTile | None:
     if a["space"] != 1 or not isinstance(a["sram"], InTile):
         return None
     return a["sram"]
-
-
-def _border_value(compute: Step) -> int | None:
-    """The code a compute reads outside the box it is given (format 5.0), or None for an op that
-    takes no borders: a conv's and an average pool's zero point, a max pool's lowest code."""
-    a = compute.args
-    if compute.op == "conv" and not a["transpose"]:
-        return a["in_zp"]
-    if compute.op == "pool":
-        return a["in_zp"] if a["mode"] else -(1 << (a["in_bits"] - 1))
-    return None
 
 
 def _in_place(tile: Tile) -> Tile:
@@ -221,12 +206,16 @@ def _in_place(tile: Tile) -> Tile:
     kept = []
     for load in tile.loads:
         offset = _contiguous(load)
-        pads = [load.args[p] for p in PADS]
+        pads = [load.args[p] for p in LOAD_PADS]
         if any(pads) and offset is not None:
-            value = _border_value(tile.compute)
-            bordered = offset == tile.compute.args.get("src") and load.args["pad_value"] == value
-            offset = offset if bordered and not borders else None
-            if offset is not None:
+            compute = tile.compute
+            if (
+                borders
+                or offset != compute.args.get("src")
+                or load.args["pad_value"] != border_code(compute.op, compute.args)
+            ):
+                offset = None  # the copy stays: not the op's input, or padded with another code
+            else:
                 borders = dict(zip(INPUT_PADS, pads))
         if offset is None or offset in where:
             kept.append(load)
