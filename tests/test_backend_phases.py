@@ -354,9 +354,10 @@ def test_grouping_takes_the_least_dram_among_choices_within_one_percent_of_the_f
 
     def fake(*args):
         cycles, dram = next(figures)
-        return b"", "", {"estimated_cycles": cycles, "dram_bytes": dram, "const_slot_bytes": 0}
+        return b"", "", {"estimated_cycles": cycles, "dram_bytes": dram, "const_slot_bytes": 0, "stripes": []}
 
     monkeypatch.setattr(compile_module, "_compile", fake)
+    monkeypatch.setattr(compile_module, "stripings", lambda *args: {})  # no chain to stripe here
     program, plan, _ = _chain(1)
     target = BUILTIN_TARGETS["vnpu-m"]
     _, _, stats = compile_module.compile_npub(program, {}, None, target, plan)

@@ -15,7 +15,9 @@ from npubuild.targets.backend.context import ConstantPool, OpContext
 from npubuild.targets.backend.fusion import Fusion, fuse
 from npubuild.targets.backend.memory import ALIGN, DoesNotFit, SramPlan
 from npubuild.targets.backend.pipeline import fits, lower_subgraph
+from npubuild.targets.backend.stripes import Striping, stripe
 from npubuild.targets.cpu import CpuSubgraph
+from npubuild.targets.cycles import roofline
 from npubuild.targets.package import Assembly
 from npubuild.targets.partition import partition
 from npubuild.targets.spec import TargetSpec
@@ -73,34 +75,60 @@ def compile_npub(
     """The binary with the least estimated latency over the grouping choices (the least DRAM
     traffic among those within DRAM_TIE of it): how much SRAM keeps intermediates on chip (layers
     whose tensors stay there form one group, no DRAM round trip; `resident_shares`, the shares of
-    SRAM tried) versus how much is left for tiles. Without grouping (or when checking every op's
-    result), every tensor goes through DRAM."""
+    SRAM tried) versus how much is left for tiles, and at each share whether chains of layers
+    whose maps exceed it run in row stripes (stripes.py). Without grouping (or when checking every
+    op's result), every tensor goes through DRAM."""
     grouping = group and reuse_dram
     shares = [(r, c) for r in resident_shares for c in CONST_SLOT_SHARES] if grouping else [(0.0, 0.0)]
-    results = []
-    tried = []
-    for share, const_share in shares:
-        budget = int(share * target.sram_kib * 1024)
+    results: list[tuple[bytes, str, dict]] = []
+    tried: list[dict] = []
+
+    def attempt(budget: int, const_share: float, striping: Striping | None = None) -> None:
         try:
-            result = _compile(program, arrays, model, target, plan, reuse_dram, budget, grouping, const_share)
+            result = _compile(
+                program, arrays, model, target, plan, reuse_dram, budget, grouping, const_share, striping
+            )
         except DoesNotFit:
-            continue
+            return
         stats = result[2]
         tried.append(
             {
                 "resident_bytes": budget,
                 "const_slot_bytes": stats["const_slot_bytes"],
+                "striped_chains": len(stats["stripes"]),
                 "estimated_cycles": stats["estimated_cycles"],
                 "dram_bytes": stats["dram_bytes"],
             }
         )
         results.append(result)
+
+    for share, const_share in shares:
+        attempt(int(share * target.sram_kib * 1024), const_share)
+    if grouping:
+        # chains too large for a resident budget run in stripes (stripes.py), tried with the
+        # constant slot that was fastest unstriped at that budget
+        budgets = [int(share * target.sram_kib * 1024) for share in resident_shares]
+        for budget, striping in stripings(program, arrays, model, plan, budgets).items():
+            here = [r[2] for r in results if r[2]["resident_bytes"] == budget]
+            if here:
+                attempt(budget, min(here, key=lambda st: st["estimated_cycles"])["const_share"], striping)
     # the fastest, or among those within DRAM_TIE of it the one that moves the fewest DRAM bytes
     fastest = min(r[2]["estimated_cycles"] for r in results)
     close = [r for r in results if r[2]["estimated_cycles"] <= fastest * (1 + DRAM_TIE)]
     data, listing, stats = min(close, key=lambda r: (r[2]["dram_bytes"], r[2]["estimated_cycles"]))
     stats["grouping_search"] = tried
     return data, listing, stats
+
+
+def stripings(
+    program: IntegerModel, arrays: dict, model: onnx.ModelProto, plan: dict, budgets: list[int]
+) -> dict[int, Striping]:
+    """For each resident budget, the program with its chains that do not fit it striped, where
+    there are any."""
+    shapes = model_shapes(model)
+    fusion = fuse(program, plan, shapes)
+    found = {budget: stripe(program, arrays, shapes, plan, fusion, budget) for budget in budgets}
+    return {budget: striping for budget, striping in found.items() if striping is not None}
 
 
 def _compile(
@@ -113,8 +141,11 @@ def _compile(
     resident_bytes: int,
     fused: bool,
     const_share: float = 0.0,
+    striping: Striping | None = None,
 ) -> tuple[bytes, str, dict]:
     shapes = model_shapes(model)
+    if striping is not None:  # chains run in row stripes (stripes.py): another program, same codes
+        program, arrays, shapes, plan = striping.program, striping.arrays, striping.shapes, striping.plan
     ops = program.ops
     # fused intermediates never exist, so the every-op check compiles without fusion
     fusion = fuse(program, plan, shapes) if fused else Fusion()
@@ -145,4 +176,13 @@ def _compile(
                     if o and o in cpu.current:
                         assembly.states[o] = cpu.current[o][1]
             assembly.add_cpu(k, cpu)
-    return assembly.finish(bytes(consts.data), sram)
+    data, listing, stats = assembly.finish(bytes(consts.data), sram)
+    stats["const_share"] = const_share
+    stats["stripes"] = striping.chains if striping is not None else []
+    if striping is not None:
+        # the bound is the network's work: rows a stripe's halo computes twice are not part of it
+        stats["halo_macs"] = striping.halo_macs
+        stats["roofline_cycles"] = roofline(
+            stats["macs"] - striping.halo_macs, stats["compulsory_dram_bytes"], assembly.target_fields
+        )
+    return data, listing, stats

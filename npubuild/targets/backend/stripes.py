@@ -1,0 +1,279 @@
+"""Stripes: a chain of layers whose feature maps are too large to stay in SRAM, run as horizontal
+stripes that each go through the whole chain (Vela's cascading, TPU-MLIR's layer groups sliced
+along H).
+
+A chain is a run of ops on one NPU subgraph where each op's only data input is the op before's
+result and that result has no other reader: convolutions (any group, not transposed), lookup
+tables, clamps, and adds or muls with a constant that is the same on every row. Where the chain's
+maps are large (an op's input and output together over half the resident budget), the chain's last
+result is cut into S row ranges; each range's rows are traced back through the chain (a
+convolution needs (rows - 1) x stride + its kernel's extent rows of its input, less the padding it
+adds), and the chain is written S times over those rows: a Slice of the chain's input, the chain's
+ops on stripe-sized tensors (a convolution pads only where its stripe meets the map's edge), and a
+Concat of the S results along H. Each stripe's intermediates are 1/S of the maps and stay resident,
+so the chain moves only its input and its result through DRAM; rows at the seams are computed
+twice (the halo). Every output code is what the unstriped chain computes: the rewrite changes where
+rows are computed, not how.
+
+`stripe` returns the rewritten program (new ops carry their layer's node name, so per-layer
+figures add up by layer) or None when no chain gains from it; the code generator compiles both and
+keeps the faster (compile.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from npubuild.intmodel.fixedpoint import quantize_multiplier
+from npubuild.intmodel.kernels import conv_pads
+from npubuild.intmodel.program import ConcatAttrs, ConcatOp, IntegerModel, MoveOp, Op, Rescale
+from npubuild.targets.backend.fusion import Fusion
+from npubuild.targets.backend.memory import esize
+from npubuild.targets.cpu_cost import op_work
+
+MAX_STRIPES = 16
+MIN_STRIPE_ROWS = 4  # fewer output rows per stripe and the halos cost more than the DRAM saved
+
+
+@dataclass(frozen=True)
+class Striping:
+    program: IntegerModel
+    arrays: dict
+    shapes: dict
+    plan: dict
+    chains: list[dict]  # per chain striped: its layers and the stripe count, for the stats
+    rows: dict[str, tuple[int, int]]  # each stripe tensor -> the rows [a, b) of the map it holds
+    halo_macs: int  # multiply-accumulates the stripes compute twice (rows at their seams)
+
+
+def _rows_needed(op: Op, shapes: dict, arrays: dict, lo: int, hi: int) -> tuple[int, int, int, int]:
+    """The input rows [a, b) that output rows [lo, hi) of `op` read, and the padding rows the op
+    adds above and below them."""
+    if op.kind != "conv":
+        return lo, hi, 0, 0
+    x = op.inputs[0]
+    h_in = int(shapes[x][2])
+    kh = int(arrays[op.arrays.weight].shape[2])
+    at = op.attrs
+    pads = conv_pads(at, [int(d) for d in shapes[x][2:]], list(arrays[op.arrays.weight].shape[2:]))
+    sh, dh, pt = at.strides[0], at.dilations[0], pads[0]
+    first = lo * sh - pt
+    end = (hi - 1) * sh - pt + (kh - 1) * dh + 1
+    a, b = max(first, 0), min(end, h_in)
+    return a, b, a - first, end - b
+
+
+def _data(op: Op) -> list[str]:
+    return [n for n in op.inputs if n and n not in op.constants]
+
+
+def _eligible(op: Op, shapes: dict, arrays: dict) -> bool:
+    """An op a stripe can run on a band of rows: the same rule on every row, one data input."""
+    data = _data(op)
+    if len(data) != 1 or len(op.outputs) != 1 or len(shapes.get(data[0], [])) != 4:
+        return False
+    if len(shapes.get(op.outputs[0], [])) != 4:
+        return False
+    if op.kind == "conv":
+        return not op.attrs.transpose and len(arrays[op.arrays.weight].shape) == 4
+    if op.kind in ("lut", "clamp"):
+        return True
+    if op.kind in ("add", "mul"):
+        # a constant operand that varies along H would need its own slice
+        return all(np.ndim(arrays[k]) < 2 or np.shape(arrays[k])[-2] == 1 for k in op.constants.values())
+    return False
+
+
+def _chains(program: IntegerModel, arrays: dict, shapes: dict, plan: dict) -> list[list[int]]:
+    """Maximal chains of eligible ops, each on one NPU subgraph, in execution order."""
+    ops = program.ops
+    readers: dict[str, list[int]] = {}
+    for i, op in enumerate(ops):
+        for n in op.inputs:
+            readers.setdefault(n, []).append(i)
+    subgraph = {i: k for k, sg in enumerate(plan["subgraphs"]) if sg["device"] == "npu" for i in sg["ops"]}
+    outputs = set(program.outputs)
+    ok = {i for i in subgraph if _eligible(ops[i], shapes, arrays)}
+
+    def successor(i: int) -> int | None:
+        y = ops[i].outputs[0]
+        users = readers.get(y, [])
+        if y in outputs or len(users) != 1 or users[0] not in ok or subgraph[users[0]] != subgraph[i]:
+            return None
+        return users[0]
+
+    followed = {j for i in ok if (j := successor(i)) is not None}
+    chains = []
+    for sg in plan["subgraphs"]:
+        for i in sg["ops"]:
+            if i not in ok or i in followed:
+                continue
+            chain = [i]
+            while (j := successor(chain[-1])) is not None:
+                chain.append(j)
+            chains.append(chain)
+    return chains
+
+
+def _stored_bytes(name: str, program: IntegerModel, shapes: dict, fused_away: frozenset[str]) -> int:
+    if name in fused_away or name not in program.tensors:
+        return 0
+    return int(np.prod(shapes[name], dtype=np.int64)) * esize(program.tensors[name].bits)
+
+
+def _plan_chain(
+    chain: list[int], program: IntegerModel, shapes: dict, fused_away: frozenset[str], budget: int
+) -> tuple[list[int], int] | None:
+    """The part of the chain worth striping (from its first to its last op whose input and output
+    together exceed half the budget) and the stripe count, or None."""
+    ops = program.ops
+
+    def live(i: int) -> int:
+        op = ops[i]
+        return _stored_bytes(_data(op)[0], program, shapes, fused_away) + _stored_bytes(
+            op.outputs[0], program, shapes, fused_away
+        )
+
+    big = [k for k, i in enumerate(chain) if live(i) > budget // 2]
+    if not big:
+        return None
+    part = chain[big[0] : big[-1] + 1]
+    if len(part) < 2:
+        return None
+    peak = max(live(i) for i in part)
+    rows = int(shapes[ops[part[-1]].outputs[0]][2])
+    count = 1
+    while count < MAX_STRIPES and peak / count > budget // 2 and rows // (count * 2) >= MIN_STRIPE_ROWS:
+        count *= 2
+    return (part, count) if count > 1 else None
+
+
+def stripe(
+    program: IntegerModel, arrays: dict, shapes: dict, plan: dict, fusion: Fusion, budget: int
+) -> Striping | None:
+    """The program with every chain whose maps exceed the resident `budget` striped (module
+    docstring), or None when there is none."""
+    if budget <= 0:
+        return None
+    planned = []
+    for chain in _chains(program, arrays, shapes, plan):
+        found = _plan_chain(chain, program, shapes, fusion.fused_away, budget)
+        if found is not None:
+            planned.append(found)
+    if not planned:
+        return None
+    ops = list(program.ops)
+    tensors = dict(program.tensors)
+    arrays = dict(arrays)
+    shapes = dict(shapes)
+    replaced: dict[int, list[Op]] = {}
+    dropped: set[int] = set()
+    rows: dict[str, tuple[int, int]] = {}
+    for part, count in planned:
+        replaced[part[0]] = _striped(part, count, ops, tensors, arrays, shapes, rows, len(replaced))
+        dropped.update(part[1:])
+    new_ops: list[Op] = []
+    index: dict[int, list[int]] = {}
+    for i, op in enumerate(ops):
+        if i in dropped:
+            index[i] = []
+            continue
+        block = replaced.get(i, [op])
+        index[i] = list(range(len(new_ops), len(new_ops) + len(block)))
+        new_ops.extend(block)
+    subgraphs = [{**sg, "ops": [j for i in sg["ops"] for j in index[i]]} for sg in plan["subgraphs"]]
+    return Striping(
+        program=program.model_copy(update={"ops": new_ops, "tensors": tensors}),
+        arrays=arrays,
+        shapes=shapes,
+        plan={**plan, "subgraphs": subgraphs},
+        chains=[{"layers": [ops[i].label for i in part], "stripes": count} for part, count in planned],
+        rows=rows,
+        halo_macs=sum(op_work(op, shapes, arrays)[0] for op in new_ops)
+        - sum(op_work(op, shapes, arrays)[0] for op in ops),
+    )
+
+
+def _striped(
+    part: list[int], count: int, ops: list[Op], tensors: dict, arrays: dict, shapes: dict, rows: dict, k: int
+) -> list[Op]:
+    """The ops that compute the chain `part` in `count` stripes: per stripe a Slice of its input
+    (unless it reads all of it) and the chain's ops on their rows; then the Concat. `k` numbers
+    the chain: two chains may read the same input, each through slices of its own."""
+    chain = [ops[i] for i in part]
+    x, y = _data(chain[0])[0], chain[-1].outputs[0]
+    height = int(shapes[y][2])
+    cuts = [height * s // count for s in range(count + 1)]
+    out: list[Op] = []
+    pieces = []
+    for s in range(count):
+        # rows each op must produce, from the last op back to the chain's input
+        spans = [(cuts[s], cuts[s + 1])]
+        borders = []
+        for op in reversed(chain):
+            a, b, top, bottom = _rows_needed(op, shapes, arrays, *spans[0])
+            spans.insert(0, (a, b))
+            borders.insert(0, (top, bottom))
+        a, b = spans[0]
+        source = x
+        if chain[0].kind == "conv":
+            # the first convolution reads its rows of x where x lies: a negative pad crops
+            top, bottom = borders[0]
+            borders[0] = (top - a, bottom - (int(shapes[x][2]) - b))
+        elif (a, b) != (0, int(shapes[x][2])):
+            source = f"{x}@chain{k}.input{s}"
+            out.append(_row_slice(chain[0].node, x, source, a, b, arrays, shapes, tensors))
+            rows[source] = (a, b)
+        for k, op in enumerate(chain):
+            result = op.outputs[0]
+            mine = f"{result}@stripe{s}"
+            lo, hi = spans[k + 1]
+            shapes[mine] = [*shapes[result][:2], hi - lo, shapes[result][3]]
+            rows[mine] = (lo, hi)
+            tensors[mine] = tensors[result]
+            data = _data(op)[0]
+            inputs = [source if n == data else n for n in op.inputs]
+            update: dict = {"inputs": inputs, "outputs": [mine]}
+            if op.kind == "conv":
+                pads = conv_pads(
+                    op.attrs,
+                    [int(d) for d in shapes[op.inputs[0]][2:]],
+                    list(arrays[op.arrays.weight].shape[2:]),
+                )
+                top, bottom = borders[k]
+                update["attrs"] = op.attrs.model_copy(
+                    update={"pads": [top, pads[1], bottom, pads[3]], "auto_pad": "NOTSET"}
+                )
+            out.append(op.model_copy(update=update))
+            source = mine
+        pieces.append(source)
+    m0, shift = quantize_multiplier(1.0)
+    same = Rescale(m0=m0, shift=shift, zin=tensors[y].zero_point, same=True)
+    out.append(
+        ConcatOp(
+            kind="concat",
+            node=chain[-1].node,
+            op_type="Concat",
+            inputs=pieces,
+            outputs=[y],
+            attrs=ConcatAttrs(axis=2, rescale=[same] * count),
+            operand_params=[tensors[y]] * count,
+        )
+    )
+    return out
+
+
+def _row_slice(node: str, x: str, y: str, a: int, b: int, arrays: dict, shapes: dict, tensors: dict) -> Op:
+    """Rows [a, b) of x (axis 2) as tensor y."""
+    keys = {}
+    for name, value in (("starts", a), ("ends", b), ("axes", 2)):
+        key = f"{y}#{name}"
+        arrays[key] = np.array([value], np.int64)
+        keys[key] = key
+    shapes[y] = [*shapes[x][:2], b - a, shapes[x][3]]
+    tensors[y] = tensors[x]
+    return MoveOp(
+        kind="move", node=node, op_type="Slice", inputs=[x, *keys], outputs=[y], constants=keys, attrs={}
+    )

@@ -1,0 +1,146 @@
+"""Stripes (targets/backend/stripes.py): chains of layers whose maps do not fit the resident budget
+run as row stripes through the whole chain; the simulator still computes the integer model's codes,
+and the DRAM traffic falls."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+from test_quantize import SETTINGS
+
+from conftest import integer_variants, small_model
+from npubuild.targets import npub
+from npubuild.targets.backend.fusion import fuse
+from npubuild.targets.backend.stripes import stripe
+from npubuild.targets.compile import DRAM_TIE, _compile, compile_npub, model_shapes, plan_partition
+from npubuild.targets.cycles import roofline
+from npubuild.targets.hazards import binary_hazards
+from npubuild.targets.runtime import Runtime
+from npubuild.targets.spec import BUILTIN_TARGETS
+
+# vnpu-m with a quarter of its SRAM: the test model's 96 x 96 maps do not stay resident whole
+SMALL = BUILTIN_TARGETS["vnpu-m"].model_copy(update={"name": "vnpu-m-512k", "sram_kib": 512})
+SIZE = 96
+
+
+def _model(rng: np.random.Generator) -> onnx.ModelProto:
+    """Two chains read `t`: one starts with a 1x1 convolution (HardSwish, a stride-2 depthwise
+    convolution with its pads on one side, a Mul by a per-channel constant, a 1x1 convolution),
+    the other with a Mul by a constant (so its stripes slice `t`), a dilated 3x3 convolution and a
+    strided one. Narrow layers on wide maps: moving the maps costs more than computing them."""
+    weights = {
+        "w0": rng.normal(size=(16, 3, 3, 3)) * 0.4,
+        "w1": rng.normal(size=(16, 16, 1, 1)) * 0.3,
+        "wd": rng.normal(size=(16, 1, 3, 3)) * 0.4,
+        "g": rng.uniform(0.5, 1.5, size=(1, 16, 1, 1)),
+        "w2": rng.normal(size=(8, 16, 1, 1)) * 0.3,
+        "k": np.array(0.7),
+        "w3": rng.normal(size=(4, 16, 3, 3)) * 0.1,
+        "w4": rng.normal(size=(8, 4, 3, 3)) * 0.2,
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["t0"], pads=[1, 1, 1, 1], name="conv0"),
+        helper.make_node("Relu", ["t0"], ["t"], name="relu0"),
+        # chain 1
+        helper.make_node("Conv", ["t", "w1"], ["a0"], name="conv1"),
+        helper.make_node("HardSwish", ["a0"], ["a1"], name="hswish1"),
+        helper.make_node(
+            "Conv", ["a1", "wd"], ["a2"], group=16, strides=[2, 2], pads=[0, 0, 1, 1], name="dw"
+        ),
+        helper.make_node("Mul", ["g", "a2"], ["a3"], name="gain"),
+        helper.make_node("Conv", ["a3", "w2"], ["y1"], name="conv2"),
+        # chain 2
+        helper.make_node("Mul", ["t", "k"], ["b0"], name="scale"),
+        helper.make_node("Conv", ["b0", "w3"], ["b1"], pads=[2, 2, 2, 2], dilations=[2, 2], name="conv3"),
+        helper.make_node("Relu", ["b1"], ["b2"], name="relu3"),
+        helper.make_node("Conv", ["b2", "w4"], ["y2"], pads=[1, 1, 1, 1], strides=[2, 2], name="conv4"),
+    ]
+    half = SIZE // 2
+    return small_model(
+        nodes,
+        "chains",
+        {"x": [1, 3, SIZE, SIZE]},
+        {"y1": [1, 8, half, half], "y2": [1, 8, half, half]},
+        weights,
+    )
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    rng = np.random.default_rng(3)
+    model = _model(rng)
+    samples = rng.normal(size=(6, 3, SIZE, SIZE)).astype(np.float32)
+    (program, arrays, interpreter) = integer_variants(
+        model, tmp_path_factory.mktemp("stripes"), samples, {"int8": SETTINGS}
+    )["int8"]
+    plan = plan_partition(program, arrays, model, SMALL)
+    return model, program, arrays, interpreter, plan
+
+
+def _striping(built, budget: int):
+    model, program, arrays, _, plan = built
+    shapes = model_shapes(model)
+    return stripe(program, arrays, shapes, plan, fuse(program, plan, shapes), budget)
+
+
+def test_both_chains_are_cut_into_stripes_that_cover_their_result(built):
+    model, program, _, _, _ = built
+    striping = _striping(built, 64 * 1024)
+    assert striping is not None
+    layers = [c["layers"] for c in striping.chains]
+    # conv0 + relu0 make t, which both chains read (a ReLU is its convolution's clamp)
+    assert sorted(layers) == [["conv1", "hswish1", "dw", "gain", "conv2"], ["scale", "conv3", "conv4"]]
+    outputs = [o for op in striping.program.ops for o in op.outputs]
+    assert len(outputs) == len(set(outputs))  # every tensor has one writer (slices of t included)
+    shapes = model_shapes(model)
+    for y in ("y1", "y2"):
+        (concat,) = [op for op in striping.program.ops if op.outputs == [y]]
+        spans = sorted(striping.rows[n] for n in concat.inputs)
+        assert spans[0][0] == 0 and spans[-1][1] == shapes[y][2]
+        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))  # the result's rows, once each
+    # the Mul-first chain reads t through slices, the conv-first one reads t where it lies
+    slices = [op for op in striping.program.ops if op.op_type == "Slice"]
+    assert slices and all(op.node == "scale" for op in slices)
+    assert striping.halo_macs > 0
+
+
+def test_striped_binary_computes_the_integer_models_codes(built):
+    model, program, arrays, interpreter, plan = built
+    budget = 64 * 1024
+    striping = _striping(built, budget)
+    data, _, stats = _compile(program, arrays, model, SMALL, plan, True, budget, True, 0.125, striping)
+    assert stats["stripes"] == striping.chains
+    assert binary_hazards(data) == []
+    runtime = Runtime(npub.read(data))
+    rng = np.random.default_rng(5)
+    for _ in range(2):
+        x = rng.normal(size=(1, 3, SIZE, SIZE)).astype(np.float32)
+        got, want = runtime.run({"x": x}), interpreter.run({"x": x})[0]
+        for y in ("y1", "y2"):
+            np.testing.assert_array_equal(got[y], want[y])
+    # the bound counts the network's work once: the halo's rows are not part of it
+    plain = _compile(program, arrays, model, SMALL, plan, True, budget, True, 0.125)[2]
+    assert stats["macs"] == plain["macs"] + striping.halo_macs
+    assert (
+        stats["roofline_cycles"]
+        == plain["roofline_cycles"]
+        == roofline(plain["macs"], plain["compulsory_dram_bytes"], SMALL.model_dump())
+    )
+    assert stats["dram_bytes"] < plain["dram_bytes"]
+
+
+def test_the_code_generator_keeps_stripes_where_they_are_faster(built):
+    model, program, arrays, interpreter, plan = built
+    data, _, stats = compile_npub(program, arrays, model, SMALL, plan)
+    striped = [r for r in stats["grouping_search"] if r["striped_chains"]]
+    assert striped  # tried
+    fastest = min(r["estimated_cycles"] for r in stats["grouping_search"])
+    assert stats["stripes"] and stats["estimated_cycles"] <= fastest * (1 + DRAM_TIE)
+    unstriped = min(r["estimated_cycles"] for r in stats["grouping_search"] if not r["striped_chains"])
+    assert stats["estimated_cycles"] < unstriped
+    x = np.random.default_rng(9).normal(size=(1, 3, SIZE, SIZE)).astype(np.float32)
+    got, want = Runtime(npub.read(data)).run({"x": x}), interpreter.run({"x": x})[0]
+    for y in ("y1", "y2"):
+        np.testing.assert_array_equal(got[y], want[y])
