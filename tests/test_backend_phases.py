@@ -354,7 +354,17 @@ def test_grouping_takes_the_least_dram_among_choices_within_one_percent_of_the_f
 
     def fake(*args):
         cycles, dram = next(figures)
-        return b"", "", {"estimated_cycles": cycles, "dram_bytes": dram, "const_slot_bytes": 0, "stripes": []}
+        return (
+            b"",
+            "",
+            {
+                "estimated_cycles": cycles,
+                "dram_bytes": dram,
+                "const_slot_bytes": 0,
+                "stripes": [],
+                "resident_bytes": 0,
+            },
+        )
 
     monkeypatch.setattr(compile_module, "_compile", fake)
     monkeypatch.setattr(compile_module, "stripings", lambda *args: {})  # no chain to stripe here
@@ -364,3 +374,19 @@ def test_grouping_takes_the_least_dram_among_choices_within_one_percent_of_the_f
     # fastest 990; within 1%: 1000, 990, 995 (1001 is 1.1% slower); the least DRAM of those: 995
     assert (stats["estimated_cycles"], stats["dram_bytes"]) == (995, 500)
     assert len(stats["grouping_search"]) == 9
+
+
+def test_shortest_lived_residents_claim_sram_first_when_asked():
+    """Definition order lets a long-lived tensor hold the resident area that two short-lived ones,
+    each read by the next op, could share one after the other; lifetime order keeps those two."""
+    from npubuild.targets.backend.allocation import _place_resident
+
+    first = {"long": 0, "b": 1, "c": 3}
+    last = {"long": 10, "b": 2, "c": 4}
+    sizes = {"long": 64 * 1024, "b": 64 * 1024, "c": 64 * 1024}
+    budget = 100 * 1024
+    by_definition = _place_resident(list(first), first, last, sizes, budget, "definition")
+    by_lifetime = _place_resident(list(first), first, last, sizes, budget, "lifetime")
+    assert {b.root for b in by_definition} == {"long"}
+    assert {b.root for b in by_lifetime} == {"b", "c"}
+    assert [b.start for b in by_lifetime] == [0, 0]  # c reuses b's bytes once b is dead

@@ -144,3 +144,14 @@ def test_the_code_generator_keeps_stripes_where_they_are_faster(built):
     got, want = Runtime(npub.read(data)).run({"x": x}), interpreter.run({"x": x})[0]
     for y in ("y1", "y2"):
         np.testing.assert_array_equal(got[y], want[y])
+
+
+def test_the_grouping_search_tries_lifetime_order_on_its_fastest_choice(built):
+    model, program, arrays, _, plan = built
+    _, _, stats = compile_npub(program, arrays, model, SMALL, plan)
+    rows = stats["grouping_search"]
+    (lifetime,) = [r for r in rows if r["residency"] == "lifetime"]
+    fastest = min((r for r in rows if r["residency"] == "definition"), key=lambda r: r["estimated_cycles"])
+    assert {k: lifetime[k] for k in ("resident_bytes", "const_slot_bytes", "striped_chains")} == {
+        k: fastest[k] for k in ("resident_bytes", "const_slot_bytes", "striped_chains")
+    }

@@ -101,6 +101,7 @@ def allocate(
     fusion: Fusion,
     reuse: bool = True,
     resident_bytes: int = 0,
+    residency: str = "definition",
 ) -> Allocation:
     """DRAM buffers (and resident SRAM areas within `resident_bytes`) for every tensor an NPU op
     touches; without `reuse` every tensor keeps its own buffer (for checking every op's result)."""
@@ -166,7 +167,9 @@ def allocate(
     for n in touched:
         members.setdefault(find(n), []).append(n)
     eligible = _resident_candidates(program, plan, members)
-    buffers = _place_resident(eligible, first, last, sizes, resident_bytes) if resident_bytes > 0 else []
+    buffers = (
+        _place_resident(eligible, first, last, sizes, resident_bytes, residency) if resident_bytes > 0 else []
+    )
     resident_base = sram_total - align(resident_bytes)
     on_chip = {b.root: SRAM_FLAG + resident_base + b.start for b in buffers}
     live: list[tuple[int, int, int]] = []  # (end position, start, size)
@@ -281,18 +284,27 @@ def _resident_candidates(program: IntegerModel, plan: dict, members: dict[str, l
     return eligible
 
 
-def _place_resident(eligible, first, last, sizes, budget: int) -> list[Buffer]:
-    """First fit by liveness inside the resident budget; a tensor that does not fit goes to DRAM."""
-    live: list[tuple[int, int, int]] = []
-    placed = []
-    for r in sorted(eligible, key=lambda k: (first[k], k)):
-        live = [b for b in live if b[0] >= first[r]]
+# The order in which resident candidates claim SRAM: by definition (the first tensor made claims
+# first), or shortest lifetime first (a result its next op reads saves a store and a load for
+# little SRAM time, where a long-lived one may hold its bytes across many layers).
+RESIDENCY_ORDERS = ("definition", "lifetime")
+
+
+def _place_resident(eligible, first, last, sizes, budget: int, order: str = "definition") -> list[Buffer]:
+    """First fit by liveness inside the resident budget, candidates in `order`; a tensor that does
+    not fit goes to DRAM."""
+    if order == "lifetime":
+        ranked = sorted(eligible, key=lambda k: (last[k] - first[k], first[k], k))
+    else:
+        ranked = sorted(eligible, key=lambda k: (first[k], k))
+    placed: list[Buffer] = []
+    for r in ranked:
+        live = [(b.last, b.start, b.size) for b in placed if b.first <= last[r] and first[r] <= b.last]
         size = align(max(sizes.get(r, 1), 1))
         start = first_fit(live, size)
         if start + size > align(budget):
             continue
         placed.append(Buffer(r, start, size, first[r], last[r], True))
-        live.append((last[r], start, size))
     return placed
 
 
