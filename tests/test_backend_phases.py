@@ -24,7 +24,7 @@ from npubuild.targets.backend.commands import (
 from npubuild.targets.backend.constants import pack_constants
 from npubuild.targets.backend.context import ConstantPool, OpContext
 from npubuild.targets.backend.fusion import Fusion, fuse
-from npubuild.targets.backend.lowering import SLOT_TOKENS, T_DONE, T_IN, T_STORED, Lowering
+from npubuild.targets.backend.lowering import SLOT_TOKENS, T_CONST, T_DONE, T_IN, T_STORED, Lowering
 from npubuild.targets.backend.memory import DoesNotFit, SramPlan
 from npubuild.targets.backend.schedule import schedule
 from npubuild.targets.cycles import Timeline
@@ -155,11 +155,11 @@ def test_a_fused_activation_leaves_no_intermediate():
 CLAMP = _chain(1)[0].ops[0]
 
 
-def _tile(n: int = 64) -> Tile:
+def _tile(n: int = 64, buffers: tuple[int, int] = (1000, 2000)) -> Tile:
     box, strides = [1, 1, 1, n], [0, 0, 0, 1]
     compute = Step("clamp", {"src": InTile(), "n": n, "bits": 8, "min": 0, "max": 1, "dst": InTile(n)})
     return Tile(
-        (1000, 2000),
+        buffers,
         [load(InTile(), 0, 8, box, strides, [0] * 4)],
         compute,
         store(InTile(n), 4096, 8, box, strides, [0] * 4),
@@ -390,3 +390,35 @@ def test_shortest_lived_residents_claim_sram_first_when_asked():
     assert {b.root for b in by_definition} == {"long"}
     assert {b.root for b in by_lifetime} == {"b", "c"}
     assert [b.start for b in by_lifetime] == [0, 0]  # c reuses b's bytes once b is dead
+
+
+def test_the_schedule_checker_sees_a_constant_overwritten_while_a_tile_reads_it():
+    """hazards.py counts the constants a compute reads (a table here; weights, parameters and index
+    lists likewise): a constant load into a table's bytes while the LUT that reads it runs is
+    reported, and waiting for that LUT mends it."""
+    from npubuild.targets.hazards import hazards
+
+    n = 16_000  # codes: the vector unit reads the table for 250 cycles
+    box, strides = [1, 1, 1, n], [0, 0, 0, 1]
+    source = Instruction("load", load(50_000, 0, 8, box, strides, [0] * 4).args, 0, T_IN[0])
+    lut = {
+        "src": 50_000,
+        "n": n,
+        "in_bits": 8,
+        "table": 0,
+        "offset": 128,
+        "dst": 70_000,
+        "out_bits": 8,
+        "shift": 0,
+    }
+    table = {**const_load(0, 90_000, 256).args, "sram": 0}  # the constant area's first bytes
+    target = BUILTIN_TARGETS["vnpu-m"].model_dump()
+    for wait, found in ((0, True), (1 << T_DONE[0], False)):
+        program = [
+            Instruction("load", table, 0, T_CONST),
+            source,
+            Instruction("lut", lut, (1 << T_IN[0]) | (1 << T_CONST), T_DONE[0]),
+            Instruction("load", {**table, "dram": 100_000}, wait, T_CONST),  # the next table
+        ]
+        reported = hazards(program, target, 1 << 18)
+        assert any(h.startswith("#3 load writes [0, 256)") for h in reported) == found, reported

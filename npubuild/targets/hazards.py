@@ -5,9 +5,9 @@ The simulator executes a stream in order, so a missing wait never changes its re
 lets the timeline (`cycles.Timeline`, codegen's estimate) overlap two instructions that the
 hardware could not, and report a latency it could not reach. This checks the waits against what
 each instruction reads and writes: the data operands of every compute (source and destination
-boxes, a global pool's accumulators) and both sides of every on-chip transfer; a strided box
-counts as the bytes from its first to its last element. Weights, parameters and tables are left
-to the constant slots' own rule (lowering.py) and its tests.
+boxes, a global pool's accumulators), the constants it reads (weights, requantization
+parameters, tables, index lists: as many bytes as the simulator reads there) and both sides of
+every on-chip transfer; a strided box counts as the bytes from its first to its last element.
 """
 
 from __future__ import annotations
@@ -45,6 +45,10 @@ def footprint(i: Instruction) -> tuple[list[tuple[int, int]], list[tuple[int, in
     def span(at: str, count: int, bits: int) -> tuple[int, int]:
         return (a[at], a[at] + count * _bytes(bits))
 
+    def table(at: str, in_bits: int, shift: int, entry_bits: int) -> tuple[int, int]:
+        """A lookup table: an entry per 2^shift codes of an `in_bits` input (simulator._table)."""
+        return span(at, 2 ** max(in_bits - shift, 0), entry_bits)
+
     def bordered() -> int:  # the elements of a conv's or pool's input box without its borders
         return math.prod(input_box(op, a))
 
@@ -52,17 +56,31 @@ def footprint(i: Instruction) -> tuple[list[tuple[int, int]], list[tuple[int, in
         written_bits = a["sum_bits"] if a["res"] >= 0 else a["lut_bits"] if a["lut"] >= 0 else a["out_bits"]
         outputs = a["out_c"] * a["out_h"] * a["out_w"]
         residual = [span("res", outputs, a["res_bits"])] if a["res"] >= 0 else []
+        channels = a["in_c"] if a["transpose"] else a["out_c"]
+        others = (a["out_c"] if a["transpose"] else a["in_c"]) // max(a["group"], 1)
+        constants = [
+            span("weights", channels * others * a["kh"] * a["kw"], 8),
+            span("params", a["out_c"] * 3, 64),
+            *([table("lut", a["out_bits"], a["lut_shift"], a["lut_bits"])] if a["lut"] >= 0 else []),
+        ]
         return (
-            [span("src", bordered(), a["in_bits"]), *residual],
+            [span("src", bordered(), a["in_bits"]), *residual, *constants],
             [span("dst", outputs, written_bits)],
         )
     if op == "matmul":
-        return [span("src", a["m"] * a["k"], a["in_bits"])], [span("dst", a["m"] * a["n"], a["out_bits"])]
+        constants = [span("weights", a["k"] * a["n"], 8), span("params", a["n"] * 3, 64)]
+        return [span("src", a["m"] * a["k"], a["in_bits"]), *constants], [
+            span("dst", a["m"] * a["n"], a["out_bits"])
+        ]
     if op in ("add", "mul"):
         reads = [span(x, a[f"{x}0"] * a[f"{x}1"] * a[f"{x}2"] * a[f"{x}3"], a[f"{x}_bits"]) for x in "ab"]
         written_bits = a["sum_bits"] if a.get("then_add") else a["out_bits"]
         return reads, [span("dst", a["o0"] * a["o1"] * a["o2"] * a["o3"], written_bits)]
-    if op in ("requant", "lut"):
+    if op == "lut":
+        return [span("src", a["n"], a["in_bits"]), table("table", a["in_bits"], a["shift"], a["out_bits"])], [
+            span("dst", a["n"], a["out_bits"])
+        ]
+    if op == "requant":
         return [span("src", a["n"], a["in_bits"])], [span("dst", a["n"], a["out_bits"])]
     if op == "clamp":
         return [span("src", a["n"], a["bits"])], [span("dst", a["n"], a["bits"])]
@@ -74,14 +92,20 @@ def footprint(i: Instruction) -> tuple[list[tuple[int, int]], list[tuple[int, in
         )
     if op == "pool":
         outputs = a["c"] * a["out_h"] * a["out_w"]
-        return [span("src", bordered(), a["in_bits"])], [span("dst", outputs, a["out_bits"])]
+        # an average pool's divisors: a multiplier and a shift (int64) per output position
+        divisors = [span("params", a["out_h"] * a["out_w"] * 2, 64)] if a["mode"] else []
+        return [span("src", bordered(), a["in_bits"]), *divisors], [span("dst", outputs, a["out_bits"])]
     if op == "resize":
         return (
-            [span("src", a["c"] * a["in_h"] * a["in_w"], a["bits"])],
+            [
+                span("src", a["c"] * a["in_h"] * a["in_w"], a["bits"]),
+                span("index", a["out_h"] + a["out_w"], 32),
+            ],
             [span("dst", a["c"] * a["out_h"] * a["out_w"], a["bits"])],
         )
     if op in ("softmax", "layernorm"):
-        return [span("src", a["rows"] * a["n"], a["in_bits"])], [
+        constants = span("table", a["table_len"], 32) if op == "softmax" else span("params", a["n"] * 3, 64)
+        return [span("src", a["rows"] * a["n"], a["in_bits"]), constants], [
             span("dst", a["rows"] * a["n"], a["out_bits"])
         ]
     if op == "bmm":
