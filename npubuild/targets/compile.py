@@ -127,9 +127,13 @@ def compile_npub(
             here = [r[2] for r in results if r[2]["resident_bytes"] == budget]
             if here:
                 attempt(budget, min(here, key=lambda st: st["estimated_cycles"])["const_share"], striping)
+        # the fastest choice's constant slot halfway to its neighbours on the grid
+        if results:
+            budget, const_share, striping = choices[_fastest(results)]
+            for finer in _between(const_share, CONST_SLOT_SHARES):
+                attempt(budget, finer, striping)
         # the fastest choice again with the resident tensors claiming SRAM shortest-lived first
-        best = min(range(len(results)), key=lambda k: results[k][2]["estimated_cycles"])
-        if results[best][2]["resident_bytes"]:
+        if results and results[best := _fastest(results)][2]["resident_bytes"]:
             attempt(*choices[best], residency="lifetime")
     # the fastest, or among those within DRAM_TIE of it the one that moves the fewest DRAM bytes
     fastest = min(r[2]["estimated_cycles"] for r in results)
@@ -137,6 +141,19 @@ def compile_npub(
     data, listing, stats = min(close, key=lambda r: (r[2]["dram_bytes"], r[2]["estimated_cycles"]))
     stats["grouping_search"] = tried
     return data, listing, stats
+
+
+def _fastest(results: list[tuple[bytes, str, dict]]) -> int:
+    return min(range(len(results)), key=lambda k: results[k][2]["estimated_cycles"])
+
+
+def _between(share: float, grid: tuple[float, ...]) -> list[float]:
+    """The shares halfway between `share` and its neighbours on `grid` (above the last: halfway to
+    twice it)."""
+    shares = sorted(grid)
+    k = shares.index(share)
+    above = shares[k + 1] if k + 1 < len(shares) else 2 * share
+    return [(shares[k - 1] + share) / 2] * (k > 0) + [(share + above) / 2] * (above > share)
 
 
 def stripings(
