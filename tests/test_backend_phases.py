@@ -357,7 +357,7 @@ def test_grouping_takes_the_least_dram_among_choices_within_one_percent_of_the_f
     slot_shares = []
 
     def fake(*args):
-        slot_shares.append(args[8])
+        slot_shares.append(args[7].const_share)
         cycles, dram = next(figures)
         stats = {"estimated_cycles": cycles, "dram_bytes": dram, "const_slot_bytes": 0, "stripes": []}
         return b"", "", {**stats, "resident_bytes": 0}

@@ -14,7 +14,7 @@ from conftest import integer_variants, small_model
 from npubuild.targets import npub
 from npubuild.targets.backend.fusion import fuse
 from npubuild.targets.backend.stripes import stripe
-from npubuild.targets.compile import DRAM_TIE, _compile, compile_npub, model_shapes, plan_partition
+from npubuild.targets.compile import DRAM_TIE, Grouping, _compile, compile_npub, model_shapes, plan_partition
 from npubuild.targets.cycles import roofline
 from npubuild.targets.hazards import binary_hazards
 from npubuild.targets.runtime import Runtime
@@ -110,7 +110,9 @@ def test_striped_binary_computes_the_integer_models_codes(built):
     model, program, arrays, interpreter, plan = built
     budget = 64 * 1024
     striping = _striping(built, budget)
-    data, _, stats = _compile(program, arrays, model, SMALL, plan, True, budget, True, 0.125, striping)
+    data, _, stats = _compile(
+        program, arrays, model, SMALL, plan, True, True, Grouping(budget, 0.125, striping)
+    )
     assert stats["stripes"] == striping.chains
     assert binary_hazards(data) == []
     runtime = Runtime(npub.read(data))
@@ -121,7 +123,7 @@ def test_striped_binary_computes_the_integer_models_codes(built):
         for y in ("y1", "y2"):
             np.testing.assert_array_equal(got[y], want[y])
     # the bound counts the network's work once: the halo's rows are not part of it
-    plain = _compile(program, arrays, model, SMALL, plan, True, budget, True, 0.125)[2]
+    plain = _compile(program, arrays, model, SMALL, plan, True, True, Grouping(budget, 0.125))[2]
     assert stats["macs"] == plain["macs"] + striping.halo_macs
     assert (
         stats["roofline_cycles"]

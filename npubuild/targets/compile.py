@@ -7,6 +7,9 @@ the choice with the least estimated latency wins, and `package.py` writes it out
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 import onnx
 
 from npubuild.intmodel.program import IntegerModel
@@ -81,66 +84,64 @@ def compile_npub(
     grouping = group and reuse_dram
     shares = [(r, c) for r in resident_shares for c in CONST_SLOT_SHARES] if grouping else [(0.0, 0.0)]
     results: list[tuple[bytes, str, dict]] = []
-    choices: list[tuple[int, float, Striping | None]] = []  # what each result was compiled with
+    choices: list[Grouping] = []  # what each result was compiled with
     tried: list[dict] = []
 
-    def attempt(
-        budget: int, const_share: float, striping: Striping | None = None, residency: str = "definition"
-    ):
+    def attempt(choice: Grouping) -> None:
         try:
-            result = _compile(
-                program,
-                arrays,
-                model,
-                target,
-                plan,
-                reuse_dram,
-                budget,
-                grouping,
-                const_share,
-                striping,
-                residency,
-            )
+            result = _compile(program, arrays, model, target, plan, reuse_dram, grouping, choice)
         except DoesNotFit:
             return
         stats = result[2]
         tried.append(
             {
-                "resident_bytes": budget,
+                "resident_bytes": choice.resident_bytes,
                 "const_slot_bytes": stats["const_slot_bytes"],
                 "striped_chains": len(stats["stripes"]),
-                "residency": residency,
+                "residency": choice.residency,
                 "estimated_cycles": stats["estimated_cycles"],
                 "dram_bytes": stats["dram_bytes"],
             }
         )
         results.append(result)
-        choices.append((budget, const_share, striping))
+        choices.append(choice)
 
     for share, const_share in shares:
-        attempt(int(share * target.sram_kib * 1024), const_share)
+        attempt(Grouping(int(share * target.sram_kib * 1024), const_share))
     if grouping:
         # chains too large for a resident budget run in stripes (stripes.py), tried with the
         # constant slot that was fastest unstriped at that budget
         budgets = [int(share * target.sram_kib * 1024) for share in resident_shares]
         for budget, striping in stripings(program, arrays, model, plan, budgets).items():
-            here = [r[2] for r in results if r[2]["resident_bytes"] == budget]
+            here = [c for c, r in zip(choices, results) if c.resident_bytes == budget]
             if here:
-                attempt(budget, min(here, key=lambda st: st["estimated_cycles"])["const_share"], striping)
-        # the fastest choice's constant slot halfway to its neighbours on the grid
+                fastest_here = min(here, key=lambda c: results[choices.index(c)][2]["estimated_cycles"])
+                attempt(dataclasses.replace(fastest_here, striping=striping))
+        # the fastest choice's constant slots halfway to their neighbours on the grid
         if results:
-            budget, const_share, striping = choices[_fastest(results)]
-            for finer in _between(const_share, CONST_SLOT_SHARES):
-                attempt(budget, finer, striping)
+            best = choices[_fastest(results)]
+            for finer in _between(best.const_share, CONST_SLOT_SHARES):
+                attempt(dataclasses.replace(best, const_share=finer))
         # the fastest choice again with the resident tensors claiming SRAM shortest-lived first
-        if results and results[best := _fastest(results)][2]["resident_bytes"]:
-            attempt(*choices[best], residency="lifetime")
+        if results and (best := choices[_fastest(results)]).resident_bytes:
+            attempt(dataclasses.replace(best, residency="lifetime"))
     # the fastest, or among those within DRAM_TIE of it the one that moves the fewest DRAM bytes
     fastest = min(r[2]["estimated_cycles"] for r in results)
     close = [r for r in results if r[2]["estimated_cycles"] <= fastest * (1 + DRAM_TIE)]
     data, listing, stats = min(close, key=lambda r: (r[2]["dram_bytes"], r[2]["estimated_cycles"]))
     stats["grouping_search"] = tried
     return data, listing, stats
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """One choice the grouping search compiles: the resident budget, each constant slot's share of
+    the SRAM left for ops, the striped program (if any) and the residency order."""
+
+    resident_bytes: int
+    const_share: float = 0.0
+    striping: Striping | None = None
+    residency: str = "definition"
 
 
 def _fastest(results: list[tuple[bytes, str, dict]]) -> int:
@@ -174,12 +175,10 @@ def _compile(
     target: TargetSpec,
     plan: dict,
     reuse_dram: bool,
-    resident_bytes: int,
     fused: bool,
-    const_share: float = 0.0,
-    striping: Striping | None = None,
-    residency: str = "definition",
+    choice: Grouping,
 ) -> tuple[bytes, str, dict]:
+    striping, resident_bytes = choice.striping, choice.resident_bytes
     shapes = model_shapes(model)
     if striping is not None:  # chains run in row stripes (stripes.py): another program, same codes
         program, arrays, shapes, plan = striping.program, striping.arrays, striping.shapes, striping.plan
@@ -187,10 +186,18 @@ def _compile(
     # fused intermediates never exist, so the every-op check compiles without fusion
     fusion = fuse(program, plan, shapes) if fused else Fusion()
     allocation = allocate(
-        program, arrays, shapes, plan, target.sram_kib * 1024, fusion, reuse_dram, resident_bytes, residency
+        program,
+        arrays,
+        shapes,
+        plan,
+        target.sram_kib * 1024,
+        fusion,
+        reuse_dram,
+        resident_bytes,
+        choice.residency,
     )
     verify_allocation(allocation)
-    const_slot = int(const_share * allocation.tile_sram) // ALIGN * ALIGN
+    const_slot = int(choice.const_share * allocation.tile_sram) // ALIGN * ALIGN
     sram = SramPlan(allocation.tile_sram, const_slot)
     consts = ConstantPool(base=allocation.tensor_area)
     ctx = OpContext(program.tensors, shapes, arrays, sram, allocation.addr, consts)
@@ -214,8 +221,8 @@ def _compile(
                         assembly.states[o] = cpu.current[o][1]
             assembly.add_cpu(k, cpu)
     data, listing, stats = assembly.finish(bytes(consts.data), sram)
-    stats["const_share"] = const_share
-    stats["residency"] = residency
+    stats["const_share"] = choice.const_share
+    stats["residency"] = choice.residency
     stats["stripes"] = striping.chains if striping is not None else []
     if striping is not None:
         # the bound is the network's work: rows a stripe's halo computes twice are not part of it
