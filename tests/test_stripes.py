@@ -26,10 +26,11 @@ SIZE = 96
 
 
 def _model(rng: np.random.Generator) -> onnx.ModelProto:
-    """Two chains read `t`: one starts with a 1x1 convolution (HardSwish, a stride-2 depthwise
+    """Three chains read `t`: one starts with a 1x1 convolution (HardSwish, a stride-2 depthwise
     convolution with its pads on one side, a Mul by a per-channel constant, a 1x1 convolution),
     the other with a Mul by a constant (so its stripes slice `t`), a dilated 3x3 convolution and a
-    strided one. Narrow layers on wide maps: moving the maps costs more than computing them."""
+    strided one; the third, as long as the second, slices `t` as well. Narrow layers on wide maps:
+    moving the maps costs more than computing them."""
     weights = {
         "w0": rng.normal(size=(16, 3, 3, 3)) * 0.4,
         "w1": rng.normal(size=(16, 16, 1, 1)) * 0.3,
@@ -39,6 +40,9 @@ def _model(rng: np.random.Generator) -> onnx.ModelProto:
         "k": np.array(0.7),
         "w3": rng.normal(size=(4, 16, 3, 3)) * 0.1,
         "w4": rng.normal(size=(8, 4, 3, 3)) * 0.2,
+        "k2": np.array(1.3),
+        "w5": rng.normal(size=(4, 16, 3, 3)) * 0.1,
+        "w6": rng.normal(size=(8, 4, 1, 1)) * 0.2,
     }
     nodes = [
         helper.make_node("Conv", ["x", "w0"], ["t0"], pads=[1, 1, 1, 1], name="conv0"),
@@ -56,13 +60,17 @@ def _model(rng: np.random.Generator) -> onnx.ModelProto:
         helper.make_node("Conv", ["b0", "w3"], ["b1"], pads=[2, 2, 2, 2], dilations=[2, 2], name="conv3"),
         helper.make_node("Relu", ["b1"], ["b2"], name="relu3"),
         helper.make_node("Conv", ["b2", "w4"], ["y2"], pads=[1, 1, 1, 1], strides=[2, 2], name="conv4"),
+        # chain 3: as long as chain 2 and slicing `t` too
+        helper.make_node("Mul", ["t", "k2"], ["c0"], name="scale2"),
+        helper.make_node("Conv", ["c0", "w5"], ["c1"], pads=[1, 1, 1, 1], name="conv5"),
+        helper.make_node("Conv", ["c1", "w6"], ["y3"], strides=[2, 2], name="conv6"),
     ]
     half = SIZE // 2
     return small_model(
         nodes,
         "chains",
         {"x": [1, 3, SIZE, SIZE]},
-        {"y1": [1, 8, half, half], "y2": [1, 8, half, half]},
+        {y: [1, 8, half, half] for y in ("y1", "y2", "y3")},
         weights,
     )
 
@@ -91,18 +99,22 @@ def test_both_chains_are_cut_into_stripes_that_cover_their_result(built):
     assert striping is not None
     layers = [c["layers"] for c in striping.chains]
     # conv0 + relu0 make t, which both chains read (a ReLU is its convolution's clamp)
-    assert sorted(layers) == [["conv1", "hswish1", "dw", "gain", "conv2"], ["scale", "conv3", "conv4"]]
+    assert sorted(layers) == [
+        ["conv1", "hswish1", "dw", "gain", "conv2"],
+        ["scale", "conv3", "conv4"],
+        ["scale2", "conv5", "conv6"],
+    ]
     outputs = [o for op in striping.program.ops for o in op.outputs]
-    assert len(outputs) == len(set(outputs))  # every tensor has one writer (slices of t included)
+    assert len(outputs) == len(set(outputs))  # every tensor has one writer (two chains' slices of t)
     shapes = model_shapes(model)
-    for y in ("y1", "y2"):
+    for y in ("y1", "y2", "y3"):
         (concat,) = [op for op in striping.program.ops if op.outputs == [y]]
         spans = sorted(striping.rows[n] for n in concat.inputs)
         assert spans[0][0] == 0 and spans[-1][1] == shapes[y][2]
         assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))  # the result's rows, once each
-    # the Mul-first chain reads t through slices, the conv-first one reads t where it lies
+    # the Mul-first chains read t through slices, the conv-first one reads t where it lies
     slices = [op for op in striping.program.ops if op.op_type == "Slice"]
-    assert slices and all(op.node == "scale" for op in slices)
+    assert slices and {op.node for op in slices} == {"scale", "scale2"}
     assert striping.halo_macs > 0
 
 
@@ -120,7 +132,7 @@ def test_striped_binary_computes_the_integer_models_codes(built):
     for _ in range(2):
         x = rng.normal(size=(1, 3, SIZE, SIZE)).astype(np.float32)
         got, want = runtime.run({"x": x}), interpreter.run({"x": x})[0]
-        for y in ("y1", "y2"):
+        for y in ("y1", "y2", "y3"):
             np.testing.assert_array_equal(got[y], want[y])
     # the bound counts the network's work once: the halo's rows are not part of it
     plain = _compile(program, arrays, model, SMALL, plan, True, True, Grouping(budget, 0.125))[2]
@@ -144,7 +156,7 @@ def test_the_code_generator_keeps_stripes_where_they_are_faster(built):
     assert stats["estimated_cycles"] < unstriped
     x = np.random.default_rng(9).normal(size=(1, 3, SIZE, SIZE)).astype(np.float32)
     got, want = Runtime(npub.read(data)).run({"x": x}), interpreter.run({"x": x})[0]
-    for y in ("y1", "y2"):
+    for y in ("y1", "y2", "y3"):
         np.testing.assert_array_equal(got[y], want[y])
 
 

@@ -226,10 +226,10 @@ def _striped(
             source = f"{x}@chain{k}.input{s}"
             out.append(_row_slice(chain[0].node, x, source, a, b, arrays, shapes, tensors))
             rows[source] = (a, b)
-        for k, op in enumerate(chain):
+        for j, op in enumerate(chain):
             result = op.outputs[0]
             mine = f"{result}@stripe{s}"
-            lo, hi = spans[k + 1]
+            lo, hi = spans[j + 1]
             shapes[mine] = [*shapes[result][:2], hi - lo, shapes[result][3]]
             rows[mine] = (lo, hi)
             tensors[mine] = tensors[result]
@@ -242,7 +242,7 @@ def _striped(
                     [int(d) for d in shapes[op.inputs[0]][2:]],
                     list(arrays[op.arrays.weight].shape[2:]),
                 )
-                top, bottom = borders[k]
+                top, bottom = borders[j]
                 update["attrs"] = op.attrs.model_copy(
                     update={"pads": [top, pads[1], bottom, pads[3]], "auto_pad": "NOTSET"}
                 )
