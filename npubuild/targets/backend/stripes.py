@@ -8,15 +8,16 @@ tables, clamps, and adds or muls with a constant that is the same on every row. 
 maps are large (an op's input and output together over half the resident budget), the chain's last
 result is cut into S row ranges; each range's rows are traced back through the chain (a
 convolution needs (rows - 1) x stride + its kernel's extent rows of its input, less the padding it
-adds), and the chain is written S times over those rows: a Slice of the chain's input, the chain's
-ops on stripe-sized tensors (a convolution pads only where its stripe meets the map's edge), and a
-Concat of the S results along H. Each stripe's intermediates are 1/S of the maps and stay resident,
-so the chain moves only its input and its result through DRAM; rows at the seams are computed
-twice (the halo). Every output code is what the unstriped chain computes: the rewrite changes where
-rows are computed, not how.
+adds), and the chain is written S times over those rows: the chain's ops on stripe-sized tensors
+(a convolution pads only where its stripe meets the map's edge; a first convolution reads its rows
+of the chain's input where it lies, a negative pad cropping the rest; any other first op reads
+them through a Slice), and a Concat of the S results along H. Each stripe's intermediates are
+1/S of the maps and stay resident, so the chain moves only its input and its result through
+DRAM; rows at the seams are computed twice (the halo). Every output code is what the unstriped
+chain computes: the rewrite changes where rows are computed, not how.
 
 `stripe` returns the rewritten program (new ops carry their layer's node name, so per-layer
-figures add up by layer) or None when no chain gains from it; the code generator compiles both and
+figures add up by layer) or None when no chain is that large; the code generator compiles both and
 keeps the faster (compile.py).
 """
 
@@ -200,8 +201,9 @@ def _striped(
     part: list[int], count: int, ops: list[Op], tensors: dict, arrays: dict, shapes: dict, rows: dict, k: int
 ) -> list[Op]:
     """The ops that compute the chain `part` in `count` stripes: per stripe a Slice of its input
-    (unless it reads all of it) and the chain's ops on their rows; then the Concat. `k` numbers
-    the chain: two chains may read the same input, each through slices of its own."""
+    (unless its first op is a convolution, which crops, or it reads all of it) and the chain's ops
+    on their rows; then the Concat. `k` numbers the chain: two chains may read the same input,
+    each through slices of its own."""
     chain = [ops[i] for i in part]
     x, y = _data(chain[0])[0], chain[-1].outputs[0]
     height = int(shapes[y][2])
