@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import onnx
 
 from npubuild.intmodel.program import IntegerModel
-from npubuild.targets.backend.allocation import allocate, verify_allocation
+from npubuild.targets.backend.allocation import Residency, allocate, verify_allocation
 from npubuild.targets.backend.context import ConstantPool, OpContext
 from npubuild.targets.backend.fusion import Fusion, fuse
 from npubuild.targets.backend.memory import ALIGN, DoesNotFit, SramPlan
@@ -113,10 +113,10 @@ def compile_npub(
         # constant slot that was fastest unstriped at that budget
         budgets = [int(share * target.sram_kib * 1024) for share in resident_shares]
         for budget, striping in stripings(program, arrays, model, plan, budgets).items():
-            here = [c for c, r in zip(choices, results) if c.resident_bytes == budget]
+            here = [k for k, c in enumerate(choices) if c.resident_bytes == budget]
             if here:
-                fastest_here = min(here, key=lambda c: results[choices.index(c)][2]["estimated_cycles"])
-                attempt(dataclasses.replace(fastest_here, striping=striping))
+                fastest_here = min(here, key=lambda k: results[k][2]["estimated_cycles"])
+                attempt(dataclasses.replace(choices[fastest_here], striping=striping))
         # the fastest choice's constant slots halfway to their neighbours on the grid
         if results:
             best = choices[_fastest(results)]
@@ -141,7 +141,7 @@ class Grouping:
     resident_bytes: int
     const_share: float = 0.0
     striping: Striping | None = None
-    residency: str = "definition"
+    residency: Residency = "definition"
 
 
 def _fastest(results: list[tuple[bytes, str, dict]]) -> int:
@@ -221,8 +221,6 @@ def _compile(
                         assembly.states[o] = cpu.current[o][1]
             assembly.add_cpu(k, cpu)
     data, listing, stats = assembly.finish(bytes(consts.data), sram)
-    stats["const_share"] = choice.const_share
-    stats["residency"] = choice.residency
     stats["stripes"] = striping.chains if striping is not None else []
     if striping is not None:
         # the bound is the network's work: rows a stripe's halo computes twice are not part of it

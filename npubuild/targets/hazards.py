@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from npubuild.targets.cycles import Timeline
-from npubuild.targets.isa import Instruction, far_box, input_box
+from npubuild.targets.isa import Instruction, conv_weight_shape, far_box, input_box, table_entries
 
 
 def _bytes(bits: int) -> int:
@@ -46,8 +46,7 @@ def footprint(i: Instruction) -> tuple[list[tuple[int, int]], list[tuple[int, in
         return (a[at], a[at] + count * _bytes(bits))
 
     def table(at: str, in_bits: int, shift: int, entry_bits: int) -> tuple[int, int]:
-        """A lookup table: an entry per 2^shift codes of an `in_bits` input (simulator._table)."""
-        return span(at, 2 ** max(in_bits - shift, 0), entry_bits)
+        return span(at, table_entries(in_bits, shift), entry_bits)
 
     def bordered() -> int:  # the elements of a conv's or pool's input box without its borders
         return math.prod(input_box(op, a))
@@ -56,10 +55,8 @@ def footprint(i: Instruction) -> tuple[list[tuple[int, int]], list[tuple[int, in
         written_bits = a["sum_bits"] if a["res"] >= 0 else a["lut_bits"] if a["lut"] >= 0 else a["out_bits"]
         outputs = a["out_c"] * a["out_h"] * a["out_w"]
         residual = [span("res", outputs, a["res_bits"])] if a["res"] >= 0 else []
-        channels = a["in_c"] if a["transpose"] else a["out_c"]
-        others = (a["out_c"] if a["transpose"] else a["in_c"]) // max(a["group"], 1)
         constants = [
-            span("weights", channels * others * a["kh"] * a["kw"], 8),
+            span("weights", math.prod(conv_weight_shape(a)), 8),
             span("params", a["out_c"] * 3, 64),
             *([table("lut", a["out_bits"], a["lut_shift"], a["lut_bits"])] if a["lut"] >= 0 else []),
         ]

@@ -230,6 +230,20 @@ def input_box(op: str, a: dict) -> tuple[int, int, int]:
     return channels, rows, a["in_w"] - a["in_pad_left"] - a["in_pad_right"]
 
 
+def conv_weight_shape(a: dict) -> tuple[int, int, int, int]:
+    """The int8 weights a conv reads at `weights`: [out_c, in_c / group, kh, kw], or for a
+    transposed conv [in_c, out_c / group, kh, kw]."""
+    group = max(a["group"], 1)
+    if a["transpose"]:
+        return a["in_c"], a["out_c"] // group, a["kh"], a["kw"]
+    return a["out_c"], a["in_c"] // group, a["kh"], a["kw"]
+
+
+def table_entries(in_bits: int, shift: int) -> int:
+    """The entries of a lookup table with one per 2^shift codes of an `in_bits` input."""
+    return 2 ** max(in_bits - shift, 0)
+
+
 def border_code(op: str, a: dict) -> int | None:
     """The code a conv's or pool's input borders hold (format 5.0): a conv's and an average pool's
     zero point, a max pool's lowest code; None where an instruction takes no borders (a

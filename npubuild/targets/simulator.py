@@ -39,8 +39,10 @@ from npubuild.targets.isa import (
     MAPPINGS,
     Instruction,
     border_code,
+    conv_weight_shape,
     far_box,
     input_box,
+    table_entries,
 )
 from npubuild.targets.npub import NpubError
 
@@ -344,12 +346,7 @@ class Simulator:
             raise NpubError(f"conv with mapping {mapping}; this target's array takes {sorted(offered)}")
         if mapping == MAPPINGS["depthwise"] and (a["transpose"] or a["in_c"] != group):
             raise NpubError(f"depthwise mapping of a conv with {a['in_c']} input channels in {group} groups")
-        kernel = (a["kh"], a["kw"])
-        if a["transpose"]:
-            wshape = (a["in_c"], a["out_c"] // group, *kernel)
-        else:
-            wshape = (a["out_c"], a["in_c"] // group, *kernel)
-        w, named = self.sram.same_in_every_row(a["weights"], 8, wshape)
+        w, named = self.sram.same_in_every_row(a["weights"], 8, conv_weight_shape(a))
         params, params_named = self.sram.same_in_every_row(a["params"], 64, (a["out_c"], 3))
         if min(a["sh"], a["sw"], a["dh"], a["dw"], a["kh"], a["kw"]) <= 0:
             raise NpubError("conv with a non-positive kernel, stride or dilation")
@@ -467,7 +464,7 @@ class Simulator:
         """A lookup table in SRAM: an entry per 2^shift codes of an `in_bits` input."""
         if not 0 <= shift < in_bits:
             raise NpubError(f"table shift {shift} for a {in_bits}-bit input")
-        return self.sram.view(addr, entry_bits, (2 ** (in_bits - shift),))
+        return self.sram.view(addr, entry_bits, (table_entries(in_bits, shift),))
 
     def _softmax(self, a: dict) -> None:
         x = self.sram.view(a["src"], a["in_bits"], (a["rows"], a["n"])).astype(np.int64)

@@ -10,6 +10,7 @@ the tensors in DRAM (`ConstantPool`). `verify_allocation` checks the result on i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
@@ -101,7 +102,7 @@ def allocate(
     fusion: Fusion,
     reuse: bool = True,
     resident_bytes: int = 0,
-    residency: str = "definition",
+    residency: Residency = "definition",
 ) -> Allocation:
     """DRAM buffers (and resident SRAM areas within `resident_bytes`) for every tensor an NPU op
     touches; without `reuse` every tensor keeps its own buffer (for checking every op's result)."""
@@ -287,10 +288,12 @@ def _resident_candidates(program: IntegerModel, plan: dict, members: dict[str, l
 # The order in which resident candidates claim SRAM: by definition (the first tensor made claims
 # first), or shortest lifetime first (a result its next op reads saves a store and a load for
 # little SRAM time, where a long-lived one may hold its bytes across many layers).
-RESIDENCY_ORDERS = ("definition", "lifetime")
+Residency = Literal["definition", "lifetime"]
 
 
-def _place_resident(eligible, first, last, sizes, budget: int, order: str = "definition") -> list[Buffer]:
+def _place_resident(
+    eligible, first, last, sizes, budget: int, order: Residency = "definition"
+) -> list[Buffer]:
     """First fit by liveness inside the resident budget, candidates in `order`; a tensor that does
     not fit goes to DRAM."""
     if order == "lifetime":

@@ -54,16 +54,21 @@ def _rows_needed(op: Op, shapes: dict, arrays: dict, lo: int, hi: int) -> tuple[
     adds above and below them."""
     if op.kind != "conv":
         return lo, hi, 0, 0
-    x = op.inputs[0]
-    h_in = int(shapes[x][2])
+    h_in = int(shapes[op.inputs[0]][2])
     kh = int(arrays[op.arrays.weight].shape[2])
     at = op.attrs
-    pads = conv_pads(at, [int(d) for d in shapes[x][2:]], list(arrays[op.arrays.weight].shape[2:]))
-    sh, dh, pt = at.strides[0], at.dilations[0], pads[0]
+    sh, dh, pt = at.strides[0], at.dilations[0], _pads(op, shapes, arrays)[0]
     first = lo * sh - pt
     end = (hi - 1) * sh - pt + (kh - 1) * dh + 1
     a, b = max(first, 0), min(end, h_in)
     return a, b, a - first, end - b
+
+
+def _pads(op: Op, shapes: dict, arrays: dict) -> list[int]:
+    """A convolution's explicit pads [top, left, bottom, right] on its whole input."""
+    return conv_pads(
+        op.attrs, [int(d) for d in shapes[op.inputs[0]][2:]], list(arrays[op.arrays.weight].shape[2:])
+    )
 
 
 def _data(op: Op) -> list[str]:
@@ -239,11 +244,7 @@ def _striped(
             inputs = [source if n == data else n for n in op.inputs]
             update: dict = {"inputs": inputs, "outputs": [mine]}
             if op.kind == "conv":
-                pads = conv_pads(
-                    op.attrs,
-                    [int(d) for d in shapes[op.inputs[0]][2:]],
-                    list(arrays[op.arrays.weight].shape[2:]),
-                )
+                pads = _pads(op, shapes, arrays)
                 top, bottom = borders[j]
                 update["attrs"] = op.attrs.model_copy(
                     update={"pads": [top, pads[1], bottom, pads[3]], "auto_pad": "NOTSET"}
