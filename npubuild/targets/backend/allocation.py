@@ -17,7 +17,7 @@ import numpy as np
 from npubuild.intmodel.ops import ALIASES
 from npubuild.intmodel.program import IntegerModel, Op
 from npubuild.targets.backend.fusion import Fusion
-from npubuild.targets.backend.memory import ALIGN, SRAM_FLAG, align, esize
+from npubuild.targets.backend.memory import ALIGN, SRAM_FLAG, align, esize, tensor_bytes
 from npubuild.targets.support import slice_steps
 
 
@@ -159,7 +159,7 @@ def allocate(
     extent: dict[str, tuple[str, int, int]] = {}
     for n in touched:
         r = find(n)
-        nbytes = _nbytes(n, tensors, shapes)
+        nbytes = tensor_bytes(n, tensors, shapes)
         extent[n] = (r, at(n), nbytes)
         if n in outputs or n in program.inputs:
             last[r] = len(sequence)
@@ -238,7 +238,7 @@ def _place_in_concat(op: Op, tensors, shapes, touched, boundary, root, offset, f
         if r in moved or r == find(y) or r in boundary:
             continue
         begin = here - at(x)
-        end = begin + max(at(n) + _nbytes(n, tensors, shapes) for n in members[r])
+        end = begin + max(at(n) + tensor_bytes(n, tensors, shapes) for n in members[r])
         covered = [(z, h, n) for z, h, n in places if h < end and begin < h + n]
         if (
             begin < 0
@@ -251,10 +251,6 @@ def _place_in_concat(op: Op, tensors, shapes, touched, boundary, root, offset, f
             continue
         root[r], offset[r] = y, begin
         moved.add(r)
-
-
-def _nbytes(name: str, tensors: dict, shapes: dict) -> int:
-    return int(np.prod(shapes[name], dtype=np.int64)) * esize(tensors[name].bits)
 
 
 def _resident_candidates(program: IntegerModel, plan: dict, members: dict[str, list[str]]) -> list[str]:

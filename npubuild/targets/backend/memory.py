@@ -3,6 +3,7 @@ op's SRAM (constants, then two tile buffers), and the error of an op that cannot
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 ALIGN = 64
@@ -36,6 +37,11 @@ def row_major(shape4) -> list[int]:
 
 def esize(bits: int) -> int:
     return 1 if bits == 8 else 2
+
+
+def tensor_bytes(name: str, tensors: dict, shapes: dict) -> int:
+    """The bytes a tensor of the integer model takes in memory (its codes, 1 or 2 bytes each)."""
+    return math.prod(int(d) for d in shapes[name]) * esize(tensors[name].bits)
 
 
 def halve(n: int) -> int:

@@ -31,7 +31,7 @@ from npubuild.intmodel.fixedpoint import quantize_multiplier
 from npubuild.intmodel.kernels import conv_pads
 from npubuild.intmodel.program import ConcatAttrs, ConcatOp, IntegerModel, MoveOp, Op, Rescale
 from npubuild.targets.backend.fusion import Fusion
-from npubuild.targets.backend.memory import esize
+from npubuild.targets.backend.memory import tensor_bytes
 from npubuild.targets.cpu_cost import op_work
 
 MAX_STRIPES = 16
@@ -126,7 +126,7 @@ def _chains(program: IntegerModel, arrays: dict, shapes: dict, plan: dict) -> li
 def _stored_bytes(name: str, program: IntegerModel, shapes: dict, fused_away: frozenset[str]) -> int:
     if name in fused_away or name not in program.tensors:
         return 0
-    return int(np.prod(shapes[name], dtype=np.int64)) * esize(program.tensors[name].bits)
+    return tensor_bytes(name, program.tensors, shapes)
 
 
 def _plan_chain(
