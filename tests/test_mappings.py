@@ -25,7 +25,7 @@ def _conv(**geometry) -> dict:
         out_c=16, out_h=10, out_w=10, out_bits=8, out_zp=0, kh=3, kw=3, sh=1, sw=1, dh=1, dw=1,
         group=1, min=-128, max=127, transpose=0, crop_top=0, crop_left=0, lut=-1, lut_offset=0, lut_bits=8,
         mapping=0, lut_shift=0, res=-1, res_bits=8, add_za=0, add_ma=0, add_zb=0, add_mb=0, sum_zp=0,
-        sum_bits=8, in_pad_top=0, in_pad_bottom=0, in_pad_left=0, in_pad_right=0,
+        sum_bits=8, in_pad_top=0, in_pad_bottom=0, in_pad_left=0, in_pad_right=0, lut_shifts=-1,
     )  # fmt: skip
     return {**base, **geometry}
 
@@ -162,15 +162,17 @@ PADS = ("in_pad_top", "in_pad_bottom", "in_pad_left", "in_pad_right")
 @pytest.mark.parametrize(
     "major, lacks",
     [
-        (1, ("mapping", "lut_shift", *RESIDUAL, *PADS)),
-        (2, ("lut_shift", *RESIDUAL, *PADS)),
-        (3, (*RESIDUAL, *PADS)),
-        (4, PADS),
+        (1, ("mapping", "lut_shift", *RESIDUAL, *PADS, "lut_shifts")),
+        (2, ("lut_shift", *RESIDUAL, *PADS, "lut_shifts")),
+        (3, (*RESIDUAL, *PADS, "lut_shifts")),
+        (4, (*PADS, "lut_shifts")),
+        (5, ("lut_shifts",)),
     ],
 )
 def test_an_older_stream_decodes_with_the_old_meaning_of_what_it_lacks(major, lacks):
     """Format 1.x convs have no mapping ("channels"), 2.x none of the table shifts (0), 3.x no
-    residual Add in the output path (res -1), 4.x no input borders (0: the tile was padded)."""
+    residual Add in the output path (res -1), 4.x no input borders (0: the tile was padded), 5.x
+    no per-channel shifts after the output table (-1)."""
     args = _conv()
     legacy = [n for n in OPERANDS["conv"] if n not in lacks]
     head = struct.pack("<BBBBI", 3, 0, 0xFF, len(legacy), 0)
@@ -179,7 +181,7 @@ def test_an_older_stream_decodes_with_the_old_meaning_of_what_it_lacks(major, la
     )
     (conv, _) = decode(stream, format_major=major)
     assert conv.args == {**args, "mapping": MAPPINGS["channels"], "lut_shift": 0}
-    with pytest.raises(NpubError, match="operands"):  # the same bytes are a short conv in format 5
+    with pytest.raises(NpubError, match="operands"):  # the same bytes are a short conv in format 6
         decode(stream)
 
 

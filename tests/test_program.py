@@ -28,7 +28,7 @@ def test_a_valid_header_is_typed():
     model = parse(GOOD, "here")
     assert isinstance(model, IntegerModel) and isinstance(model.ops[1], ClampOp)
     assert model.ops[1].attrs.max == 127 and model.ops[0].label == "x" and model.ops[1].label == "relu"
-    assert model.tensors["y"].model_dump() == {"scale": 0.5, "zero_point": 0, "bits": 8}
+    assert model.tensors["y"].model_dump() == {"scale": 0.5, "zero_point": 0, "bits": 8, "channel_shifts": ()}
 
 
 @pytest.mark.parametrize(
@@ -39,8 +39,18 @@ def test_a_valid_header_is_typed():
         (lambda m: m["tensors"]["y"].update(scale=-1.0), "tensors.y.scale"),
         (lambda m: m["tensors"]["y"].update(bits=12), "tensors.y.bits"),
         (lambda m: m["ops"][1].update(extra="?"), "ops.1.clamp.extra"),
+        (lambda m: m["tensors"]["y"].update(bits=16, channel_shifts=[1, 2]), "tensors.y"),
+        (lambda m: m["tensors"]["y"].update(channel_shifts=[99]), "tensors.y.channel_shifts.0"),
     ],
-    ids=["unknown-kind", "missing-attr", "negative-scale", "odd-width", "unknown-field"],
+    ids=[
+        "unknown-kind",
+        "missing-attr",
+        "negative-scale",
+        "odd-width",
+        "unknown-field",
+        "wide-channel-grid",
+        "shift-out-of-range",
+    ],  # fmt: skip
 )
 def test_a_malformed_header_is_one_error_naming_where(tmp_path, change, where):
     import copy

@@ -16,14 +16,17 @@ def qrange(bits: int) -> tuple[int, int]:
 
 
 def quantize_float(x: np.ndarray, t: TensorQuant) -> np.ndarray:
-    """ONNX QuantizeLinear: x / scale in float32, round half to even, add zero point, saturate."""
+    """ONNX QuantizeLinear: x / scale in float32, round half to even, add zero point, saturate
+    (per channel along axis 1 for a per-channel grid)."""
     qmin, qmax = qrange(t.bits)
-    scaled = np.asarray(x, np.float32) / np.float32(t.scale)
+    x = np.asarray(x, np.float32)
+    scale = t.channel_scales(x.ndim).astype(np.float32) if t.channel_shifts else np.float32(t.scale)
+    scaled = x / scale
     return np.clip(np.rint(scaled).astype(np.int64) + t.zero_point, qmin, qmax).astype(np.int32)
 
 
 def dequantize(q: np.ndarray, t: TensorQuant) -> np.ndarray:
-    return ((q.astype(np.int64) - t.zero_point) * np.float64(t.scale)).astype(np.float32)
+    return ((q.astype(np.int64) - t.zero_point) * t.channel_scales(q.ndim)).astype(np.float32)
 
 
 def saturate(v: np.ndarray, bits: int) -> np.ndarray:

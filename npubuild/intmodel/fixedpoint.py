@@ -12,7 +12,7 @@ from functools import lru_cache, partial
 
 import numpy as np
 
-from npubuild.intmodel.codes import qrange
+from npubuild.intmodel.codes import qrange, saturate
 
 
 def quantize_multiplier(m: float) -> tuple[int, int]:
@@ -55,6 +55,13 @@ def _rounding_shift_in_place(v: np.ndarray, n: np.ndarray | int) -> np.ndarray:
         v += half
         v -= negative_and_shifted
     return np.right_shift(v, n, out=v)
+
+
+def channel_shifted(entries: np.ndarray, shifts) -> np.ndarray:
+    """A per-channel grid's int8 codes from a table's 16-bit entries on its base grid: channel c
+    (axis 1) shifted right by shifts[c], rounding half away from zero, saturated."""
+    n = np.asarray(shifts, np.int64).reshape((1, -1) + (1,) * (entries.ndim - 2))
+    return saturate(rounding_shift(entries, n), 8).astype(np.int32)
 
 
 def requantize(acc: np.ndarray, m0: np.ndarray | int, shift: np.ndarray | int) -> np.ndarray:

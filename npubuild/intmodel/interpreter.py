@@ -26,7 +26,7 @@ from npubuild.intmodel.codes import (
     quantize_float,
     saturate,
 )
-from npubuild.intmodel.fixedpoint import OutputRule, add_codes, multiply_codes, requantize
+from npubuild.intmodel.fixedpoint import OutputRule, add_codes, channel_shifted, multiply_codes, requantize
 from npubuild.intmodel.kernels import (
     conv_sums,
     conv_transpose_accumulate,
@@ -173,22 +173,33 @@ class Interpreter:
         at = op.attrs
         t = self.tensors[op.outputs[0]]
 
+        bits_out = 16 if t.channel_shifts else t.bits  # a per-channel result: its base grid first
+
         def add(x, y):
-            return add_codes(x, at.za, at.ma, y, at.zb, at.mb, t.zero_point, t.bits).astype(np.int32)
+            return add_codes(x, at.za, at.ma, y, at.zb, at.mb, t.zero_point, bits_out).astype(np.int32)
 
         bits = [self._bits(op, name) for name in op.inputs]
-        env[op.outputs[0]] = elementwise(add, a, bits[0], b, bits[1])
+        env[op.outputs[0]] = self._per_channel(elementwise(add, a, bits[0], b, bits[1]), t)
 
     def _mul(self, op, env):
         a, b = (self._value(op, env, n) for n in op.inputs)
         at = op.attrs
         t = self.tensors[op.outputs[0]]
 
+        bits_out = 16 if t.channel_shifts else t.bits  # a per-channel result: its base grid first
+
         def multiply(x, y):
-            return multiply_codes(x, at.za, y, at.zb, at.m0, at.shift, t.zero_point, t.bits).astype(np.int32)
+            return multiply_codes(x, at.za, y, at.zb, at.m0, at.shift, t.zero_point, bits_out).astype(
+                np.int32
+            )
 
         bits = [self._bits(op, name) for name in op.inputs]
-        env[op.outputs[0]] = elementwise(multiply, a, bits[0], b, bits[1])
+        env[op.outputs[0]] = self._per_channel(elementwise(multiply, a, bits[0], b, bits[1]), t)
+
+    @staticmethod
+    def _per_channel(codes: np.ndarray, t) -> np.ndarray:
+        """A per-channel result's codes from its 16-bit codes on the base grid (TensorQuant)."""
+        return channel_shifted(codes, t.channel_shifts) if t.channel_shifts else codes
 
     def _batch_matmul(self, op, env):
         a, b = self._operands(op, env)
@@ -248,7 +259,8 @@ class Interpreter:
 
     def _lut(self, op, env):
         x = env[op.inputs[0]]
-        env[op.outputs[0]] = looked_up(self.arrays[op.arrays.table], x, op.attrs.offset, op.attrs.index_shift)
+        y = looked_up(self.arrays[op.arrays.table], x, op.attrs.offset, op.attrs.index_shift)
+        env[op.outputs[0]] = self._per_channel(y, self.tensors[op.outputs[0]])
 
     def _softmax(self, op, env):
         x = env[op.inputs[0]].astype(np.int64)

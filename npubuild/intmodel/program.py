@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from npubuild.errors import UserError
 
@@ -20,11 +20,30 @@ class _Typed(BaseModel):
 
 
 class TensorQuant(_Typed):
-    """A tensor's integer grid: real = (code - zero_point) * scale, codes of `bits` bits."""
+    """A tensor's integer grid: real = (code - zero_point) * scale, codes of `bits` bits; with
+    `channel_shifts`, one grid per channel (axis 1): real = code * scale * 2^channel_shifts[c]
+    (int8 codes, zero point 0; a depthwise convolution's input made by a table)."""
 
     scale: float = Field(gt=0, allow_inf_nan=False)
     zero_point: int = Field(ge=-(2**15), le=2**16)
     bits: Literal[8, 16]
+    channel_shifts: tuple[Annotated[int, Field(ge=0, le=15)], ...] = ()
+
+    @model_validator(mode="after")
+    def _one_grid_per_channel(self) -> TensorQuant:
+        if self.channel_shifts and (self.bits != 8 or self.zero_point != 0):
+            raise ValueError("per-channel grids are int8 with zero point 0")
+        return self
+
+    def channel_scales(self, ndim: int):
+        """The scale, or with channel_shifts each channel's, shaped to broadcast over axis 1 of
+        an `ndim`-dimensional tensor."""
+        import numpy as np
+
+        if not self.channel_shifts:
+            return np.float64(self.scale)
+        scales = self.scale * np.exp2(np.asarray(self.channel_shifts, np.float64))
+        return scales.reshape((1, -1) + (1,) * (ndim - 2))
 
 
 class _Op(_Typed):

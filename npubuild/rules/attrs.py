@@ -151,6 +151,16 @@ class QuantizeConfig(Strict):
     # MAC or table (a detector's box decoding and its concatenation of boxes and class scores,
     # whose ranges differ by 300x): what the user reads (docs/quantization.md, "Result grids")
     output_bits: Literal[8, 16] = 16
+    # the grid of a depthwise convolution's input, where a lookup-table activation makes it: one
+    # grid must hold every channel, and those of a MobileNet-style expansion differ by 100x, so on
+    # one int8 grid most channels get a handful of codes. "channel": an int8 grid per channel
+    # (the table's 16-bit entries shifted per channel; same cost as "tensor"); "int16": one int16
+    # grid (the convolution at the int16 rate) (docs/quantization.md, "Per-channel depthwise inputs")
+    depthwise_inputs: Literal["channel", "tensor", "int16"] = "channel"
+    # the grid of a table's result that only a per-code op after it reads (a scalar scale or
+    # bias: PP-LCNet's learnable affine after each HardSwish): the table absorbs that op, so the
+    # tensor is never stored and 16 bits cost nothing (docs/quantization.md)
+    absorbed_bits: Literal[8, 16] = 16
     # "shared": the tensors a Concat joins take its grid, so each is written straight into its
     # place in the concatenation and the Concat moves nothing on the NPU (TFLite's and TPU-MLIR's
     # rule); "own": each keeps its own grid and the Concat requantizes (docs/quantization.md)

@@ -18,7 +18,7 @@ _FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorPro
 
 def observed_tensors(model: onnx.ModelProto) -> tuple[list[str], dict[str, int]]:
     """Every float activation (graph inputs and node outputs) and, for the inputs of MAC ops, the
-    channel axis whose per-channel mean bias correction needs."""
+    channel axis whose per-channel mean (bias correction) and peak (per-channel grids) are kept."""
     types = {
         v.name: v.type.tensor_type.elem_type
         for v in [*model.graph.input, *model.graph.value_info, *model.graph.output]

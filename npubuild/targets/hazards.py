@@ -60,6 +60,9 @@ def footprint(i: Instruction) -> tuple[list[tuple[int, int]], list[tuple[int, in
             span("params", a["out_c"] * 3, 64),
             *([table("lut", a["out_bits"], a["lut_shift"], a["lut_bits"])] if a["lut"] >= 0 else []),
         ]
+        if a["lut"] >= 0 and a.get("lut_shifts", -1) >= 0:  # 16-bit entries and a shift per channel
+            constants[-1] = table("lut", a["out_bits"], a["lut_shift"], 16)
+            constants.append(span("lut_shifts", a["out_c"], 8))
         return (
             [span("src", bordered(), a["in_bits"]), *residual, *constants],
             [span("dst", outputs, written_bits)],
@@ -74,9 +77,14 @@ def footprint(i: Instruction) -> tuple[list[tuple[int, int]], list[tuple[int, in
         written_bits = a["sum_bits"] if a.get("then_add") else a["out_bits"]
         return reads, [span("dst", a["o0"] * a["o1"] * a["o2"] * a["o3"], written_bits)]
     if op == "lut":
-        return [span("src", a["n"], a["in_bits"]), table("table", a["in_bits"], a["shift"], a["out_bits"])], [
-            span("dst", a["n"], a["out_bits"])
-        ]
+        if a.get("shifts", -1) >= 0:  # 16-bit entries and a shift per run of `per` elements (a channel)
+            shifts = [
+                table("table", a["in_bits"], a["shift"], 16),
+                span("shifts", a["n"] // max(a["per"], 1), 8),
+            ]
+        else:
+            shifts = [table("table", a["in_bits"], a["shift"], a["out_bits"])]
+        return [span("src", a["n"], a["in_bits"]), *shifts], [span("dst", a["n"], a["out_bits"])]
     if op == "requant":
         return [span("src", a["n"], a["in_bits"])], [span("dst", a["n"], a["out_bits"])]
     if op == "clamp":

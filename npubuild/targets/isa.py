@@ -89,6 +89,9 @@ OPERANDS: dict[str, tuple[str, ...]] = {
         "res_bits",
         *SUM_OPERANDS,
         *INPUT_PADS,
+        # format 6.0 on: the output table's 16-bit entry shifted right per output channel, by the
+        # int8 shifts at lut_shifts (one per channel of the tile; -1: none) onto lut_bits codes
+        "lut_shifts",
     ),
     "matmul": (
         "src",
@@ -115,7 +118,9 @@ OPERANDS: dict[str, tuple[str, ...]] = {
         *OUTPUT_CLAMP,
     ),
     "requant": ("src", "n", "in_bits", "in_zp", "m0", "shift", "dst", "out_bits", "out_zp"),
-    "lut": ("src", "n", "in_bits", "table", "offset", "dst", "out_bits", "shift"),  # shift: 3.0 on
+    # shift: 3.0 on; 6.0 on, with shifts >= 0 the entries are 16-bit and each run of `per`
+    # elements (a channel of the tile) is shifted right by the next int8 at shifts onto out_bits
+    "lut": ("src", "n", "in_bits", "table", "offset", "dst", "out_bits", "shift", "shifts", "per"),
     "clamp": ("src", "n", "bits", "min", "max", "dst"),
     "gap": (
         "src",
@@ -178,22 +183,25 @@ MAPPINGS = {"channels": 0, "depthwise": 1, "spatial": 2}
 # residual Add in a conv's output path or chained onto a mul (on a conv res, res_bits and the
 # sum's operands; on a mul then_add, add_term and the sum's), 4.x no input borders on a conv or
 # a pool (their input tile was padded in SRAM), and no clamp on an add's or a mul's output (a
-# ReLU after them was an op of its own).
+# ReLU after them was an op of its own), 5.x no per-channel shifts after a table.
 RESIDUAL_OPERANDS = 2 + len(SUM_OPERANDS)
+CHANNEL_SHIFT_OPERANDS = {"conv": ("lut_shifts",), "lut": ("shifts", "per")}  # format 6.0 on
+_FORMAT_5 = {**OPERANDS, **{op: OPERANDS[op][: -len(extra)] for op, extra in CHANNEL_SHIFT_OPERANDS.items()}}
 _FORMAT_4 = {
-    **OPERANDS,
-    "conv": OPERANDS["conv"][: -len(INPUT_PADS)],
-    "pool": OPERANDS["pool"][: -len(INPUT_PADS)],
-    "add": OPERANDS["add"][: -len(OUTPUT_CLAMP)],
-    "mul": OPERANDS["mul"][: -len(OUTPUT_CLAMP)],
+    **_FORMAT_5,
+    "conv": _FORMAT_5["conv"][: -len(INPUT_PADS)],
+    "pool": _FORMAT_5["pool"][: -len(INPUT_PADS)],
+    "add": _FORMAT_5["add"][: -len(OUTPUT_CLAMP)],
+    "mul": _FORMAT_5["mul"][: -len(OUTPUT_CLAMP)],
 }
 _NO_CHAIN = {**_FORMAT_4, "mul": _FORMAT_4["mul"][:-RESIDUAL_OPERANDS]}
 _CONV_3 = _FORMAT_4["conv"][:-RESIDUAL_OPERANDS]
 _LEGACY_OPERANDS = {
-    1: {**_NO_CHAIN, "conv": _CONV_3[:-2], "lut": OPERANDS["lut"][:-1]},
-    2: {**_NO_CHAIN, "conv": _CONV_3[:-1], "lut": OPERANDS["lut"][:-1]},
+    1: {**_NO_CHAIN, "conv": _CONV_3[:-2], "lut": _FORMAT_5["lut"][:-1]},
+    2: {**_NO_CHAIN, "conv": _CONV_3[:-1], "lut": _FORMAT_5["lut"][:-1]},
     3: {**_NO_CHAIN, "conv": _CONV_3},
     4: _FORMAT_4,
+    5: _FORMAT_5,
 }
 NO_RESIDUAL = {
     "res": -1,
@@ -204,6 +212,7 @@ NO_RESIDUAL = {
     "sum_bits": 8,
 }
 NO_PADS = dict.fromkeys(INPUT_PADS, 0)
+NO_CHANNEL_SHIFTS = {"lut_shifts": -1, "shifts": -1, "per": 0}
 NO_CLAMP = {"min": -(1 << 15), "max": (1 << 15) - 1}  # wider than any code an add or mul writes
 _LEGACY_DEFAULTS = {
     "mapping": MAPPINGS["channels"],
@@ -212,6 +221,7 @@ _LEGACY_DEFAULTS = {
     **NO_RESIDUAL,
     **NO_PADS,
     **NO_CLAMP,
+    **NO_CHANNEL_SHIFTS,
 }
 NAMES = {v: k for k, v in OPCODES.items()}
 
@@ -299,7 +309,20 @@ class Instruction:
 
 
 def _fmt(name: str, value: int) -> str:
-    if name in ("dram", "sram", "src", "dst", "a", "b", "weights", "params", "table", "acc", "index"):
+    if name in (
+        "dram",
+        "sram",
+        "src",
+        "dst",
+        "a",
+        "b",
+        "weights",
+        "params",
+        "table",
+        "acc",
+        "index",
+        "shifts",
+    ):
         return f"0x{value:x}"
     return str(value)
 

@@ -26,7 +26,7 @@ from functools import lru_cache
 import numpy as np
 
 from npubuild.intmodel.codes import centred_bound, elementwise, looked_up, per_code, qrange, saturate
-from npubuild.intmodel.fixedpoint import OutputRule, add_codes, multiply_codes, requantize
+from npubuild.intmodel.fixedpoint import OutputRule, add_codes, channel_shifted, multiply_codes, requantize
 from npubuild.intmodel.kernels import conv_sums, conv_transpose_accumulate, window_max, windows
 from npubuild.intmodel.ortconv import ExactConvs
 from npubuild.intmodel.program import ConvGeometry
@@ -374,8 +374,11 @@ class Simulator:
         y = self._finish(acc, params, a, 1, acc_bound, params_named)
         bits = a["out_bits"]
         if a["lut"] >= 0:  # an activation table in the output path (a LUT op fused into the conv)
-            table = self._table(a["lut"], a["lut_bits"], a["out_bits"], a["lut_shift"])
+            per_channel = a["lut_shifts"] >= 0  # 16-bit entries, shifted per channel (format 6.0)
+            table = self._table(a["lut"], 16 if per_channel else a["lut_bits"], a["out_bits"], a["lut_shift"])
             y = _look_up(table, y, a["lut_offset"], "conv output table", (a["min"], a["max"]), a["lut_shift"])
+            if per_channel:
+                y = self._channel_shifted(y, a["lut_shifts"], a["out_c"], a["lut_bits"])
             bits = a["lut_bits"]
         if a["res"] >= 0:  # a residual Add in the output path (an Add op fused into the conv)
             residual = self.sram.view(a["res"], a["res_bits"], y.shape[1:])
@@ -456,9 +459,22 @@ class Simulator:
 
     def _lut(self, a: dict) -> None:
         x = self.sram.view(a["src"], a["in_bits"], (a["n"],))
-        table = self._table(a["table"], a["out_bits"], a["in_bits"], a["shift"])
+        per_channel = a["shifts"] >= 0  # 16-bit entries, shifted per channel (format 6.0)
+        table = self._table(a["table"], 16 if per_channel else a["out_bits"], a["in_bits"], a["shift"])
         codes = _look_up(table, x, a["offset"], "LUT", qrange(a["in_bits"]), a["shift"])
+        if per_channel:
+            if a["per"] <= 0 or a["n"] % a["per"]:
+                raise NpubError(f"LUT of {a['n']} elements in channels of {a['per']}")
+            runs = codes.reshape(codes.shape[0], -1, a["per"])  # [rows, channels, per]
+            codes = self._channel_shifted(runs, a["shifts"], runs.shape[1], a["out_bits"]).reshape(x.shape)
         self.sram.write(a["dst"], a["out_bits"], codes)
+
+    def _channel_shifted(self, entries: np.ndarray, addr: int, channels: int, bits: int) -> np.ndarray:
+        """Table entries [rows, channels, ...] shifted per channel by the int8s at addr (6.0)."""
+        shifts, _ = self.sram.same_in_every_row(addr, 8, (channels,))  # (read before any write)
+        if bits != 8 or shifts.size and not 0 <= int(shifts.min()) <= int(shifts.max()) <= 15:
+            raise NpubError(f"per-channel shifts {shifts.min()}..{shifts.max()} onto {bits}-bit codes")
+        return channel_shifted(entries, shifts)
 
     def _table(self, addr: int, entry_bits: int, in_bits: int, shift: int) -> np.ndarray:
         """A lookup table in SRAM: an entry per 2^shift codes of an `in_bits` input."""

@@ -47,8 +47,8 @@ def absorb_into_tables(meta: dict, arrays: dict, ranks: dict[str, int]) -> tuple
             continue
         while True:
             y = op["outputs"][0]
-            if y in outputs or readers[y] != 1:
-                break
+            if y in outputs or readers[y] != 1 or tensors[y].get("channel_shifts"):
+                break  # (a per-channel result's entries are not its codes: they are shifted)
             after = reader[y]
             rule = _per_code_rule(after, y, arrays, tensors, ranks.get(y))
             if rule is None:
@@ -86,7 +86,8 @@ def _per_code_rule(op: dict, y: str, arrays: dict, tensors: dict, rank: int | No
     value = value.astype(np.int64).reshape(())
     y_first = op["inputs"][0] == y
     at, out = op["attrs"], tensors[op["outputs"][0]]
-    zero_point, bits = out["zero_point"], out["bits"]
+    # a per-channel result's codes on its base grid: the table's entries, which the lut shifts
+    zero_point, bits = out["zero_point"], 16 if out.get("channel_shifts") else out["bits"]
 
     def rule(codes: np.ndarray) -> np.ndarray:
         a, b = (codes, value) if y_first else (value, codes)

@@ -217,7 +217,8 @@ class Encoder:
 
     def mac_op(self, kind, node, x, out, wq, wscale, bias, xp, yp, activation, attrs) -> None:
         prog = self.program
-        acc_scale = xp.scale * wscale
+        # a per-channel input grid (a depthwise convolution's, channel c feeding output c)
+        acc_scale = np.reshape(xp.channel_scales(), -1) * wscale
         # int8 inputs: an int32 bias; int16 inputs: int64 (TFLite's 16x8 scheme), whose scale
         # in_scale * w_scale is ~256x finer and would overflow int32 for ordinary biases.
         limit = 2**31 - 1 if xp.bits == 8 else 2**47

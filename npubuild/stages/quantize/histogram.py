@@ -24,6 +24,7 @@ class TensorStats:
         self.radius = 0.0
         self.hist = np.zeros(BINS, dtype=np.int64)
         self.channel_sum: np.ndarray | None = None
+        self.channel_absmax: np.ndarray | None = None
         self.channel_count = 0
 
     def update(self, x: np.ndarray, channel_axis: int | None = None) -> None:
@@ -38,6 +39,10 @@ class TensorStats:
             axes = tuple(i for i in range(x.ndim) if i != channel_axis)
             sums = x.sum(axis=axes)
             self.channel_sum = sums if self.channel_sum is None else self.channel_sum + sums
+            peaks = np.abs(x).max(axis=axes) if x.size else np.zeros(x.shape[channel_axis])
+            self.channel_absmax = (
+                peaks if self.channel_absmax is None else np.maximum(self.channel_absmax, peaks)
+            )
             self.channel_count += x.size // x.shape[channel_axis]
         if values.size == 0:
             return
@@ -72,4 +77,5 @@ class TensorStats:
         arrays = {"hist": self.hist}
         if self.channel_sum is not None and self.channel_count:
             arrays["channel_mean"] = self.channel_sum / self.channel_count
+            arrays["channel_absmax"] = self.channel_absmax
         return meta, arrays

@@ -8,6 +8,7 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass, field
 
+import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
@@ -24,12 +25,31 @@ FUSED_HEAD = "fused_preprocess"  # the node fuse_preprocess puts in front (stage
 
 @dataclass
 class TensorParams:
+    """A tensor's grid: real = (code - zero_point) * scale, or with `channel_shifts` (a depthwise
+    convolution's input, docs/quantization.md "Per-channel depthwise inputs") real = code * scale
+    * 2^channel_shifts[c] in channel c (axis 1), zero point 0."""
+
     scale: float
     zero_point: int
     bits: int
+    channel_shifts: tuple[int, ...] = ()
 
     def as_dict(self) -> dict:
-        return {"scale": self.scale, "zero_point": self.zero_point, "bits": self.bits}
+        grid = {"scale": self.scale, "zero_point": self.zero_point, "bits": self.bits}
+        return {**grid, "channel_shifts": list(self.channel_shifts)} if self.channel_shifts else grid
+
+    def channel_scales(self):
+        """The scale of each channel (one per channel), or the scale."""
+        if not self.channel_shifts:
+            return self.scale
+        return self.scale * np.exp2(np.asarray(self.channel_shifts, np.float64))
+
+
+# A per-channel grid's coarsest channel is 2^CHANNEL_SHIFT_RANGE times its base (int16) grid, whose
+# 32,767 codes 127 x 2^8 nearly spans: the lookup table that makes it holds 16-bit entries on the
+# base grid, which each channel shifts right by its own amount (docs/quantization.md,
+# "Per-channel depthwise inputs").
+CHANNEL_SHIFT_RANGE = 8
 
 
 # element-wise ops and concatenation: a network output's grid reaches back through them
@@ -280,6 +300,8 @@ class Planner:
         plan, info = self.plan, self.info
         choices = self._choices = {id(n): self.choose(n) for n in info.nodes}
         self._tail = self._result_tail(choices)
+        self._table_chains = self._tables_and_absorbed(choices)
+        self._depthwise_inputs = self._depthwise_read(choices)
         fused: dict[int, onnx.NodeProto] = {}  # id(MAC) -> the Relu/Clip folded into it
         for n in info.nodes:
             if n.op_type in MAC_OPS and choices[id(n)].integer:
@@ -350,12 +372,107 @@ class Planner:
                 todo.extend(i for i in node.input if i and i not in self.info.constants)
         return tail
 
+    def _scalar_op(self, node: onnx.NodeProto) -> str | None:
+        """The data input of an Add, Sub, Mul or Div of one tensor and a constant scalar (an op a
+        lookup table before it absorbs: absorb.py), else None."""
+        if node.op_type not in ("Add", "Sub", "Mul", "Div") or len(node.input) != 2:
+            return None
+        data = [i for i in node.input if i not in self.info.constants]
+        scalars = [i for i in node.input if i in self.info.constants and self.info.constants[i].size == 1]
+        return data[0] if len(data) == 1 and len(scalars) == 1 else None
+
+    def _tables_and_absorbed(self, choices: dict) -> dict[str, bool]:
+        """Each tensor an integer lookup table makes, and each an integer scalar op makes from
+        such a tensor that it alone reads (which the table absorbs: absorb.py), mapped to whether
+        another such op reads it in turn (then the table absorbs that one too, and the tensor is
+        never stored: its grid is 16 bits at no cost)."""
+        chains: dict[str, bool] = {}
+        for node in self.info.nodes:  # in order: a chain's start comes first
+            if not choices[id(node)].integer:
+                continue
+            data = self._scalar_op(node)
+            if node.op_type in LUT_OPS or (
+                data in chains
+                and len(self.info.consumers.get(data, [])) == 1
+                and data not in self.info.outputs
+            ):
+                chains[node.output[0]] = False
+                if data in chains:
+                    chains[data] = True
+        return chains
+
     def _width(self, node: onnx.NodeProto, out: str) -> int:
         """The width an integer node's result gets outside fine pre-activations and Softmax."""
         bits = self._choices[id(node)].bits
         if out in self._tail and out not in self.given:
             bits = max(bits, self.config.get("output_bits", 8))
+        if (
+            out in self._depthwise_inputs
+            and out not in self.given
+            and self.config.get("depthwise_inputs", "tensor") == "int16"
+        ):
+            bits = 16
+        if self._table_chains.get(out) and out not in self.given:
+            # absorbed into the table that makes it (absorb.py): never stored, so never narrow
+            bits = max(bits, self.config.get("absorbed_bits", 8))
         return bits
+
+    def _channel_grid(self, node: onnx.NodeProto, out: str, params: TensorParams) -> TensorParams:
+        """A table's int8 result that only integer int8 depthwise convolutions read gets one grid
+        per channel (`depthwise_inputs = "channel"`): each channel's calibrated peak, rounded up to
+        a power-of-two multiple of the tensor's int16 grid, so that the table's 16-bit entries
+        shifted right per channel give every channel's codes and the convolution folds its
+        channel's scale into its requantization. One grid must otherwise hold channels whose
+        ranges differ 100x (a MobileNet-style expansion), and most channels get a handful of codes."""
+        absmax = self.stats_arrays.get(f"{out}/channel_absmax")
+        if (
+            self.config.get("depthwise_inputs", "tensor") != "channel"
+            or out not in self._table_chains
+            or params.bits != 8
+            or absmax is None
+            or out in self.given
+            or out in self.info.outputs
+            or out in self._shared
+            or not float(absmax.max()) > 0
+            or not all(
+                self._choices[id(r)].integer and self._choices[id(r)].bits == 8 and self._is_depthwise(r)
+                for r in self.info.consumers.get(out, [])
+            )
+        ):
+            return params
+        # the base grid is the tensor's int16 grid (its range by the method, clipping outliers as
+        # at 16 bits); a channel takes the finest power-of-two multiple that holds its peak
+        base = self.from_stats(out, 16, self._choices[id(node)].method).scale
+        with np.errstate(divide="ignore"):
+            shifts = np.ceil(np.log2(np.asarray(absmax, np.float64) / (127 * base)))
+        shifts = np.clip(np.nan_to_num(shifts, nan=0.0, neginf=0.0), 0, CHANNEL_SHIFT_RANGE)
+        return TensorParams(base, 0, 8, tuple(int(s) for s in shifts))
+
+    def _is_depthwise(self, node: onnx.NodeProto) -> bool:
+        weight = self.info.constants.get(node.input[1]) if len(node.input) > 1 else None
+        return (
+            node.op_type == "Conv"
+            and weight is not None
+            and weight.ndim == 4
+            and attr(node, "group", 1) > 1
+            and weight.shape[:2] == (attr(node, "group", 1), 1)
+        )
+
+    def _depthwise_read(self, choices: dict) -> set[str]:
+        """The tensors an integer depthwise convolution reads, followed back through the ops that
+        keep their input's grid (moves, Relu/Clip) to the op that makes them: every name on the way
+        (a Relu fused into its convolution writes the last of them)."""
+        producers, keeps_grid = self.info.producers, MOVE_OPS | {"Relu", "Clip"}
+        found = set()
+        for node in self.info.nodes:
+            if not self._is_depthwise(node) or not choices[id(node)].integer:
+                continue
+            name = node.input[0]
+            found.add(name)
+            while (maker := producers.get(name)) is not None and maker.op_type in keeps_grid:
+                name = maker.input[0]
+                found.add(name)
+        return found
 
     def _concat_sources(self, choices: dict, fused_activations: set[int]) -> dict[str, str]:
         """`concat_grids = "shared"`: the tensors that take a Concat's grid, each mapped to the
@@ -451,5 +568,6 @@ class Planner:
             grid = self._shared_grid(out)  # a Concat's, or its own
             method = self._choices[id(self._concats[grid])].method if grid != out else choice.method
             params = self.from_stats(grid, self._width(node, out), method)  # (its warnings, even for Resize)
+            params = self._channel_grid(node, out, params)
             plan.params[out] = plan.params[node.input[0]] if node.op_type == "Resize" else params
         plan.steps.append(Step("integer", node=node, choice=choice, activation=activation))

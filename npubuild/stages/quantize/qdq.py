@@ -41,13 +41,18 @@ class _Export:
         dtype = np.int8 if t.bits == 8 else np.int16
         domain = "" if t.bits == 8 else "com.microsoft"
         self.uses_ms |= t.bits == 16
-        scale = self._init(f"{tensor}__scale", np.array(t.scale, np.float32))
-        zp = self._init(f"{tensor}__zero_point", np.array(t.zero_point, dtype))
+        # a per-channel grid (a depthwise convolution's input): one scale per channel, axis 1
+        scales = np.reshape(t.channel_scales(2), -1) if t.channel_shifts else t.scale
+        scale = self._init(f"{tensor}__scale", np.array(scales, np.float32))
+        zp = self._init(f"{tensor}__zero_point", np.zeros(np.shape(scales), dtype) + t.zero_point)
+        axis = {"axis": 1} if t.channel_shifts else {}
         q = f"{tensor}__q"
         return [
-            helper.make_node("QuantizeLinear", [source, scale, zp], [q], name=f"{tensor}__Q", domain=domain),
             helper.make_node(
-                "DequantizeLinear", [q, scale, zp], [target], name=f"{tensor}__DQ", domain=domain
+                "QuantizeLinear", [source, scale, zp], [q], name=f"{tensor}__Q", domain=domain, **axis
+            ),
+            helper.make_node(
+                "DequantizeLinear", [q, scale, zp], [target], name=f"{tensor}__DQ", domain=domain, **axis
             ),
         ]
 
@@ -146,7 +151,7 @@ class _Export:
         a = op.arrays
         x = op.inputs[0]
         wq, wscale, bias = self.arrays[a.weight], self.arrays[a.weight_scale], self.arrays[a.bias]
-        xscale = self.program.tensors[x].scale
+        xscale = np.reshape(self.program.tensors[x].channel_scales(2), -1)  # (per channel: depthwise)
         label = node.name or node.output[0]
         if node.op_type == "ConvTranspose":
             waxis = 1

@@ -139,14 +139,25 @@ class ExactOps:
             step = self._const(label, "step", 1 << op.attrs.index_shift, np.int64)
             nodes.append(helper.make_node("Div", [f"{label}__index", step], [f"{label}__entry"]))
         index = f"{label}__entry" if op.attrs.index_shift else f"{label}__index"
+        if not t.channel_shifts:
+            return [
+                *nodes,
+                helper.make_node(
+                    "Gather",
+                    [self._init(f"{label}__table", table), index],
+                    [f"{op.outputs[0]}__q"],
+                    name=label,
+                ),
+            ]
+        # a per-channel grid: the 16-bit entries, each channel's shifted right (rounded half away
+        # from zero: exact in float64), saturated to int8 by the QuantizeLinear of scale 1
+        entries = self.arrays[op.arrays.table].astype(np.float64)
         return [
             *nodes,
             helper.make_node(
-                "Gather",
-                [self._init(f"{label}__table", table), index],
-                [f"{op.outputs[0]}__q"],
-                name=label,
+                "Gather", [self._const(label, "table", entries), index], [f"{label}__entries"], name=label
             ),
+            *self._channel_shifted(label, f"{label}__entries", op),
         ]
 
     def add(self, node: onnx.NodeProto, op: Op) -> list[onnx.NodeProto] | None:
@@ -169,8 +180,28 @@ class ExactOps:
             scaled.append(f"{label}__s{k}")
         nodes.append(helper.make_node("Add", scaled, [f"{label}__sum"]))
         nodes += self._round(label, f"{label}__sum")
-        lo, hi = qrange(self.program.tensors[op.outputs[0]].bits)
+        out = self.program.tensors[op.outputs[0]]
+        if out.channel_shifts:
+            return nodes + self._channel_shifted(label, f"{label}__rounded", op)
+        lo, hi = qrange(out.bits)
         return nodes + self._leave(label, f"{label}__rounded", op, lo, hi)
+
+    def _channel_shifted(self, label: str, base_codes: str, op: Op) -> list[onnx.NodeProto]:
+        """A per-channel result's codes from its rounded codes on the base grid (float64, before
+        saturation to 16 bits): saturated, each channel shifted right (rounded half away from
+        zero), saturated to int8 (intmodel/fixedpoint.channel_shifted)."""
+        shifts = self.program.tensors[op.outputs[0]].channel_shifts
+        lo, hi = qrange(16)
+        scales = np.exp2(-np.asarray(shifts, np.float64)).reshape(1, -1, 1, 1)
+        bounds = [self._const(label, end, v) for end, v in (("wide_lo", lo), ("wide_hi", hi))]
+        return [
+            helper.make_node("Clip", [base_codes, *bounds], [f"{label}__wide"]),
+            helper.make_node(
+                "Mul", [f"{label}__wide", self._const(label, "shifts", scales)], [f"{label}__shifted"]
+            ),
+            *self._round(f"{label}__channel", f"{label}__shifted"),
+            *self._leave(label, f"{label}__channel__rounded", op, *qrange(8)),
+        ]
 
     def mac(self, node: onnx.NodeProto, op: Op) -> list[onnx.NodeProto] | None:
         if node.op_type not in ("Conv", "ConvTranspose", "MatMul", "Gemm"):

@@ -82,7 +82,8 @@ def _table(enc, node: onnx.NodeProto, codes: np.ndarray) -> np.ndarray:
         with np.errstate(all="ignore"):
             y = evaluate_node(node, enc.model, enc.constants, x, real)
     y = y.astype(np.float64).reshape(-1)
-    oqmin, oqmax = qrange(yp.bits)
+    # a per-channel result: 16-bit entries on its base grid, which each channel shifts right
+    oqmin, oqmax = qrange(16 if yp.channel_shifts else yp.bits)
     # outside a function's domain: -inf and +inf (log of 0) the extreme codes, NaN (log or sqrt of
     # a negative value) the code of 0
     y = np.nan_to_num(y, nan=0.0, posinf=oqmax * yp.scale * 2, neginf=oqmin * yp.scale * 2)

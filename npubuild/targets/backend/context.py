@@ -127,3 +127,22 @@ class OpContext:
         a = op.arrays
         bias, m0, shift = (self.arrays[k].astype(np.int64).reshape(-1) for k in (a.bias, a.m0, a.shift))
         return np.stack([bias, m0, shift], axis=1)
+
+    def table_bytes(self, lut: Op) -> int:
+        """The bytes of a lookup table's constant (`table`), without storing it."""
+        entries, shifts = self.arrays[lut.arrays.table].size, self.tensors[lut.outputs[0]].channel_shifts
+        return 2 * entries + len(shifts) if shifts else entries * (1 if self.bits(lut.outputs[0]) == 8 else 2)
+
+    def table(self, lut: Op) -> tuple[int, int, int]:
+        """(DRAM address, bytes, offset of the per-channel shifts or -1) of a lookup table as its
+        instruction reads it: entries at the result's width, or for a per-channel result (format
+        6.0) 16-bit entries followed by one int8 shift per channel."""
+        y = lut.outputs[0]
+        entries = self.arrays[lut.arrays.table]
+        shifts = self.tensors[y].channel_shifts
+        if not shifts:
+            table = entries.astype(np.int8 if self.bits(y) == 8 else np.int16)
+            return self.consts.add(f"{lut.arrays.table}#{self.bits(y)}", table), table.nbytes, -1
+        wide = entries.astype("<i2").view(np.uint8)
+        table = np.concatenate([wide, np.asarray(shifts, np.int8).view(np.uint8)])
+        return self.consts.add(f"{lut.arrays.table}#channels", table), table.nbytes, wide.nbytes

@@ -50,11 +50,10 @@ def conv(
     x, raw = op.inputs[0], op.outputs[0]
     y = activation.outputs[0] if activation else raw  # the activation's result
     z = residual.outputs[0] if residual else y  # what is stored: the residual Add's, or that
-    table_bytes = 0
+    table_bytes, shifts_at = 0, -1
     if activation:
-        table = ctx.arrays[activation.arrays.table].astype(np.int8 if ctx.bits(y) == 8 else np.int16)
-        taddr = ctx.consts.add(activation.arrays.table + f"#{ctx.bits(y)}", table)
-        table_bytes = align(table.nbytes)
+        taddr, table_size, shifts_at = ctx.table(activation)
+        table_bytes = align(table_size)
     _, c, h, w = ctx.shapes[x]
     _, oc, oh, ow = ctx.shapes[raw]
     weight = ctx.arrays[op.arrays.weight]
@@ -78,7 +77,7 @@ def conv(
         wbase = table_bytes
         consts = []
         if activation and (o0 == 0 or ctx.sram.const_slot):  # each slot needs its own copy
-            consts.append(const_load(0, taddr, table.nbytes))
+            consts.append(const_load(0, taddr, table_size))
         consts.append(const_load(wbase, waddr + o0 * cg * kh * kw, n_out * cg * kh * kw))
         params_at = params_offset(wbase, n_out * cg * kh * kw, n_out, sched.fixed)
         consts.append(const_load(params_at, paddr + o0 * CHANNEL_PARAM_BYTES, n_out * CHANNEL_PARAM_BYTES))
@@ -121,6 +120,7 @@ def conv(
                         lut_offset=activation.attrs.offset if activation else 0,
                         lut_bits=ctx.bits(y),
                         lut_shift=activation.attrs.index_shift if activation else 0,
+                        lut_shifts=InConst(shifts_at + o0) if shifts_at >= 0 else -1,
                         **output_path, **res, **NO_PADS,
                     ),
                 )  # fmt: skip
@@ -176,7 +176,7 @@ def conv_transpose(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
                     out_c=n_out, out_h=r1 - r0, out_w=ow, out_bits=ctx.bits(y), out_zp=ctx.zero_point(y),
                     kh=kh, kw=kw, sh=sh, sw=sw, dh=dh, dw=dw, group=1, min=at.min, max=at.max,
                     transpose=1, crop_top=r0 + pt - i0 * sh, crop_left=pl,
-                    lut=-1, lut_offset=0, lut_bits=ctx.bits(y), lut_shift=0,
+                    lut=-1, lut_offset=0, lut_bits=ctx.bits(y), lut_shift=0, lut_shifts=-1,
                     **_residual_operands(ctx, y, None), **NO_PADS,
                 ),
             )  # fmt: skip

@@ -82,9 +82,11 @@ def _chained_add(ctx: OpContext, op: Op, residual: Op | None) -> dict:
     return {"then_add": 1, "add_term": op.inputs.index(term), **ctx.sum_operands(residual, product)}
 
 
-def unary(ctx: OpContext, op: Op, sched: OpSchedule, instruction: str, **operands) -> list[Command]:
+def unary(
+    ctx: OpContext, op: Op, sched: OpSchedule, instruction: str, per_tile=None, **operands
+) -> list[Command]:
     """Tiles of an element-wise op of one input: `instruction` with `operands` besides the source,
-    count and destination."""
+    count and destination, and those `per_tile(start, size)` gives for each tile's box."""
     x, y = op.inputs[0], op.outputs[0]
     shape = four(ctx.shapes[y])
     bufs = sched.buffers(ctx.sram)
@@ -93,7 +95,8 @@ def unary(ctx: OpContext, op: Op, sched: OpSchedule, instruction: str, **operand
     for start, size in boxes(shape, list(sched.extents)):
         n = int(np.prod(size))
         dst = InTile(align(n * esize(ctx.bits(x))))
-        compute = Step(instruction, dict(src=InTile(), n=n, **operands, dst=dst))
+        tiled = per_tile(start, size) if per_tile else {}
+        compute = Step(instruction, dict(src=InTile(), n=n, **operands, dst=dst, **tiled))
         source = load(InTile(), ctx.addr[x], ctx.bits(x), size, strides, start)
         commands.append(
             Tile(bufs, [source], compute, store(dst, ctx.addr[y], ctx.bits(y), size, strides, start))
@@ -103,8 +106,7 @@ def unary(ctx: OpContext, op: Op, sched: OpSchedule, instruction: str, **operand
 
 def lut(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
     x, y = op.inputs[0], op.outputs[0]
-    table = ctx.arrays[op.arrays.table].astype(np.int8 if ctx.bits(y) == 8 else np.int16)
-    taddr = ctx.consts.add(op.arrays.table + f"#{ctx.bits(y)}", table)
+    taddr, table_bytes, shifts_at = ctx.table(op)
     operands = dict(
         in_bits=ctx.bits(x),
         table=InConst(0),
@@ -112,7 +114,17 @@ def lut(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
         out_bits=ctx.bits(y),
         shift=op.attrs.index_shift,
     )
-    return [ConstLoads([const_load(0, taddr, table.nbytes)]), *unary(ctx, op, sched, "lut", **operands)]
+
+    def channel_shifts(start: list[int], size: list[int]) -> dict:
+        """A per-channel result's shifts: from the tile's first channel, one per h x w run."""
+        if shifts_at < 0:
+            return {"shifts": -1, "per": 0}
+        if size[0] != 1:
+            raise ValueError("a per-channel table's tile spans several images")
+        return {"shifts": InConst(shifts_at + start[1]), "per": size[2] * size[3]}
+
+    tiles = unary(ctx, op, sched, "lut", per_tile=channel_shifts, **operands)
+    return [ConstLoads([const_load(0, taddr, table_bytes)]), *tiles]
 
 
 def clamp(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:

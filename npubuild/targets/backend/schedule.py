@@ -115,7 +115,7 @@ def conv(
         return conv_transpose(ctx, op, split)
     x, raw = op.inputs[0], op.outputs[0]
     y = activation.outputs[0] if activation else raw
-    table_bytes = align(ctx.arrays[activation.arrays.table].size * esize(ctx.bits(y))) if activation else 0
+    table_bytes = align(ctx.table_bytes(activation)) if activation else 0
     _, c, h, w = ctx.shapes[x]
     _, oc, oh, ow = ctx.shapes[raw]
     kh, kw = ctx.arrays[op.arrays.weight].shape[2:]
@@ -300,8 +300,7 @@ def unary(ctx: OpContext, op: Op, split: int, fixed: int = 0) -> OpSchedule:
 
 
 def lut(ctx: OpContext, op: Op, split: int) -> OpSchedule:
-    table = ctx.arrays[op.arrays.table]
-    return unary(ctx, op, split, fixed=table.size * esize(ctx.bits(op.outputs[0])))
+    return unary(ctx, op, split, fixed=ctx.table_bytes(op))
 
 
 def clamp(ctx: OpContext, op: Op, split: int) -> OpSchedule:
