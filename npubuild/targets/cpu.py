@@ -57,13 +57,16 @@ class CpuSubgraph:
         self.count += 1
         return f"{self.prefix}{base}#{self.count}"
 
-    def _qparams(self, name: str) -> tuple[str, str, str]:
+    def _qparams(self, name: str) -> tuple[str, str, str, dict]:
+        """(scale, zero point, Q/DQ domain, attributes) of a tensor's grid: one per channel along
+        axis 1 for a per-channel grid (a depthwise convolution's input)."""
         t = self.tensors[name]
         s, z = self._fresh(f"{name}.scale"), self._fresh(f"{name}.zp")
         dtype = np.int8 if t.bits == 8 else np.int16
-        self.initializers[s] = numpy_helper.from_array(np.array(t.scale, np.float32), s)
-        self.initializers[z] = numpy_helper.from_array(np.array(t.zero_point, dtype), z)
-        return s, z, "" if t.bits == 8 else "com.microsoft"
+        scales = np.reshape(t.channel_scales(2), -1) if t.channel_shifts else t.scale
+        self.initializers[s] = numpy_helper.from_array(np.array(scales, np.float32), s)
+        self.initializers[z] = numpy_helper.from_array(np.zeros(np.shape(scales), dtype) + t.zero_point, z)
+        return s, z, "" if t.bits == 8 else "com.microsoft", {"axis": 1} if t.channel_shifts else {}
 
     def value(self, name: str, states: dict[str, str]) -> tuple[str, str]:
         if name not in self.current:
@@ -78,15 +81,17 @@ class CpuSubgraph:
         value, state = self.value(name, states)
         if state == "f":
             return value
-        s, z, domain = self._qparams(name)
+        s, z, domain, axis = self._qparams(name)
         out = self._fresh(f"{name}.dq")
-        self.nodes.append(helper.make_node("DequantizeLinear", [value, s, z], [out], domain=domain))
+        self.nodes.append(helper.make_node("DequantizeLinear", [value, s, z], [out], domain=domain, **axis))
         return out
 
     def quantize(self, name: str, float_value: str) -> None:
-        s, z, domain = self._qparams(name)
+        s, z, domain, axis = self._qparams(name)
         out = self._fresh(f"{name}.q")
-        self.nodes.append(helper.make_node("QuantizeLinear", [float_value, s, z], [out], domain=domain))
+        self.nodes.append(
+            helper.make_node("QuantizeLinear", [float_value, s, z], [out], domain=domain, **axis)
+        )
         self.current[name] = (out, "q")
 
     def add_op(self, op: Op, states: dict[str, str]) -> None:

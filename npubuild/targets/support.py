@@ -318,6 +318,17 @@ def supported_op_type(v: OpView) -> str | None:
 
 
 @_npu
+def per_channel_results_from_tables(v: OpView) -> str | None:
+    """A result with a grid per channel (a depthwise convolution's input) is a lookup table's
+    16-bit entries shifted per channel, in the table or in a convolution's output path; an Add or
+    a Mul that makes one (a scalar scale or bias the table did not absorb) has no such step."""
+    made = [n for n in v.op.outputs if n in v.program.tensors and v.program.tensors[n].channel_shifts]
+    if made and v.kind != "lut":
+        return f"{v.op.op_type} with a per-channel result grid (only a table shifts per channel)"
+    return None
+
+
+@_npu
 def rank_at_most_4(v: OpView) -> str | None:
     """DMA descriptors address at most four dimensions (a Reshape-like view moves nothing)."""
     if v.kind == "move" and v.op.op_type in ALIASES:

@@ -446,6 +446,14 @@ class Planner:
         with np.errstate(divide="ignore"):
             shifts = np.ceil(np.log2(np.asarray(absmax, np.float64) / (127 * base)))
         shifts = np.clip(np.nan_to_num(shifts, nan=0.0, neginf=0.0), 0, CHANNEL_SHIFT_RANGE)
+        # symmetric per-channel grids spend a code's sign on channels that are mostly positive
+        # (a HardSwish's): where the channels' ranges are alike, the one asymmetric grid is finer
+        # on most of them; take the grids per channel only where their steps are finer on
+        # average (geometric mean over the channels calibration saw)
+        seen = np.asarray(absmax) > 0
+        finer = np.log2(params.scale / (base * np.exp2(shifts[seen])))
+        if not float(finer.mean()) > 0:
+            return params
         return TensorParams(base, 0, 8, tuple(int(s) for s in shifts))
 
     def _is_depthwise(self, node: onnx.NodeProto) -> bool:

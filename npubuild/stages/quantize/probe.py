@@ -52,7 +52,10 @@ class PrecisionProbe:
         self.producers = planner.info.producers
         # a tensor a Concat joins is on the Concat's grid (concat_grids = "shared"), as the
         # quantizer plans it with these settings
-        self.shared_grids = planner.build().shared_grids
+        plan = planner.build()
+        self.shared_grids = plan.shared_grids
+        # int8 depthwise inputs with a grid per channel (depthwise_inputs = "channel"), as planned
+        self.channel_grids = {n: p for n, p in plan.params.items() if p.channel_shifts}
         self.outputs = [o.name for o in model.graph.output]
         self._build_graph()
         self.runs = 0
@@ -88,6 +91,8 @@ class PrecisionProbe:
         int16 table reads a wider range, clipped here where the activation is flat); a tensor a
         Concat joins has the Concat's (in a table that gives the two different widths the
         quantizer keeps its own grid, and the probe leaves it unquantized, as a mismatch)."""
+        if bits == 8 and name in self.channel_grids:
+            return self.channel_grids[name]
         levels = 2 ** (16 - WIDE_INPUT_SHIFT) if self._preactivation(name, bits) else None
         grid = self.shared_grids.get(name, name)
         return self._planner().from_stats(grid, bits, self.settings["method"], levels)
@@ -114,11 +119,13 @@ class PrecisionProbe:
                 dtype = TensorProto.INT8 if bits == 8 else TensorProto.INT16
                 domain = "" if bits == 8 else "com.microsoft"
                 s, z = f"{name}__s{bits}", f"{name}__z{bits}"
-                new_inits.append(helper.make_tensor(s, TensorProto.FLOAT, [], [p.scale]))
-                new_inits.append(helper.make_tensor(z, dtype, [], [p.zero_point]))
+                scales = np.reshape(p.channel_scales(), -1)  # one, or one per channel (axis 1)
+                shape, axis = ([len(scales)], {"axis": 1}) if p.channel_shifts else ([], {})
+                new_inits.append(helper.make_tensor(s, TensorProto.FLOAT, shape, scales.tolist()))
+                new_inits.append(helper.make_tensor(z, dtype, shape, [p.zero_point] * len(scales)))
                 q, dq = f"{name}__q{bits}", f"{name}__dq{bits}"
-                nodes.append(helper.make_node("QuantizeLinear", [source, s, z], [q], domain=domain))
-                nodes.append(helper.make_node("DequantizeLinear", [q, s, z], [dq], domain=domain))
+                nodes.append(helper.make_node("QuantizeLinear", [source, s, z], [q], domain=domain, **axis))
+                nodes.append(helper.make_node("DequantizeLinear", [q, s, z], [dq], domain=domain, **axis))
                 flags[bits] = f"{name}__on{bits}"
                 out = f"{name}__sel{bits}" if bits != self.widths[-1] else f"{name}__probe"
                 nodes.append(helper.make_node("Where", [flags[bits], dq, selected], [out]))
