@@ -207,6 +207,18 @@ def main() -> None:
         n_calib, n_eval = crop_workspace(ws, validation=args.validation)
         add_corpus_models(ws)
         print(f"calibration crops: {n_calib}, evaluation crops: {n_eval} (from disjoint photographs)")
+        from importlib.metadata import PackageNotFoundError, version
+
+        def installed(package: str) -> str:
+            try:
+                return version(package)
+            except PackageNotFoundError:
+                return "not installed"
+
+        print(
+            f"onnxruntime {installed('onnxruntime')}, NNCF {installed('nncf')}"
+            " (the other tools' figures move with them)"
+        )
         store = Store(tmp / "cache")
         outcome = build(ws, store, [f"//models:{m}" for m in models], jobs=2)
         assert outcome.ok, outcome.errors
