@@ -457,6 +457,8 @@ class Planner:
         return TensorParams(base, 0, 8, tuple(int(s) for s in shifts))
 
     def _is_depthwise(self, node: onnx.NodeProto) -> bool:
+        """A Conv of constant weights with one input channel per group and one output channel
+        per input channel: output channel c reads input channel c alone."""
         weight = self.info.constants.get(node.input[1]) if len(node.input) > 1 else None
         return (
             node.op_type == "Conv"
