@@ -156,3 +156,54 @@ def test_a_16_bit_layer_with_a_bias_beyond_int64_products_is_exact(tmp_path):
         _, env = interpreter.run({"x": x}, keep=True)
         (codes,) = probe.run(["y__q"], {"x": x})
         np.testing.assert_array_equal(codes.astype(np.int64), env["y"].astype(np.int64))
+
+
+def test_layernorm_is_exact_in_the_export(tmp_path):
+    """LayerNormalization (the first op where ViT's export differed from the integer model: one
+    code on a quarter of the elements) in int64 ops: every code equal, rows wide and narrow, int8
+    and int16 inputs, a negative scale."""
+    for width, rows, settings in (
+        (96, 8, SETTINGS),
+        (7, 5, SETTINGS),
+        (96, 8, {**SETTINGS, "activation_bits": 16}),
+    ):
+        case = tmp_path / f"{width}_{settings['activation_bits']}"
+        case.mkdir()
+        gamma = RNG.normal(size=width) * 0.8
+        gamma[0] = -abs(gamma[0])
+        weights = {
+            "w": RNG.normal(size=(width, width)) * 0.2,
+            "gamma": gamma,
+            "beta": RNG.normal(size=width) * 0.1,
+        }
+        nodes = [
+            helper.make_node("MatMul", ["x", "w"], ["h"], name="project"),
+            helper.make_node(
+                "LayerNormalization", ["h", "gamma", "beta"], ["y"], axis=-1, epsilon=1e-5, name="norm"
+            ),
+        ]
+        graph = helper.make_graph(
+            nodes,
+            "norm",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, rows, width])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, rows, width])],
+            [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in weights.items()],
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        onnx.save(onnx.shape_inference.infer_shapes(model), case / "m.onnx")
+        np.save(case / "cal.npy", (RNG.normal(size=(8, rows, width)) * 2).astype(np.float32))
+        for d in ("cal", "q"):
+            (case / d).mkdir()
+        cal = calibrate.run({}, {"model": case / "m.onnx", "calibration": case / "cal.npy"}, case / "cal")
+        out = quantize_stage.run(settings, {"model": case / "m.onnx", "stats": cal["stats"]}, case / "q")
+        qdq = onnx.load(out["qdq"])
+        program, _, interpreter = load_integer_model(out["integer"])
+        assert "layernorm" in {op.kind for op in program.ops}
+        assert "LayerNormalization" not in {n.op_type for n in qdq.graph.node}  # rewritten, not float
+        qdq_session = session(with_outputs(qdq, ["y__q"]))
+        for scale in (0.3, 1.0, 4.0):
+            x = (RNG.normal(size=(1, 1, rows, width)) * scale).astype(np.float32)[0]
+            (codes,) = qdq_session.run(["y__q"], {"x": x})
+            _, env = interpreter.run({"x": x}, keep=True)
+            np.testing.assert_array_equal(codes.astype(np.int64), env["y"].astype(np.int64))

@@ -30,7 +30,7 @@ EXP_ONE = 1 << 15
 EXP_TABLE_MAX = 4096  # entries; a wider input range is looked up at a coarser step (rshift)
 SOFTMAX_GRID = {8: (1 / 256, -128), 16: (1 / 32768, 0)}  # output (scale, zero point)
 Z_FRACTION_BITS = 12
-_D_LIMIT_BITS = 46  # D << 16 must stay below 2^62
+D_LIMIT_BITS = 46  # D << 16 must stay below 2^62
 EPS_CODES_MAX = 1 << 46  # the encoder caps n^2 eps in input codes here; an .npub beyond it is forged
 
 
@@ -76,7 +76,7 @@ def normalise_rows(xc: np.ndarray, eps_codes: int) -> np.ndarray:
     d = n * ss - s * s + max(int(eps_codes), 1)
     # keep D << 16 below 2^62: drop 2p bits of D (and p bits of the result's scale) on wide rows
     bits = np.frexp(d.astype(np.float64))[1].astype(np.int64)
-    p = np.maximum((bits - _D_LIMIT_BITS + 1) // 2, 0)
+    p = np.maximum((bits - D_LIMIT_BITS + 1) // 2, 0)
     sd = np.maximum(isqrt(np.left_shift(np.right_shift(d, 2 * p), 16)), 1)  # sqrt(D) 2^(8 - p)
     num = t * np.left_shift(np.int64(1), Z_FRACTION_BITS + 8 - p)
     return _divide_rounded(num, sd)

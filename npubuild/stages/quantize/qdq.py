@@ -116,6 +116,8 @@ class _Export:
                 replaced[id(node)] = self._bucketed(node, op)
             elif exact and op.kind == "global_avgpool":
                 replaced[id(node)] = exact.global_avgpool(node, op) or [node]
+            elif exact and op.kind == "layernorm" and (exact_norm := exact.layernorm(node, op)):
+                replaced[id(node)] = exact_norm
             elif exact and op.kind == "add" and (exact_add := exact.add(node, op)):
                 replaced[id(node)] = exact_add
             elif op.kind in ("add", "mul", "concat") and op.constants:
