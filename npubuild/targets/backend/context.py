@@ -142,7 +142,10 @@ class OpContext:
         shifts = self.tensors[y].channel_shifts
         if not shifts:
             table = entries.astype(np.int8 if self.bits(y) == 8 else np.int16)
-            return self.consts.add(f"{lut.arrays.table}#{self.bits(y)}", table), table.nbytes, -1
-        wide = entries.astype("<i2").view(np.uint8)
-        table = np.concatenate([wide, np.asarray(shifts, np.int8).view(np.uint8)])
-        return self.consts.add(f"{lut.arrays.table}#channels", table), table.nbytes, wide.nbytes
+            key, shifts_at = f"{lut.arrays.table}#{self.bits(y)}", -1
+        else:
+            wide = entries.astype("<i2").view(np.uint8)
+            table = np.concatenate([wide, np.asarray(shifts, np.int8).view(np.uint8)])
+            key, shifts_at = f"{lut.arrays.table}#channels", wide.nbytes
+        assert table.nbytes == self.table_bytes(lut)  # what the schedule reserved
+        return self.consts.add(key, table), table.nbytes, shifts_at
