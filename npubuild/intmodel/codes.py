@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from npubuild.intmodel.program import TensorQuant
+from npubuild.intmodel.program import TensorQuant, grid_scales
 
 
 def qrange(bits: int) -> tuple[int, int]:
@@ -23,6 +23,21 @@ def quantize_float(x: np.ndarray, t: TensorQuant) -> np.ndarray:
     scale = t.channel_scales(x.ndim).astype(np.float32) if t.channel_shifts else np.float32(t.scale)
     scaled = x / scale
     return np.clip(np.rint(scaled).astype(np.int64) + t.zero_point, qmin, qmax).astype(np.int32)
+
+
+def qdq_grid(grid) -> tuple[np.ndarray, np.ndarray, str, dict]:
+    """The QuantizeLinear/DequantizeLinear parameters of a grid (a TensorQuant or the planner's
+    TensorParams): float32 scales and zero points of the code type, one each or one per channel,
+    the ops' domain (int16: onnxruntime's com.microsoft) and their attributes (axis 1 for a
+    per-channel grid)."""
+    scales = np.asarray(grid_scales(grid.scale, grid.channel_shifts), np.float32)
+    zero_points = np.full(scales.shape, grid.zero_point, np.int8 if grid.bits == 8 else np.int16)
+    return (
+        scales,
+        zero_points,
+        "" if grid.bits == 8 else "com.microsoft",
+        {"axis": 1} if grid.channel_shifts else {},
+    )
 
 
 def dequantize(q: np.ndarray, t: TensorQuant) -> np.ndarray:

@@ -173,10 +173,8 @@ class Interpreter:
         at = op.attrs
         t = self.tensors[op.outputs[0]]
 
-        bits_out = 16 if t.channel_shifts else t.bits  # a per-channel result: its base grid first
-
         def add(x, y):
-            return add_codes(x, at.za, at.ma, y, at.zb, at.mb, t.zero_point, bits_out).astype(np.int32)
+            return add_codes(x, at.za, at.ma, y, at.zb, at.mb, t.zero_point, t.computed_bits).astype(np.int32)
 
         bits = [self._bits(op, name) for name in op.inputs]
         env[op.outputs[0]] = self._per_channel(elementwise(add, a, bits[0], b, bits[1]), t)
@@ -186,12 +184,9 @@ class Interpreter:
         at = op.attrs
         t = self.tensors[op.outputs[0]]
 
-        bits_out = 16 if t.channel_shifts else t.bits  # a per-channel result: its base grid first
-
         def multiply(x, y):
-            return multiply_codes(x, at.za, y, at.zb, at.m0, at.shift, t.zero_point, bits_out).astype(
-                np.int32
-            )
+            codes = multiply_codes(x, at.za, y, at.zb, at.m0, at.shift, t.zero_point, t.computed_bits)
+            return codes.astype(np.int32)
 
         bits = [self._bits(op, name) for name in op.inputs]
         env[op.outputs[0]] = self._per_channel(elementwise(multiply, a, bits[0], b, bits[1]), t)

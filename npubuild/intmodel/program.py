@@ -35,15 +35,28 @@ class TensorQuant(_Typed):
             raise ValueError("per-channel grids are int8 with zero point 0")
         return self
 
+    @property
+    def computed_bits(self) -> int:
+        """The width the op that makes the tensor computes its codes at: for a per-channel grid,
+        16 bits on the base grid, which the per-channel shift then narrows to int8."""
+        return 16 if self.channel_shifts else self.bits
+
     def channel_scales(self, ndim: int):
         """The scale, or with channel_shifts each channel's, shaped to broadcast over axis 1 of
         an `ndim`-dimensional tensor."""
-        import numpy as np
+        scales = grid_scales(self.scale, self.channel_shifts)
+        return scales.reshape((1, -1) + (1,) * (ndim - 2)) if self.channel_shifts else scales
 
-        if not self.channel_shifts:
-            return np.float64(self.scale)
-        scales = self.scale * np.exp2(np.asarray(self.channel_shifts, np.float64))
-        return scales.reshape((1, -1) + (1,) * (ndim - 2))
+
+def grid_scales(scale: float, channel_shifts: tuple[int, ...]):
+    """A grid's scales as float64: one per channel, scale x 2^shift, for a per-channel grid; else
+    the one scale (0-d). (numpy is imported here, not with the module: the no-op build path
+    parses no integer model.)"""
+    import numpy as np
+
+    if not channel_shifts:
+        return np.float64(scale)
+    return scale * np.exp2(np.asarray(channel_shifts, np.float64))
 
 
 class _Op(_Typed):

@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from npubuild.intmodel.codes import qdq_grid
 from npubuild.intmodel.program import IntegerModel, Op
 
 Q_TYPES = {8: TensorProto.INT8, 16: TensorProto.INT16}
@@ -60,13 +61,11 @@ class CpuSubgraph:
     def _qparams(self, name: str) -> tuple[str, str, str, dict]:
         """(scale, zero point, Q/DQ domain, attributes) of a tensor's grid: one per channel along
         axis 1 for a per-channel grid (a depthwise convolution's input)."""
-        t = self.tensors[name]
+        scales, zero_points, domain, axis = qdq_grid(self.tensors[name])
         s, z = self._fresh(f"{name}.scale"), self._fresh(f"{name}.zp")
-        dtype = np.int8 if t.bits == 8 else np.int16
-        scales = np.reshape(t.channel_scales(2), -1) if t.channel_shifts else t.scale
-        self.initializers[s] = numpy_helper.from_array(np.array(scales, np.float32), s)
-        self.initializers[z] = numpy_helper.from_array(np.zeros(np.shape(scales), dtype) + t.zero_point, z)
-        return s, z, "" if t.bits == 8 else "com.microsoft", {"axis": 1} if t.channel_shifts else {}
+        self.initializers[s] = numpy_helper.from_array(scales, s)
+        self.initializers[z] = numpy_helper.from_array(zero_points, z)
+        return s, z, domain, axis
 
     def value(self, name: str, states: dict[str, str]) -> tuple[str, str]:
         if name not in self.current:

@@ -17,7 +17,14 @@ import math
 import numpy as np
 
 from npubuild.targets.cycles import Timeline
-from npubuild.targets.isa import Instruction, conv_weight_shape, far_box, input_box, table_entries
+from npubuild.targets.isa import (
+    Instruction,
+    conv_weight_shape,
+    entry_bits,
+    far_box,
+    input_box,
+    table_entries,
+)
 
 
 def _bytes(bits: int) -> int:
@@ -55,14 +62,17 @@ def footprint(i: Instruction) -> tuple[list[tuple[int, int]], list[tuple[int, in
         written_bits = a["sum_bits"] if a["res"] >= 0 else a["lut_bits"] if a["lut"] >= 0 else a["out_bits"]
         outputs = a["out_c"] * a["out_h"] * a["out_w"]
         residual = [span("res", outputs, a["res_bits"])] if a["res"] >= 0 else []
+        shifts = a.get("lut_shifts", -1) if a["lut"] >= 0 else -1  # one per output channel
         constants = [
             span("weights", math.prod(conv_weight_shape(a)), 8),
             span("params", a["out_c"] * 3, 64),
-            *([table("lut", a["out_bits"], a["lut_shift"], a["lut_bits"])] if a["lut"] >= 0 else []),
+            *(
+                [table("lut", a["out_bits"], a["lut_shift"], entry_bits(a["lut_bits"], shifts))]
+                if a["lut"] >= 0
+                else []
+            ),
+            *([span("lut_shifts", a["out_c"], 8)] if shifts >= 0 else []),
         ]
-        if a["lut"] >= 0 and a.get("lut_shifts", -1) >= 0:  # 16-bit entries and a shift per channel
-            constants[-1] = table("lut", a["out_bits"], a["lut_shift"], 16)
-            constants.append(span("lut_shifts", a["out_c"], 8))
         return (
             [span("src", bordered(), a["in_bits"]), *residual, *constants],
             [span("dst", outputs, written_bits)],
@@ -77,14 +87,13 @@ def footprint(i: Instruction) -> tuple[list[tuple[int, int]], list[tuple[int, in
         written_bits = a["sum_bits"] if a.get("then_add") else a["out_bits"]
         return reads, [span("dst", a["o0"] * a["o1"] * a["o2"] * a["o3"], written_bits)]
     if op == "lut":
-        if a.get("shifts", -1) >= 0:  # 16-bit entries and a shift per run of `per` elements (a channel)
-            shifts = [
-                table("table", a["in_bits"], a["shift"], 16),
-                span("shifts", a["n"] // max(a["per"], 1), 8),
-            ]
-        else:
-            shifts = [table("table", a["in_bits"], a["shift"], a["out_bits"])]
-        return [span("src", a["n"], a["in_bits"]), *shifts], [span("dst", a["n"], a["out_bits"])]
+        shifts = a.get("shifts", -1)  # one per run of `per` elements (a channel of the tile)
+        reads = [
+            span("src", a["n"], a["in_bits"]),
+            table("table", a["in_bits"], a["shift"], entry_bits(a["out_bits"], shifts)),
+            *([span("shifts", a["n"] // max(a["per"], 1), 8)] if shifts >= 0 else []),
+        ]
+        return reads, [span("dst", a["n"], a["out_bits"])]
     if op == "requant":
         return [span("src", a["n"], a["in_bits"])], [span("dst", a["n"], a["out_bits"])]
     if op == "clamp":

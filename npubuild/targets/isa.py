@@ -254,6 +254,12 @@ def table_entries(in_bits: int, shift: int) -> int:
     return 2 ** max(in_bits - shift, 0)
 
 
+def entry_bits(code_bits: int, channel_shifts: int) -> int:
+    """The width of a lookup table's entries: its codes', or 16 where the instruction shifts them
+    per channel (`channel_shifts` >= 0: conv's `lut_shifts`, lut's `shifts`; format 6.0)."""
+    return 16 if channel_shifts >= 0 else code_bits
+
+
 def border_code(op: str, a: dict) -> int | None:
     """The code a conv's or pool's input borders hold (format 5.0): a conv's and an average pool's
     zero point, a max pool's lowest code; None where an instruction takes no borders (a

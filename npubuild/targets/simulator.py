@@ -40,6 +40,7 @@ from npubuild.targets.isa import (
     Instruction,
     border_code,
     conv_weight_shape,
+    entry_bits,
     far_box,
     input_box,
     table_entries,
@@ -374,10 +375,10 @@ class Simulator:
         y = self._finish(acc, params, a, 1, acc_bound, params_named)
         bits = a["out_bits"]
         if a["lut"] >= 0:  # an activation table in the output path (a LUT op fused into the conv)
-            per_channel = a["lut_shifts"] >= 0  # 16-bit entries, shifted per channel (format 6.0)
-            table = self._table(a["lut"], 16 if per_channel else a["lut_bits"], a["out_bits"], a["lut_shift"])
+            wide = entry_bits(a["lut_bits"], a["lut_shifts"])
+            table = self._table(a["lut"], wide, a["out_bits"], a["lut_shift"])
             y = _look_up(table, y, a["lut_offset"], "conv output table", (a["min"], a["max"]), a["lut_shift"])
-            if per_channel:
+            if a["lut_shifts"] >= 0:
                 y = self._channel_shifted(y, a["lut_shifts"], a["out_c"], a["lut_bits"])
             bits = a["lut_bits"]
         if a["res"] >= 0:  # a residual Add in the output path (an Add op fused into the conv)
@@ -459,10 +460,9 @@ class Simulator:
 
     def _lut(self, a: dict) -> None:
         x = self.sram.view(a["src"], a["in_bits"], (a["n"],))
-        per_channel = a["shifts"] >= 0  # 16-bit entries, shifted per channel (format 6.0)
-        table = self._table(a["table"], 16 if per_channel else a["out_bits"], a["in_bits"], a["shift"])
+        table = self._table(a["table"], entry_bits(a["out_bits"], a["shifts"]), a["in_bits"], a["shift"])
         codes = _look_up(table, x, a["offset"], "LUT", qrange(a["in_bits"]), a["shift"])
-        if per_channel:
+        if a["shifts"] >= 0:
             if a["per"] <= 0 or a["n"] % a["per"]:
                 raise NpubError(f"LUT of {a['n']} elements in channels of {a['per']}")
             runs = codes.reshape(codes.shape[0], -1, a["per"])  # [rows, channels, per]

@@ -20,6 +20,7 @@ from collections import Counter
 import numpy as np
 
 from npubuild.intmodel.fixedpoint import add_codes, multiply_codes
+from npubuild.intmodel.program import TensorQuant
 
 
 def known_ranks(model) -> dict[str, int]:
@@ -87,7 +88,7 @@ def _per_code_rule(op: dict, y: str, arrays: dict, tensors: dict, rank: int | No
     y_first = op["inputs"][0] == y
     at, out = op["attrs"], tensors[op["outputs"][0]]
     # a per-channel result's codes on its base grid: the table's entries, which the lut shifts
-    zero_point, bits = out["zero_point"], 16 if out.get("channel_shifts") else out["bits"]
+    zero_point, bits = out["zero_point"], TensorQuant.model_validate(out).computed_bits
 
     def rule(codes: np.ndarray) -> np.ndarray:
         a, b = (codes, value) if y_first else (value, codes)

@@ -14,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from npubuild.intmodel.lut import lut_function
 from npubuild.intmodel.ops import LUT_OPS, MAC_OPS, MOVE_OPS
+from npubuild.intmodel.program import grid_scales
 from npubuild.intmodel.rowwise import SOFTMAX_GRID
 from npubuild.stages.optimize.graph import recorded_grids
 from npubuild.stages.quantize import ranges
@@ -40,9 +41,7 @@ class TensorParams:
 
     def channel_scales(self):
         """The scale of each channel (one per channel), or the scale."""
-        if not self.channel_shifts:
-            return self.scale
-        return self.scale * np.exp2(np.asarray(self.channel_shifts, np.float64))
+        return grid_scales(self.scale, self.channel_shifts)
 
 
 # A per-channel grid's coarsest channel is 2^CHANNEL_SHIFT_RANGE times its base (int16) grid, whose

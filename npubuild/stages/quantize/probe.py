@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from npubuild.intmodel.codes import qdq_grid
 from npubuild.intmodel.ops import MAC_OPS
 from npubuild.intmodel.ortconv import ExactConvs
 from npubuild.stages.feeds import session
@@ -115,14 +116,10 @@ class PrecisionProbe:
             source = source or name
             nodes, flags, selected = [], {}, source
             for bits in self.widths:
-                p = self._params(name, bits)
-                dtype = TensorProto.INT8 if bits == 8 else TensorProto.INT16
-                domain = "" if bits == 8 else "com.microsoft"
+                scales, zero_points, domain, axis = qdq_grid(self._params(name, bits))
                 s, z = f"{name}__s{bits}", f"{name}__z{bits}"
-                scales = np.reshape(p.channel_scales(), -1)  # one, or one per channel (axis 1)
-                shape, axis = ([len(scales)], {"axis": 1}) if p.channel_shifts else ([], {})
-                new_inits.append(helper.make_tensor(s, TensorProto.FLOAT, shape, scales.tolist()))
-                new_inits.append(helper.make_tensor(z, dtype, shape, [p.zero_point] * len(scales)))
+                new_inits.append(numpy_helper.from_array(scales, s))
+                new_inits.append(numpy_helper.from_array(zero_points, z))
                 q, dq = f"{name}__q{bits}", f"{name}__dq{bits}"
                 nodes.append(helper.make_node("QuantizeLinear", [source, s, z], [q], domain=domain, **axis))
                 nodes.append(helper.make_node("DequantizeLinear", [q, s, z], [dq], domain=domain, **axis))

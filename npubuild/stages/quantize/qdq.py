@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from npubuild.intmodel.codes import qdq_grid
 from npubuild.intmodel.program import IntegerModel, Op
 from npubuild.stages.quantize.qdq_exact import ExactOps
 
@@ -38,14 +39,10 @@ class _Export:
         return name
 
     def _qdq_nodes(self, tensor: str, source: str, target: str, t: dict) -> list[onnx.NodeProto]:
-        dtype = np.int8 if t.bits == 8 else np.int16
-        domain = "" if t.bits == 8 else "com.microsoft"
+        scales, zero_points, domain, axis = qdq_grid(t)  # (per channel: a depthwise input)
         self.uses_ms |= t.bits == 16
-        # a per-channel grid (a depthwise convolution's input): one scale per channel, axis 1
-        scales = np.reshape(t.channel_scales(2), -1) if t.channel_shifts else t.scale
-        scale = self._init(f"{tensor}__scale", np.array(scales, np.float32))
-        zp = self._init(f"{tensor}__zero_point", np.zeros(np.shape(scales), dtype) + t.zero_point)
-        axis = {"axis": 1} if t.channel_shifts else {}
+        scale = self._init(f"{tensor}__scale", scales)
+        zp = self._init(f"{tensor}__zero_point", zero_points)
         q = f"{tensor}__q"
         return [
             helper.make_node(
