@@ -211,3 +211,27 @@ def test_only_a_table_makes_a_per_channel_result_on_the_npu(tmp_path):
     reason = npu_blocker(OpView(by_output["ha"], program, arrays, shapes, target))
     assert reason and "per-channel" in reason
     assert npu_blocker(OpView(by_output["h"], program, arrays, shapes, target)) is None
+
+
+@pytest.mark.parametrize(
+    "field, value, error",
+    [("per", 0, "channels of 0"), ("per", 7, "channels of 7"), ("shift_value", 40, "per-channel shifts"),
+     ("out_bits", 16, "per-channel shifts")],
+)  # fmt: skip
+def test_a_forged_per_channel_table_op_is_one_npub_error(field, value, error):
+    """An .npub is untrusted: a table op whose runs do not divide its elements, whose shifts lie
+    outside 0..15 or whose output is not int8 stops with one NpubError."""
+    from npubuild.targets.npub import NpubError
+    from npubuild.targets.simulator import Simulator
+
+    target = BUILTIN_TARGETS["vnpu-s"]
+    sim = Simulator(target.sram_kib * 1024, 1024, target.model_dump())
+    sim.sram.write(4096, 16, np.arange(256, dtype=np.int64).reshape(1, -1))  # 16-bit entries
+    sim.sram.write(4608, 8, np.array([[40 if field == "shift_value" else 2] * 4], np.int64))
+    args = dict(
+        src=0, n=64, in_bits=8, table=4096, offset=128, dst=1024, out_bits=8, shift=0, shifts=4608, per=16
+    )
+    if field in args:
+        args[field] = value
+    with pytest.raises(NpubError, match=error):
+        sim.execute([Instruction("lut", args)])
