@@ -101,6 +101,32 @@ def test_independent_ends_fit_a_skewed_tensor_better_than_one_shrink_factor():
     assert _measured_error(data, *independent, identity) < _measured_error(data, *shared, identity)
 
 
+def test_an_asymmetric_range_is_the_grid_it_becomes():
+    """The zero point is an integer: a lower end within half a step of zero becomes zero, and a
+    search that judged the range it asked for (not the grid it got) clipped every negative value
+    of YOLOv8n's second SiLU (range [-0.278, 171]): a bias every later layer sums, 3 dB of the
+    network's output SQNR. The returned ends are the grid's own, and the measured error of that
+    grid is as small as a search over grids on the data itself finds."""
+    rng = np.random.default_rng(13)  # its own: the module's RNG feeds the tests after it
+    x = np.concatenate([rng.normal(0, 1.5, size=60000), rng.exponential(25.0, size=600)])
+    data = x / (1 + np.exp(-x))  # SiLU: [-0.278, ~150], a step of ~0.55 at int8
+    stats = TensorStats()
+    stats.update(data)
+    meta, arrays = stats.to_record()
+    lo, hi = ranges.mse_through(meta, arrays["hist"], 8, None)
+    scale, zp = ranges.quant_params(lo, hi, 8, False)
+    assert (-128 - zp) * scale == pytest.approx(lo, rel=1e-9)
+    assert (127 - zp) * scale == pytest.approx(hi, rel=1e-9)
+    assert zp > -128  # a negative step: SiLU's negative values are not all clipped to zero
+    identity = lambda v: v  # noqa: E731
+    best = min(
+        _measured_error(data, -a, b, identity)
+        for a in np.linspace(0.0, 0.6, 13)
+        for b in np.linspace(0.5, 1.0, 51) * meta["max"]
+    )
+    assert _measured_error(data, lo, hi, identity) < 1.05 * best
+
+
 def test_zero_range_and_one_sided_ranges_give_valid_parameters():
     assert ranges.quant_params(0.0, 0.0, 8, False) == (1.0, 0)
     scale, zp = ranges.quant_params(0.0, 6.0, 8, False)

@@ -113,21 +113,29 @@ def mse_through(
         return _symmetric_through(centers, counts, y, noise_weight, max(-lo0, hi0) * factors, levels, fn)
     los = np.unique(lo0 * factors) if lo0 < 0 else np.zeros(1)
     his = np.unique(hi0 * factors) if hi0 > 0 else np.zeros(1)
+    qmin, qmax = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
     best, best_err = (lo0, hi0), np.inf
-    f_his = fn(his.astype(np.float32)).astype(np.float64)
-    clipped_above = (y[None, :] - f_his[:, None]) ** 2  # [upper end, bin]
-    above = centers[None, :] > his[:, None]
-    for lo, f_lo in zip(los, fn(los.astype(np.float32)).astype(np.float64)):
-        below = centers < lo
-        clipped_below = np.where(below, (y - f_lo) ** 2, 0.0)
+    for lo in los:
+        # every upper end at once, each judged on the grid it becomes: the zero point is an
+        # integer, so a range's lower end moves to the nearest step (a lower end within half a
+        # step of zero is zero: every negative value clipped, a bias the next layer sums)
         steps = (his - lo) / (levels - 1)
-        inside = noise_weight[None, :] * steps[:, None] * steps[:, None]
-        err = np.where(above, clipped_above, np.where(below[None, :], clipped_below[None, :], inside))
-        # every upper end at once; each row summed in the same fixed order as reductions.dot
+        zero_points = np.clip(np.round(qmin - lo / np.where(steps > 0, steps, 1.0)), qmin, qmax)
+        lo_e, hi_e = (qmin - zero_points) * steps, (qmax - zero_points) * steps
+        f_lo = fn(lo_e.astype(np.float32)).astype(np.float64)
+        f_hi = fn(hi_e.astype(np.float32)).astype(np.float64)
+        below = centers[None, :] < lo_e[:, None]
+        above = centers[None, :] > hi_e[:, None]
+        err = np.where(
+            above,
+            (y[None, :] - f_hi[:, None]) ** 2,
+            np.where(below, (y[None, :] - f_lo[:, None]) ** 2, noise_weight[None, :] * (steps**2)[:, None]),
+        )
+        # each row summed in the same fixed order as reductions.dot
         errors = np.multiply(counts[None, :], err, dtype=np.float64).sum(axis=1)
-        for hi, e in zip(his, errors):
+        for i, e in enumerate(errors):
             if e < best_err:
-                best, best_err = (float(lo), float(hi)), e
+                best, best_err = (float(lo_e[i]), float(hi_e[i])), e
     return best
 
 
