@@ -181,6 +181,8 @@ class Planner:
                 plan, "calibrate", {}, {"model": optimized, "calibration": Output(calib, "tensors")}, target
             )
             quant_inputs["stats"] = Output(cal, "stats")
+            if attrs.quantize.empirical_bias:
+                quant_inputs["calibration"] = Output(calib, "tensors")
         if attrs.mixed_precision is not None and self._wanted("sensitivity"):
             probe_inputs = {**quant_inputs, "evaluation": Output(evaluation_set, "tensors")}
             sens = self._step(

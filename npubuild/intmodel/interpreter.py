@@ -61,13 +61,22 @@ class Interpreter:
         self._float_sessions: dict[str, object] = {}  # a float op's onnxruntime session, or None
         self._float_nodes: dict[str, onnx.NodeProto] = {}
 
+    def start(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The values before the first op: the feeds (pixels arrive as codes: pixel - 128)."""
+        env: dict[str, np.ndarray] = {k: np.asarray(v, np.float32) for k, v in feeds.items()}
+        for name in self.program.pixel_inputs:
+            env[name] = quantize_float(env[name], self.tensors[name])
+        return env
+
+    def step(self, op: Op, env: dict[str, np.ndarray]) -> None:
+        """Run one op of the program, its outputs into `env`."""
+        getattr(self, f"_{op.kind}")(op, env)
+
     def run(self, feeds: dict[str, np.ndarray], keep: bool = False) -> tuple[dict[str, np.ndarray], dict]:
         """Outputs (float) and, with keep=True, every tensor's value (int32 codes or float32)."""
-        env: dict[str, np.ndarray] = {k: np.asarray(v, np.float32) for k, v in feeds.items()}
-        for name in self.program.pixel_inputs:  # pixels arrive as codes: pixel - 128
-            env[name] = quantize_float(env[name], self.tensors[name])
+        env = self.start(feeds)
         for op in self.program.ops:
-            getattr(self, f"_{op.kind}")(op, env)
+            self.step(op, env)
         outputs = {}
         for o in self.program.outputs:
             value = env[o]
@@ -365,12 +374,17 @@ def _saturate32(v: np.ndarray, bits: int) -> np.ndarray:
     return saturate(v, bits).astype(np.int32)
 
 
-def load_integer_model(path: Path) -> tuple[IntegerModel, dict, Interpreter]:
-    arrays, meta = tensorfile.load(path)
-    program = parse(meta, str(path))
+def interpreter_for(program: IntegerModel, arrays: dict[str, np.ndarray]) -> Interpreter:
+    """An interpreter of a stored integer model (its ONNX functions read from its arrays)."""
     functions = []
     for key in program.functions:
         f = onnx.FunctionProto()
         f.ParseFromString(arrays[key].tobytes())
         functions.append(f)
-    return program, arrays, Interpreter(program, arrays, functions, {"": program.opset, "npubuild": 1})
+    return Interpreter(program, arrays, functions, {"": program.opset, "npubuild": 1})
+
+
+def load_integer_model(path: Path) -> tuple[IntegerModel, dict, Interpreter]:
+    arrays, meta = tensorfile.load(path)
+    program = parse(meta, str(path))
+    return program, arrays, interpreter_for(program, arrays)

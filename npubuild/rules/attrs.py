@@ -140,6 +140,10 @@ class QuantizeConfig(Strict):
     per_channel: bool = True
     symmetric_activations: bool = False
     bias_correction: bool = True
+    # after the integer model is built, each MAC layer's bias absorbs the mean error of its
+    # quantized input, measured on the calibration set by running the integer model op by op
+    # (empirical bias correction; docs/quantization.md, "Empirical bias correction")
+    empirical_bias: bool = True
     # A lookup-table activation that produces a network output (a final Sigmoid) runs in float:
     # probabilities quantized to 1/255 steps lose the small values detectors threshold on.
     float_output_activations: bool = True

@@ -19,6 +19,7 @@ from npubuild.stages.quantize import tables
 from npubuild.stages.quantize.planning import Planner, QuantPlan, TensorParams, attr, node_label
 from npubuild.stages.quantize.weights import (
     bias_correction,
+    bias_limit,
     constant_params,
     grouped_transpose_scales,
     quantize_weight,
@@ -219,9 +220,7 @@ class Encoder:
         prog = self.program
         # a per-channel input grid (a depthwise convolution's, channel c feeding output c)
         acc_scale = np.reshape(xp.channel_scales(), -1) * wscale
-        # int8 inputs: an int32 bias; int16 inputs: int64 (TFLite's 16x8 scheme), whose scale
-        # in_scale * w_scale is ~256x finer and would overflow int32 for ordinary biases.
-        limit = 2**31 - 1 if xp.bits == 8 else 2**47
+        limit = bias_limit(xp.bits)
         bias_q = np.clip(np.rint(bias / acc_scale), -limit - 1, limit).astype(np.int64)
         m0, shift = zip(*(quantize_multiplier(float(s / yp.scale)) for s in acc_scale))
         m0 = np.array(m0, np.int64)

@@ -39,15 +39,20 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
             "overrides": list(params["overrides"]) + precision_overrides(layers.expand(table)),
         }
     program, meta, arrays = build_integer_model(model, stats["tensors"], stats_arrays, params, absorb=False)
+    absorbed_meta, absorbed = absorb_into_tables(meta, arrays, known_ranks(model))
+    integer = parse(absorbed_meta, "the integer model quantize made")  # what every later stage reads
+    corrected, bias_summary = {}, None
+    if params.get("empirical_bias") and "calibration" in inputs:
+        corrected, bias_summary = _empirical_bias(model, integer, absorbed, inputs["calibration"])
+        arrays = {**arrays, **corrected}  # the same MAC layers before the tables absorbed anything
     try:  # from every op the float graph has (the tables have not absorbed any yet)
         qdq = export_qdq(
             model, parse(meta, "the integer model quantize made"), arrays, params.get("qdq_export", "exact")
         )
     except NotImplementedError as exc:
         raise UserError(f"cannot export a QDQ model: {exc}") from None
-    meta, arrays = absorb_into_tables(meta, arrays, known_ranks(model))
+    meta, arrays = absorbed_meta, {**absorbed, **corrected}
     tensorfile.save(outdir / "quantized.npq", arrays, meta)
-    integer = parse(meta, "the integer model quantize made")  # what every later stage reads
     kinds = Counter(op.kind for op in integer.ops)
     bits = Counter(t.bits for t in integer.tensors.values())
     summary = {
@@ -59,8 +64,28 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
         "settings": params,
         "warnings": warnings + program.warnings,
     }
+    if bias_summary is not None:
+        summary["empirical_bias"] = bias_summary
     return {
         "integer": outdir / "quantized.npq",
         "qdq": save_model(qdq, outdir / "quantized.qdq.onnx"),
         "summary": write_json(outdir / "quantize.json", summary),
     }
+
+
+def _empirical_bias(model, integer, arrays: dict, calibration: Path) -> tuple[dict, dict]:
+    """The MAC layers' corrected biases (empirical_bias.py) on the calibration samples."""
+    from npubuild.intmodel.interpreter import interpreter_for
+    from npubuild.stages.feeds import SampleFile, iterate_feeds
+    from npubuild.stages.quantize import empirical_bias as eb
+
+    tensors = SampleFile(calibration)
+    wanted = set(eb.sample_indices(len(tensors)))
+    feeds = [feed for i, feed in enumerate(iterate_feeds(model, tensors, len(tensors))) if i in wanted]
+    float_names = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
+    macs = eb.correctable(integer, float_names)
+    if not feeds or not macs:
+        return {}, {"samples": len(feeds), "layers": 0, "largest_shift": 0.0}
+    working = dict(arrays)
+    means = eb.float_means(model, macs, feeds)
+    return eb.correct_biases(integer, working, interpreter_for(integer, working), means, feeds)

@@ -69,3 +69,10 @@ def constant_params(value: np.ndarray, bits: int) -> tuple[TensorParams, np.ndar
     qmin, qmax = qrange(bits)
     q = np.clip(np.rint(value / scale) + zp, qmin, qmax).astype(np.int32)
     return TensorParams(scale, zp, bits), q
+
+
+def bias_limit(input_bits: int) -> int:
+    """The largest bias magnitude a MAC layer stores: int32 for int8 inputs; int64 for int16
+    (TFLite's 16x8 scheme: in_scale * w_scale is ~256x finer and would overflow int32), held to
+    48 bits."""
+    return 2**31 - 1 if input_bits == 8 else 2**47
