@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 from test_quantize import SETTINGS
 
@@ -17,26 +18,30 @@ from npubuild.stages.quantize import stage as quantize_stage
 from npubuild.stages.quantize.empirical_bias import MAX_SAMPLES, sample_indices, shrunk_mean
 
 
-def _two_convs() -> onnx.ModelProto:
-    """x -> conv 3x3 -> Relu -> conv 1x1 -> y: the second conv sums the Relu's channels, so a
-    clipped (biased) Relu output moves y's mean."""
+def _two_convs(second: str) -> onnx.ModelProto:
+    """x -> conv 3x3 -> Relu -> a 1x1 conv, or a 2x2 stride-2 transposed conv -> y: the second
+    layer sums the Relu's channels, so a clipped (biased) Relu output moves y's mean."""
     rng = np.random.default_rng(21)
+    transpose = second == "ConvTranspose"
+    w2_shape = (8, 4, 2, 2) if transpose else (4, 8, 1, 1)
     inits = {
         "w1": rng.normal(size=(8, 3, 3, 3)).astype(np.float32) * 0.4,
         "b1": rng.normal(size=8).astype(np.float32) * 0.2,
-        "w2": np.abs(rng.normal(size=(4, 8, 1, 1))).astype(np.float32) * 0.5,  # one sign: errors add
+        "w2": np.abs(rng.normal(size=w2_shape)).astype(np.float32) * 0.5,  # one sign: errors add
         "b2": rng.normal(size=4).astype(np.float32),
     }
+    strides = {"strides": [2, 2]} if transpose else {}
     nodes = [
         helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
         helper.make_node("Relu", ["c1"], ["r1"], name="relu"),
-        helper.make_node("Conv", ["r1", "w2", "b2"], ["y"], name="conv2"),
+        helper.make_node(second, ["r1", "w2", "b2"], ["y"], name="second", **strides),
     ]
+    size = 24 if transpose else 12
     graph = helper.make_graph(
         nodes,
         "two_convs",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 12, 12])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 12, 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, size, size])],
         [numpy_helper.from_array(v, k) for k, v in inits.items()],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
@@ -56,9 +61,10 @@ def _mean_error(model_path, npq, data) -> np.ndarray:
     return np.mean(errors, axis=0)
 
 
-def test_the_correction_removes_the_mean_error_a_clipped_input_leaves(tmp_path):
+@pytest.mark.parametrize("second", ["Conv", "ConvTranspose"])
+def test_the_correction_removes_the_mean_error_a_clipped_input_leaves(tmp_path, second):
     model_path = tmp_path / "m.onnx"
-    onnx.save(_two_convs(), model_path)
+    onnx.save(_two_convs(second), model_path)
     data = np.random.default_rng(22).normal(size=(16, 3, 12, 12)).astype(np.float32)
     np.save(tmp_path / "x.npy", data)
     (tmp_path / "cal").mkdir()
@@ -98,3 +104,39 @@ def test_a_large_calibration_set_is_sampled_evenly():
     picked = sample_indices(1000)
     assert len(picked) == MAX_SAMPLES and picked[0] == 0 and picked[-1] == 999
     assert max(np.diff(picked)) - min(np.diff(picked)) <= 1
+
+
+def test_a_shift_that_moves_the_output_away_from_the_float_means_is_not_kept(tmp_path):
+    """The float means say the second layer's output is already right, its input's mean wrong:
+    the linear shift would move the output off, so the layer keeps its bias (measured, rejected)."""
+    from npubuild.intmodel import tensorfile
+    from npubuild.intmodel.interpreter import interpreter_for
+    from npubuild.intmodel.program import parse
+    from npubuild.stages.quantize import empirical_bias as eb
+
+    model_path = tmp_path / "m.onnx"
+    model = _two_convs("Conv")
+    onnx.save(model, model_path)
+    data = np.random.default_rng(23).normal(size=(8, 3, 12, 12)).astype(np.float32)
+    np.save(tmp_path / "x.npy", data)
+    (tmp_path / "cal").mkdir()
+    (tmp_path / "q").mkdir()
+    cal = calibrate.run({}, {"model": model_path, "calibration": tmp_path / "x.npy"}, tmp_path / "cal")
+    inputs = {"model": model_path, "stats": cal["stats"]}
+    q = quantize_stage.run({**SETTINGS, "empirical_bias": False}, inputs, tmp_path / "q")
+    arrays, meta = tensorfile.load(q["integer"])
+    program = parse(meta, "test")
+    feeds = [{"x": x[None]} for x in data]
+    names = {o for n in model.graph.node for o in n.output} | {"x"}
+    means = eb.float_means(model, eb.correctable(program, names), feeds)
+    _, integer_outputs = zip(*(interpreter_for(program, arrays).run(f, keep=True) for f in feeds))
+    second = program.ops[-1]
+    t = program.tensors["y"]
+    from npubuild.intmodel.codes import dequantize
+
+    means["y"] = np.stack([dequantize(env["y"], t).mean(axis=(0, 2, 3)) for env in integer_outputs])
+    means["r1"] = means["r1"] + 0.5  # the input "should" be higher: a shift the output does not want
+    working = dict(arrays)
+    moved, summary = eb.correct_biases(program, working, interpreter_for(program, working), means, feeds)
+    assert summary["rejected"] >= 1 and second.arrays.bias not in moved
+    assert np.array_equal(working[second.arrays.bias], arrays[second.arrays.bias])

@@ -72,6 +72,10 @@ class Interpreter:
         """Run one op of the program, its outputs into `env`."""
         getattr(self, f"_{op.kind}")(op, env)
 
+    def forget_rules(self) -> None:
+        """Drop the MAC layers' worked-out requantization, after their arrays changed."""
+        self._output_rules.clear()
+
     def run(self, feeds: dict[str, np.ndarray], keep: bool = False) -> tuple[dict[str, np.ndarray], dict]:
         """Outputs (float) and, with keep=True, every tensor's value (int32 codes or float32)."""
         env = self.start(feeds)
