@@ -121,11 +121,17 @@ def correctable(program: IntegerModel, float_names: set[str]) -> dict[str, int]:
     return wanted
 
 
+def _integer_means(op, name: str, envs: list[dict], program: IntegerModel) -> np.ndarray:
+    """The integer model's per-channel means of a MAC layer's input or output (dequantized), one
+    row per sample."""
+    t = program.tensors[name]
+    return np.stack([_channel_mean(dequantize(env[name], t), _channel_axis(op)) for env in envs])
+
+
 def _mean_error(op, envs: list[dict], program: IntegerModel, means: dict) -> float:
     """The squared per-channel mean error of the layer's output against the float model's."""
     out = op.outputs[0]
-    t = program.tensors[out]
-    quantized = np.stack([_channel_mean(dequantize(env[out], t), _channel_axis(op)) for env in envs])
+    quantized = _integer_means(op, out, envs, program)
     return float(np.sum((quantized.mean(axis=0) - means[out].mean(axis=0)) ** 2))
 
 
@@ -166,11 +172,9 @@ def correct_biases(
         x = op.inputs[0] if op.inputs else ""
         ran = False
         if isinstance(op, (ConvOp, MatMulOp)) and x in means:
-            t = program.tensors[x]
-            quantized = np.stack([_channel_mean(dequantize(env[x], t), _channel_axis(op)) for env in envs])
-            shift = _shrunk_shift(op, arrays, quantized - means[x])
+            shift = _shrunk_shift(op, arrays, _integer_means(op, x, envs, program) - means[x])
             bias = arrays[op.arrays.bias]
-            corrected = bias if shift is None else _corrected_bias(op, arrays, t, shift)
+            corrected = bias if shift is None else _corrected_bias(op, arrays, program.tensors[x], shift)
             if not np.array_equal(corrected, bias):
                 judged = op.outputs[0] in means
                 if judged:
@@ -194,10 +198,10 @@ def correct_biases(
             for name in op.inputs:  # what no later op reads: gone, so memory stays a few tensors
                 if last_use.get(name) == i and name not in keep:
                     env.pop(name, None)
-    summary = {
-        "samples": len(feeds),
-        "layers": len(moved),
-        "rejected": rejected,
-        "largest_shift": round(largest, 6),
-    }
-    return moved, summary
+    return moved, correction_summary(len(feeds), len(moved), rejected, largest)
+
+
+def correction_summary(samples: int, layers: int, rejected: int, largest_shift: float) -> dict:
+    """What quantize.json reports of the correction."""
+    shift = round(largest_shift, 6)
+    return {"samples": samples, "layers": layers, "rejected": rejected, "largest_shift": shift}

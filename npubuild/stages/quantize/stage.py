@@ -85,7 +85,7 @@ def _empirical_bias(model, integer, arrays: dict, calibration: Path) -> tuple[di
     float_names = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
     macs = eb.correctable(integer, float_names)
     if not feeds or not macs:
-        return {}, {"samples": len(feeds), "layers": 0, "largest_shift": 0.0}
+        return {}, eb.correction_summary(len(feeds), 0, 0, 0.0)
     working = dict(arrays)
     means = eb.float_means(model, macs, feeds)
     return eb.correct_biases(integer, working, interpreter_for(integer, working), means, feeds)
