@@ -448,3 +448,54 @@ def test_value_range_of_mean_std_preprocessing():
     assert lo == pytest.approx(-0.485 / 0.229) and hi == pytest.approx((1 - 0.406) / 0.225)
     assert Preprocess(mean=[0.5], std=[0.5]).value_range() == pytest.approx((-1.0, 1.0))
     assert Preprocess(dtype="uint8").value_range() is None
+
+
+def _conv_output(weight, bias, x, op_type, group, strides):
+    """onnxruntime's output of one Conv or ConvTranspose with these float weights."""
+    import onnxruntime as ort
+
+    w = numpy_helper.from_array(weight.astype(np.float32), "w")
+    b = numpy_helper.from_array(bias.astype(np.float32), "b")
+    kernel = list(weight.shape[2:])
+    pads = [(k - s) // 2 for k, s in zip(kernel, strides)] * 2 if op_type == "ConvTranspose" else [1, 1, 1, 1]
+    node = helper.make_node(op_type, ["x", "w", "b"], ["y"], group=group, strides=strides, pads=pads)
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w, b],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"x": x.astype(np.float32)})[0].astype(np.float64)
+
+
+@pytest.mark.parametrize(
+    "op_type, group, strides",
+    [("Conv", 1, [1, 1]), ("Conv", 2, [2, 2]), ("ConvTranspose", 1, [2, 2]), ("ConvTranspose", 2, [2, 2])],
+)
+def test_the_analytic_correction_removes_the_weight_rounding_mean(op_type, group, strides):
+    """Inputs with large per-channel means: the int8 weights' rounding shifts each output
+    channel's mean; the corrected bias takes that shift back out, for a transposed convolution
+    too, whose output mean is the taps' sum divided by the stride's area."""
+    from npubuild.stages.quantize.weights import bias_correction, grouped_transpose_scales, quantize_weight
+
+    rng = np.random.default_rng(11)
+    cin, cout, k = 8, 6, 4 if op_type == "ConvTranspose" else 3
+    shape = (cin, cout // group, k, k) if op_type == "ConvTranspose" else (cout, cin // group, k, k)
+    w = rng.normal(size=shape) * 0.3
+    means = rng.uniform(2.0, 6.0, size=cin)
+    x = means[None, :, None, None] + 0.1 * rng.normal(size=(1, cin, 48, 48))
+    if op_type == "ConvTranspose":
+        wq, scale = quantize_weight(w, 1, True) if group == 1 else grouped_transpose_scales(w, group)
+        per = wq.astype(np.float64).reshape(group, cin // group, cout // group, k, k)
+        dequantized = (per * scale.reshape(group, 1, -1, 1, 1)).reshape(w.shape)
+    else:
+        wq, scale = quantize_weight(w, 0, True)
+        dequantized = wq * scale.reshape(-1, 1, 1, 1)
+    bias = rng.normal(size=cout)
+    float_mean = _conv_output(w, bias, x, op_type, group, strides).mean(axis=(0, 2, 3))
+    plain = _conv_output(dequantized, bias, x, op_type, group, strides).mean(axis=(0, 2, 3))
+    corrected_bias = bias_correction(means, w, wq, scale, bias, group, op_type == "ConvTranspose", strides)
+    corrected = _conv_output(dequantized, corrected_bias, x, op_type, group, strides).mean(axis=(0, 2, 3))
+    before, after = np.abs(plain - float_mean), np.abs(corrected - float_mean)
+    assert before.max() > 0.01  # the rounding does shift the means
+    assert after.max() < 0.15 * before.max()

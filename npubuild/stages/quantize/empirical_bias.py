@@ -26,7 +26,7 @@ import onnx
 
 from npubuild.intmodel.codes import dequantize
 from npubuild.intmodel.program import ConvOp, IntegerModel, MatMulOp, grid_scales
-from npubuild.stages.quantize.weights import bias_limit
+from npubuild.stages.quantize.weights import bias_limit, output_mean_shift
 
 # Samples the integer model runs on (evenly spaced through a larger calibration set): every one
 # of them is alive at once, op by op, so this bounds the correction's memory.
@@ -69,35 +69,25 @@ def float_means(model: onnx.ModelProto, macs: dict[str, int], feeds: list[dict])
     return {name: np.stack(rows) for name, rows in means.items()}
 
 
-def _output_shift(op, arrays: dict, difference: np.ndarray) -> np.ndarray | None:
+def _output_shift(op, arrays: dict, difference: np.ndarray) -> np.ndarray:
     """Each output channel's mean shift (float) from its input's per-channel mean difference."""
-    w = arrays[op.arrays.weight].astype(np.float64)
+    codes = arrays[op.arrays.weight]
     scale = arrays[op.arrays.weight_scale].astype(np.float64)
     if isinstance(op, MatMulOp):
-        return (difference @ w) * np.broadcast_to(scale, (w.shape[1],))
-    group = op.attrs.group
-    if op.attrs.transpose:
-        # weights [in, out/group, taps]: each input position adds its taps to prod(strides) output
-        # positions' worth of area, so away from the borders an output's mean is the taps' sum
-        # over the input means divided by the stride's area
-        cin, cout_g = w.shape[0], w.shape[1]
-        taps = w.reshape(group, cin // group, cout_g, -1).sum(axis=3)  # [group, in/group, out/group]
-        shift = np.einsum("gko,gk->go", taps, difference.reshape(group, cin // group)).reshape(-1)
-        shift = shift / float(np.prod(op.attrs.strides))
-        return shift * np.broadcast_to(scale, shift.shape)
-    cout, cin_g = w.shape[0], w.shape[1]
-    taps = w.reshape(group, cout // group, cin_g, -1).sum(axis=3)  # [group, out/group, in/group]
-    shift = np.einsum("gok,gk->go", taps, difference.reshape(group, cin_g)).reshape(cout)
-    return shift * np.broadcast_to(scale, (cout,))
+        shift = output_mean_shift(difference, codes)
+    else:
+        shift = output_mean_shift(difference, codes, op.attrs.group, op.attrs.transpose, op.attrs.strides)
+    # the weights' scales are per output channel: applied after the sum, as the accumulator does
+    return shift * np.broadcast_to(scale, shift.shape)
 
 
-def _shrunk_shift(op, arrays: dict, differences: np.ndarray) -> np.ndarray | None:
+def _shrunk_shift(op, arrays: dict, differences: np.ndarray) -> np.ndarray:
     """The mean of the samples' output shifts, each channel's shrunk by how uncertain it is
     (positive-part James-Stein: mean x max(0, 1 - se^2 / mean^2), se the standard error over the
     samples): a shift the samples disagree on (a calibration set of photographs and text pages)
     is not trusted to hold on the next image."""
     rows = [_output_shift(op, arrays, d) for d in differences]
-    return None if rows[0] is None else shrunk_mean(np.stack(rows))
+    return shrunk_mean(np.stack(rows))
 
 
 def shrunk_mean(shifts: np.ndarray) -> np.ndarray:
@@ -174,7 +164,7 @@ def correct_biases(
         if isinstance(op, (ConvOp, MatMulOp)) and x in means:
             shift = _shrunk_shift(op, arrays, _integer_means(op, x, envs, program) - means[x])
             bias = arrays[op.arrays.bias]
-            corrected = bias if shift is None else _corrected_bias(op, arrays, program.tensors[x], shift)
+            corrected = _corrected_bias(op, arrays, program.tensors[x], shift)
             if not np.array_equal(corrected, bias):
                 judged = op.outputs[0] in means
                 if judged:

@@ -24,7 +24,6 @@ from npubuild.stages.quantize.weights import (
     grouped_transpose_scales,
     quantize_weight,
 )
-from npubuild.stages.reductions import vector_matrix
 
 
 @dataclass
@@ -203,10 +202,11 @@ class Encoder:
             else np.zeros(cout)
         )
         xp, yp = self.params[x], self.params[out]
-        bias = bias_correction(self.channel_mean(x), w, wq, wscale, bias, group, transpose)
         spatial = w.ndim - 2
+        strides = list(attr(node, "strides", [1] * spatial))
+        bias = bias_correction(self.channel_mean(x), w, wq, wscale, bias, group, transpose, strides)
         attrs = {
-            "strides": list(attr(node, "strides", [1] * spatial)),
+            "strides": strides,
             "pads": list(attr(node, "pads", [0] * 2 * spatial)),
             "dilations": list(attr(node, "dilations", [1] * spatial)),
             "group": group,
@@ -261,8 +261,7 @@ class Encoder:
             bias = np.broadcast_to(self.constants[node.input[2]].astype(np.float64), (n,)).copy()
         mean = self.channel_mean(x)
         if mean is not None and mean.shape == (w.shape[0],):
-            delta = wq.astype(np.float64) * wscale.reshape(1, -1) - w
-            bias = bias - vector_matrix(mean, delta)
+            bias = bias_correction(mean, w, wq, wscale, bias, 1, False)
         self.mac_op(
             "matmul", node, x, out, wq, wscale, bias, self.params[x], self.params[out], activation, {}
         )

@@ -22,11 +22,10 @@ from npubuild.stages.feeds import session
 from npubuild.stages.metrics import Agreement
 from npubuild.stages.parallel import in_order, sample_workers
 from npubuild.stages.quantize.integer_model import build_integer_model
-from npubuild.stages.quantize.planning import Planner, node_label
+from npubuild.stages.quantize.planning import Planner, attr, node_label
 from npubuild.stages.quantize.precision import Layers, precision_overrides
 from npubuild.stages.quantize.tables import WIDE_INPUT_SHIFT
 from npubuild.stages.quantize.weights import bias_correction, constant_params, quantize_weight
-from npubuild.stages.reductions import vector_matrix
 
 
 class PrecisionProbe:
@@ -265,13 +264,16 @@ class PrecisionProbe:
                 )
                 mean = self.stats_arrays.get(f"{node.input[0]}/channel_mean")
                 mean = mean if self.settings["bias_correction"] else None
-                corrected = bias_correction(mean, w, wq, wscale, bias, group, transpose)
+                strides = attr(node, "strides", [1] * (w.ndim - 2))
+                corrected = bias_correction(mean, w, wq, wscale, bias, group, transpose, strides)
                 bias8 = corrected.astype(np.float32) if bias_name else None
             shift = None
             mean = self.stats_arrays.get(f"{node.input[0]}/channel_mean")
             if node.op_type == "MatMul" and self.settings["bias_correction"] and mean is not None:
-                delta = wq.astype(np.float64) * wscale.reshape(1, -1) - w
-                shift = (-vector_matrix(mean, delta)).astype(np.float32)  # the bias MatMul gains
+                # the bias MatMul gains
+                shift = bias_correction(mean, w, wq, wscale, np.zeros(w.shape[1]), 1, False).astype(
+                    np.float32
+                )
             out[node_label(node)] = (w8, bias8, bias_name, shift)
         return out
 
@@ -393,9 +395,7 @@ def _switches_as_branches(graph: onnx.GraphProto, switches: set[str]) -> None:
         for name in n.input:
             uses[name] = uses.get(name, 0) + 1
     if any(
-        attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-        for n in nodes
-        for attr in n.attribute
+        a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in nodes for a in n.attribute
     ):
         return  # a model's own subgraphs read the outer scope too, which `uses` does not count
     moved: set[int] = set()

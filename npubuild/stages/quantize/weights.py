@@ -39,27 +39,47 @@ def grouped_transpose_scales(w: np.ndarray, group: int) -> tuple[np.ndarray, np.
     return q.reshape(w.shape).astype(np.int8), scale
 
 
-def bias_correction(mean, w, wq, wscale, bias, group: int, transpose: bool) -> np.ndarray:
-    """The bias minus the mean error the quantized weights add, given the input's per-channel
-    calibration mean (None: no correction)."""
-    if mean is None:
-        return bias
+def output_mean_shift(mean, w: np.ndarray, group: int = 1, transpose: bool = False, strides=()) -> np.ndarray:
+    """How far each output channel's mean moves when the input's per-channel means move by
+    `mean`, through weights `w` in ONNX layout: [K, N] (MatMul, Gemm with B untransposed),
+    [Cout, Cin/group, k...] (Conv), [Cin, Cout/group, k...] (ConvTranspose). Borders ignored.
+    Each Conv output sums every tap over its receptive field; a ConvTranspose's input position
+    adds its taps to prod(strides) output positions' worth of area, so there the output mean is
+    the taps' sum over the input means divided by the stride's area. Sums in a fixed order
+    (`reductions`): the result becomes a stored bias."""
+    mean = np.asarray(mean, np.float64)
+    w = np.asarray(w, np.float64)
+    if w.ndim == 2:
+        return vector_matrix(mean, w)
     if transpose:
-        if group != 1:
-            return bias
-        shape = [1] * w.ndim
-        shape[1] = -1
-        delta = wq.astype(np.float64) * wscale.reshape(shape) - w  # [Cin, Cout, k...]
-        per_pair = delta.reshape(delta.shape[0], delta.shape[1], -1).sum(axis=2)
-        return bias - vector_matrix(mean, per_pair)
-    shape = [-1] + [1] * (w.ndim - 1)
-    delta = wq.astype(np.float64) * wscale.reshape(shape) - w  # [Cout, Cin/g, k...]
+        cin, cout_g = w.shape[0], w.shape[1]
+        taps = w.reshape(group, cin // group, cout_g, -1).sum(axis=3)  # [group, in/group, out/group]
+        shift = (taps * mean.reshape(group, cin // group, 1)).sum(axis=1).reshape(-1)
+        return shift / float(np.prod(strides))
     cout, cin_g = w.shape[0], w.shape[1]
-    per_input = delta.reshape(cout, cin_g, -1).sum(axis=2)  # [Cout, Cin/g]
+    per_input = w.reshape(cout, cin_g, -1).sum(axis=2)  # [Cout, Cin/g]
     # each output channel's group's input means, [Cout, Cin/g]; the products summed along the
     # last axis, the same reduction per channel as one channel at a time (the same bits)
-    means = mean.astype(np.float64).reshape(group, cin_g)[np.arange(cout) // (cout // group)]
-    return bias - (per_input * means).sum(axis=1)
+    means = mean.reshape(group, cin_g)[np.arange(cout) // (cout // group)]
+    return (per_input * means).sum(axis=1)
+
+
+def bias_correction(mean, w, wq, wscale, bias, group: int, transpose: bool, strides=()) -> np.ndarray:
+    """The bias minus the mean error the quantized weights add, given the input's per-channel
+    calibration mean (None: no correction). `wscale` is per output channel: axis 0 of a Conv's
+    weight, axis 1 of a ConvTranspose's ([Cin, Cout/group, k...], the scales of every group in
+    turn) and of a MatMul's [K, N]."""
+    if mean is None:
+        return bias
+    if w.ndim == 2:
+        dequantized = wq.astype(np.float64) * wscale.reshape(1, -1)
+    elif transpose:
+        cin, cout_g = w.shape[0], w.shape[1]
+        per = wq.astype(np.float64).reshape(group, cin // group, cout_g, -1)
+        dequantized = (per * wscale.reshape(group, 1, cout_g, 1)).reshape(w.shape)
+    else:
+        dequantized = wq.astype(np.float64) * wscale.reshape([-1] + [1] * (w.ndim - 1))
+    return bias - output_mean_shift(mean, dequantized - w, group, transpose, strides)
 
 
 def constant_params(value: np.ndarray, bits: int) -> tuple[TensorParams, np.ndarray]:
