@@ -61,6 +61,22 @@ def _mean_error(model_path, npq, data) -> np.ndarray:
     return np.mean(errors, axis=0)
 
 
+def _uncorrected(tmp_path, seed: int, samples: int):
+    """The two-conv model (1x1 second layer), `samples` calibration inputs, its statistics and
+    its integer model without the correction: (model, data, quantize inputs, quantize outputs)."""
+    model_path = tmp_path / "m.onnx"
+    model = _two_convs("Conv")
+    onnx.save(model, model_path)
+    data = np.random.default_rng(seed).normal(size=(samples, 3, 12, 12)).astype(np.float32)
+    np.save(tmp_path / "x.npy", data)
+    (tmp_path / "cal").mkdir()
+    (tmp_path / "q").mkdir()
+    cal = calibrate.run({}, {"model": model_path, "calibration": tmp_path / "x.npy"}, tmp_path / "cal")
+    inputs = {"model": model_path, "stats": cal["stats"]}
+    q = quantize_stage.run({**SETTINGS, "empirical_bias": False}, inputs, tmp_path / "q")
+    return model, data, inputs, q
+
+
 @pytest.mark.parametrize("second", ["Conv", "ConvTranspose"])
 def test_the_correction_removes_the_mean_error_a_clipped_input_leaves(tmp_path, second):
     model_path = tmp_path / "m.onnx"
@@ -114,16 +130,7 @@ def test_a_shift_that_moves_the_output_away_from_the_float_means_is_not_kept(tmp
     from npubuild.intmodel.program import parse
     from npubuild.stages.quantize import empirical_bias as eb
 
-    model_path = tmp_path / "m.onnx"
-    model = _two_convs("Conv")
-    onnx.save(model, model_path)
-    data = np.random.default_rng(23).normal(size=(8, 3, 12, 12)).astype(np.float32)
-    np.save(tmp_path / "x.npy", data)
-    (tmp_path / "cal").mkdir()
-    (tmp_path / "q").mkdir()
-    cal = calibrate.run({}, {"model": model_path, "calibration": tmp_path / "x.npy"}, tmp_path / "cal")
-    inputs = {"model": model_path, "stats": cal["stats"]}
-    q = quantize_stage.run({**SETTINGS, "empirical_bias": False}, inputs, tmp_path / "q")
+    model, data, _, q = _uncorrected(tmp_path, 23, 8)
     arrays, meta = tensorfile.load(q["integer"])
     program = parse(meta, "test")
     feeds = [{"x": x[None]} for x in data]
@@ -140,3 +147,36 @@ def test_a_shift_that_moves_the_output_away_from_the_float_means_is_not_kept(tmp
     moved, summary = eb.correct_biases(program, working, interpreter_for(program, working), means, feeds)
     assert summary["rejected"] >= 1 and second.arrays.bias not in moved
     assert np.array_equal(working[second.arrays.bias], arrays[second.arrays.bias])
+
+
+def test_the_samples_run_side_by_side_fit_the_memory_budget(tmp_path, monkeypatch):
+    """A budget that holds three samples' live tensors: three evenly spaced samples run, and the
+    calibration rows of the others are never read."""
+    from npubuild.intmodel.interpreter import interpreter_for
+    from npubuild.stages import feeds as feeds_module
+    from npubuild.stages.quantize import empirical_bias as eb
+
+    _, data, inputs, plain = _uncorrected(tmp_path, 24, 12)
+    program, arrays, _ = load_integer_model(plain["integer"])
+    peak = eb.peak_live_bytes(program, interpreter_for(program, dict(arrays)), {"x": data[:1]})
+    # the input (float32) and the first conv's int codes are live at once, at the least
+    assert peak >= data[0].nbytes + 8 * 12 * 12
+    assert eb.samples_within(peak, 3 * peak + peak // 2) == 3
+    assert eb.samples_within(peak, 1) == 1 and eb.samples_within(1, 2**40) == MAX_SAMPLES
+
+    monkeypatch.setattr(eb, "MEMORY_BYTES", 3 * peak + peak // 2)
+    rows_read = []
+    original = feeds_module.SampleFile.__getitem__
+
+    def counting(self, index):
+        rows_read.append(index.start if isinstance(index, slice) else index)
+        return original(self, index)
+
+    monkeypatch.setattr(feeds_module.SampleFile, "__getitem__", counting)
+    out = tmp_path / "corrected"
+    out.mkdir()
+    q = quantize_stage.run(
+        {**SETTINGS, "empirical_bias": True}, {**inputs, "calibration": tmp_path / "x.npy"}, out
+    )
+    assert json.loads(q["summary"].read_text())["empirical_bias"]["samples"] == 3
+    assert sorted(set(rows_read)) == [0, 5, 11]  # the first (to measure) and the three chosen

@@ -3,6 +3,8 @@ evaluation samples streamed from a prepared tensor stack, one feed at a time."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import numpy as np
 import onnx
 
@@ -139,19 +141,33 @@ class SampleFile:
         return array if isinstance(index, slice) else array[0]
 
 
-def iterate_feeds(model: onnx.ModelProto, tensors, count: int):
-    """Like samples_for, but yields one feed at a time (streaming)."""
+def _feed_rows(model: onnx.ModelProto, tensors, count: int) -> list[tuple[int, int]]:
+    """The rows [start, stop) of `tensors` that make each of the first `count` feeds."""
     if tensors.dtype.names:
-        for k in range(min(count, len(tensors))):
-            yield _named_feeds(model, tensors[k : k + 1], 1)[0]
-        return
+        return [(k, k + 1) for k in range(min(count, len(tensors)))]
     values = model_inputs(model)
     want = [int(d) for d in dims(values[0])] if len(values) == 1 else []
     batch = want[0] if want else 1
     # At least one round, so that a data set that cannot feed the model says why.
     usable = max(batch, min(count * batch, len(tensors) - len(tensors) % batch))
-    for start in range(0, usable, batch):
-        yield samples_for(model, tensors[start : start + batch], 1)[0]
+    return [(start, start + batch) for start in range(0, usable, batch)]
+
+
+def feed_count(model: onnx.ModelProto, tensors) -> int:
+    """How many feeds `tensors` makes for `model` (a batched input takes several rows each)."""
+    return len(_feed_rows(model, tensors, len(tensors)))
+
+
+def iterate_feeds(model: onnx.ModelProto, tensors, count: int, only: Collection[int] | None = None):
+    """Like samples_for, but yields one feed at a time (streaming); with `only`, just the feeds at
+    those positions, the other rows not read."""
+    for k, (start, stop) in enumerate(_feed_rows(model, tensors, count)):
+        if only is not None and k not in only:
+            continue
+        if tensors.dtype.names:
+            yield _named_feeds(model, tensors[start:stop], 1)[0]
+        else:
+            yield samples_for(model, tensors[start:stop], 1)[0]
 
 
 def search_split(feeds: list) -> tuple[list, list]:

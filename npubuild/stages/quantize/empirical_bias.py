@@ -31,13 +31,51 @@ from npubuild.stages.quantize.weights import bias_limit, output_mean_shift
 # Samples the integer model runs on (evenly spaced through a larger calibration set): every one
 # of them is alive at once, op by op, so this bounds the correction's memory.
 MAX_SAMPLES = 64
+# What the samples' live tensors may hold at once: every sample runs op by op side by side, so a
+# large input (a 1024x1024 image) runs fewer of them rather than more memory.
+MEMORY_BYTES = 2**30
 
 
-def sample_indices(count: int) -> list[int]:
-    """Which calibration samples the correction runs: all, or MAX_SAMPLES evenly spaced."""
-    if count <= MAX_SAMPLES:
+def sample_indices(count: int, limit: int = MAX_SAMPLES) -> list[int]:
+    """Which calibration samples the correction runs: all, or `limit` evenly spaced."""
+    if count <= limit:
         return list(range(count))
-    return sorted({int(i) for i in np.linspace(0, count - 1, MAX_SAMPLES)})
+    return sorted({int(i) for i in np.linspace(0, count - 1, limit)})
+
+
+def samples_within(sample_bytes: int, budget: int | None = None) -> int:
+    """How many samples whose live tensors peak at `sample_bytes` each fit in `budget` (default
+    MEMORY_BYTES; at least 1, at most MAX_SAMPLES)."""
+    budget = MEMORY_BYTES if budget is None else budget
+    return max(1, min(MAX_SAMPLES, budget // max(sample_bytes, 1)))
+
+
+def _lifetimes(program: IntegerModel) -> tuple[dict[str, int], set[str]]:
+    """Each tensor's last reader (op index) and the tensors kept to the end (the outputs)."""
+    last_use = {}
+    for i, op in enumerate(program.ops):
+        for name in op.inputs:
+            last_use[name] = i
+    return last_use, set(program.outputs)
+
+
+def _forget_dead(env: dict, op, index: int, last_use: dict[str, int], keep: set[str]) -> None:
+    """What no op after `index` reads: gone, so memory stays a few tensors."""
+    for name in op.inputs:
+        if last_use.get(name) == index and name not in keep:
+            env.pop(name, None)
+
+
+def peak_live_bytes(program: IntegerModel, interpreter, feed: dict) -> int:
+    """One sample's largest live set, in bytes, while the integer model runs op by op."""
+    last_use, keep = _lifetimes(program)
+    env = interpreter.start(feed)
+    peak = sum(np.asarray(v).nbytes for v in env.values())
+    for i, op in enumerate(program.ops):
+        interpreter.step(op, env)
+        peak = max(peak, sum(np.asarray(v).nbytes for v in env.values()))
+        _forget_dead(env, op, i, last_use, keep)
+    return peak
 
 
 def _channel_axis(op) -> int:
@@ -145,11 +183,7 @@ def correct_biases(
     shift is worked out for the layer's linear part, and through a Relu or a table after it, on
     a network whose error is large (Silero VAD, 0 to 3 dB), a shift can move the output's means
     away from the float ones; taken anyway, such shifts compounded to 557 in later layers."""
-    last_use = {}
-    for i, op in enumerate(program.ops):
-        for name in op.inputs:
-            last_use[name] = i
-    keep = set(program.outputs)
+    last_use, keep = _lifetimes(program)
     envs = [interpreter.start(feed) for feed in feeds]
     moved: dict[str, np.ndarray] = {}
     largest, rejected = 0.0, 0
@@ -185,9 +219,7 @@ def correct_biases(
         if not ran:
             run(op)
         for env in envs:
-            for name in op.inputs:  # what no later op reads: gone, so memory stays a few tensors
-                if last_use.get(name) == i and name not in keep:
-                    env.pop(name, None)
+            _forget_dead(env, op, i, last_use, keep)
     return moved, correction_summary(len(feeds), len(moved), rejected, largest)
 
 

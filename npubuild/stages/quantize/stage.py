@@ -76,16 +76,20 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
 def _empirical_bias(model, integer, arrays: dict, calibration: Path) -> tuple[dict, dict]:
     """The MAC layers' corrected biases (empirical_bias.py) on the calibration samples."""
     from npubuild.intmodel.interpreter import interpreter_for
-    from npubuild.stages.feeds import SampleFile, iterate_feeds
+    from npubuild.stages.feeds import SampleFile, feed_count, iterate_feeds
     from npubuild.stages.quantize import empirical_bias as eb
 
     tensors = SampleFile(calibration)
-    wanted = set(eb.sample_indices(len(tensors)))
-    feeds = [feed for i, feed in enumerate(iterate_feeds(model, tensors, len(tensors))) if i in wanted]
+    count = feed_count(model, tensors)
     float_names = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
     macs = eb.correctable(integer, float_names)
-    if not feeds or not macs:
-        return {}, eb.correction_summary(len(feeds), 0, 0, 0.0)
+    if not count or not macs:
+        return {}, eb.correction_summary(len(eb.sample_indices(count)), 0, 0, 0.0)
     working = dict(arrays)
+    interpreter = interpreter_for(integer, working)
+    # as many samples as the memory budget holds side by side (one sample measures the peak)
+    first = next(iterate_feeds(model, tensors, 1))
+    limit = eb.samples_within(eb.peak_live_bytes(integer, interpreter, first))
+    feeds = list(iterate_feeds(model, tensors, count, only=set(eb.sample_indices(count, limit))))
     means = eb.float_means(model, macs, feeds)
-    return eb.correct_biases(integer, working, interpreter_for(integer, working), means, feeds)
+    return eb.correct_biases(integer, working, interpreter, means, feeds)
