@@ -131,8 +131,9 @@ def test_new_file_matched_by_a_glob_reruns_its_dataset(small_ws, warm_store):
         '    quantize = {"activation_bits": 16},\n',
         '    overrides = [{"op_type": "GlobalAveragePool", "keep_float": True}],\n',
         '    quantize = {"empirical_bias": False},\n',
+        '    quantize = {"weight_rounding": "gptq"},\n',
     ],
-    ids=["method", "percentile", "bits", "override", "empirical_bias"],
+    ids=["method", "percentile", "bits", "override", "empirical_bias", "weight_rounding"],
 )
 def test_quantize_settings_rerun_quantize_and_readers_never_calibrate(small_ws, warm_store, setting):
     run_build(small_ws, warm_store)

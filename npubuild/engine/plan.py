@@ -181,7 +181,8 @@ class Planner:
                 plan, "calibrate", {}, {"model": optimized, "calibration": Output(calib, "tensors")}, target
             )
             quant_inputs["stats"] = Output(cal, "stats")
-            if attrs.quantize.empirical_bias:
+            if attrs.quantize.empirical_bias or attrs.quantize.weight_rounding == "gptq":
+                # both run over the calibration samples themselves, not only their statistics
                 quant_inputs["calibration"] = Output(calib, "tensors")
         if attrs.mixed_precision is not None and self._wanted("sensitivity"):
             probe_inputs = {**quant_inputs, "evaluation": Output(evaluation_set, "tensors")}

@@ -144,6 +144,10 @@ class QuantizeConfig(Strict):
     # quantized input, measured on the calibration set by running the integer model op by op
     # (empirical bias correction; docs/quantization.md, "Empirical bias correction")
     empirical_bias: bool = True
+    # how the int8 weights are rounded: to the nearest step, or GPTQ's error-compensating order
+    # on the calibration inputs (docs/quantization.md, "Error-compensating weight rounding": it
+    # lost on every validation model, so it is not the default)
+    weight_rounding: Literal["nearest", "gptq"] = "nearest"
     # A lookup-table activation that produces a network output (a final Sigmoid) runs in float:
     # probabilities quantized to 1/255 steps lose the small values detectors threshold on.
     float_output_activations: bool = True

@@ -153,6 +153,13 @@ def _feed_rows(model: onnx.ModelProto, tensors, count: int) -> list[tuple[int, i
     return [(start, start + batch) for start in range(0, usable, batch)]
 
 
+def spread_indices(count: int, limit: int) -> list[int]:
+    """All of range(count), or `limit` of them evenly spaced (the first and the last included)."""
+    if count <= limit:
+        return list(range(count))
+    return sorted({int(i) for i in np.linspace(0, count - 1, limit)})
+
+
 def feed_count(model: onnx.ModelProto, tensors) -> int:
     """How many feeds `tensors` makes for `model` (a batched input takes several rows each)."""
     return len(_feed_rows(model, tensors, len(tensors)))

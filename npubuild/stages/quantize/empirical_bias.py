@@ -26,6 +26,7 @@ import onnx
 
 from npubuild.intmodel.codes import dequantize
 from npubuild.intmodel.program import ConvOp, IntegerModel, MatMulOp, grid_scales
+from npubuild.stages.feeds import spread_indices
 from npubuild.stages.quantize.weights import bias_limit, output_mean_shift
 
 # Samples the integer model runs on (evenly spaced through a larger calibration set): every one
@@ -38,9 +39,7 @@ MEMORY_BYTES = 2**30
 
 def sample_indices(count: int, limit: int = MAX_SAMPLES) -> list[int]:
     """Which calibration samples the correction runs: all, or `limit` evenly spaced."""
-    if count <= limit:
-        return list(range(count))
-    return sorted({int(i) for i in np.linspace(0, count - 1, limit)})
+    return spread_indices(count, limit)
 
 
 def samples_within(sample_bytes: int, budget: int | None = None) -> int:

@@ -16,6 +16,7 @@ from npubuild.intmodel.codes import qrange
 from npubuild.intmodel.fixedpoint import add_multiplier, quantize_multiplier
 from npubuild.intmodel.ops import LUT_OPS, MOVE_OPS, TABULATED_OPS
 from npubuild.stages.quantize import tables
+from npubuild.stages.quantize.gptq import rounded_codes
 from npubuild.stages.quantize.planning import Planner, QuantPlan, TensorParams, attr, node_label
 from npubuild.stages.quantize.weights import (
     bias_correction,
@@ -92,6 +93,15 @@ class Encoder:
             else:
                 self.integer_op(step.node, step.activation)
         return self.program
+
+    def weight_codes(self, node: onnx.NodeProto, w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+        """A MAC layer's int8 weight codes and per-output-channel scales: nearest rounding, or
+        GPTQ's (gptq.py) where quantize worked out the layer's input correlations."""
+        wq, wscale = quantize_weight(w, axis, self.config["per_channel"])
+        gram = self.stats_arrays.get(f"{node_label(node)}/gram")
+        if gram is None:
+            return wq, wscale
+        return rounded_codes(node.op_type, w, wscale, gram), wscale
 
     def channel_mean(self, name: str):
         """The input's per-channel calibration mean when bias correction is on."""
@@ -195,7 +205,7 @@ class Encoder:
             )
         else:
             cout = w.shape[0]
-            wq, wscale = quantize_weight(w, 0, self.config["per_channel"])
+            wq, wscale = self.weight_codes(node, w, 0)
         bias = (
             self.constants[node.input[2]].astype(np.float64)
             if len(node.input) > 2 and node.input[2]
@@ -254,7 +264,7 @@ class Encoder:
         w = self.constants[node.input[1]]
         if node.op_type == "Gemm" and attr(node, "transB", 0):
             w = w.T
-        wq, wscale = quantize_weight(w, 1, self.config["per_channel"])
+        wq, wscale = self.weight_codes(node, w, 1)
         n = w.shape[1]
         bias = np.zeros(n)
         if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]:

@@ -38,6 +38,11 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
             **params,
             "overrides": list(params["overrides"]) + precision_overrides(layers.expand(table)),
         }
+    rounding = None
+    if params.get("weight_rounding") == "gptq" and "calibration" in inputs:
+        grams, samples = _weight_grams(model, inputs["calibration"])
+        stats_arrays = {**stats_arrays, **grams}
+        rounding = {"method": "gptq", "layers": len(grams), "samples": samples}
     program, meta, arrays = build_integer_model(model, stats["tensors"], stats_arrays, params, absorb=False)
     absorbed_meta, absorbed = absorb_into_tables(meta, arrays, known_ranks(model))
     integer = parse(absorbed_meta, "the integer model quantize made")  # what every later stage reads
@@ -64,6 +69,8 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
         "settings": params,
         "warnings": warnings + program.warnings,
     }
+    if rounding is not None:
+        summary["weight_rounding"] = rounding
     if bias_summary is not None:
         summary["empirical_bias"] = bias_summary
     return {
@@ -71,6 +78,23 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
         "qdq": save_model(qdq, outdir / "quantized.qdq.onnx"),
         "summary": write_json(outdir / "quantize.json", summary),
     }
+
+
+def _weight_grams(model, calibration: Path) -> tuple[dict, int]:
+    """Each GPTQ-rounded layer's input correlations (gptq.py) as '<node>/gram' arrays, and how
+    many samples made them."""
+    from onnx import numpy_helper
+
+    from npubuild.stages.feeds import SampleFile, feed_count, iterate_feeds, spread_indices
+    from npubuild.stages.quantize import gptq
+
+    tensors = SampleFile(calibration)
+    count = feed_count(model, tensors)
+    chosen = set(spread_indices(count, gptq.MAX_SAMPLES))
+    feeds = list(iterate_feeds(model, tensors, count, only=chosen))
+    constants = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    grams = gptq.gram_matrices(model, constants, feeds) if feeds else {}
+    return {f"{label}/gram": gram for label, gram in grams.items()}, len(feeds)
 
 
 def _empirical_bias(model, integer, arrays: dict, calibration: Path) -> tuple[dict, dict]:
