@@ -174,11 +174,13 @@ def small_model(with_log: bool = False) -> onnx.ModelProto:
     return onnx.shape_inference.infer_shapes(model)
 
 
-def pipeline(tmp_path, model, settings=SETTINGS, samples=None):
+def pipeline(tmp_path, model, settings=SETTINGS, samples=None, evaluation=None):
+    """calibrate, quantize and evaluate; evaluated on the calibration samples unless `evaluation`."""
     model_path = tmp_path / "m.onnx"
     onnx.save(model, model_path)
     data = samples if samples is not None else RNG.normal(size=(8, 3, 8, 8)).astype(np.float32)
     np.save(tmp_path / "x.npy", data)
+    np.save(tmp_path / "e.npy", data if evaluation is None else evaluation)
     (tmp_path / "cal").mkdir(exist_ok=True)
     (tmp_path / "q").mkdir(exist_ok=True)
     (tmp_path / "e").mkdir(exist_ok=True)
@@ -186,7 +188,13 @@ def pipeline(tmp_path, model, settings=SETTINGS, samples=None):
     q = quantize_stage.run(settings, {"model": model_path, "stats": cal["stats"]}, tmp_path / "q")
     e = evaluate_stage.run(
         {"samples": 8},
-        {"model": model_path, "integer": q["integer"], "qdq": q["qdq"], "evaluation": tmp_path / "x.npy"},
+        {
+            "model": model_path,
+            "integer": q["integer"],
+            "qdq": q["qdq"],
+            "evaluation": tmp_path / "e.npy",
+            "stats": cal["stats"],
+        },
         tmp_path / "e",
     )
     import json
@@ -499,3 +507,31 @@ def test_the_analytic_correction_removes_the_weight_rounding_mean(op_type, group
     before, after = np.abs(plain - float_mean), np.abs(corrected - float_mean)
     assert before.max() > 0.01  # the rounding does shift the means
     assert after.max() < 0.15 * before.max()
+
+
+def test_evaluation_images_beyond_the_calibration_ranges_are_reported(tmp_path):
+    """Evaluated on its own calibration samples, no tensor leaves its calibration range; on
+    samples three times as large, most do, and the build warns."""
+    (tmp_path / "same").mkdir()
+    (tmp_path / "louder").mkdir()
+    data = RNG.normal(size=(8, 3, 8, 8)).astype(np.float32)
+    _, _, same, _ = pipeline(tmp_path / "same", small_model(), samples=data)
+    _, _, louder, _ = pipeline(tmp_path / "louder", small_model(), samples=data, evaluation=3 * data)
+    assert same["calibration_coverage"]["beyond"] == 0 and same["calibration_coverage"]["tensors"] >= 5
+    assert not any("calibration range" in w for w in same["warnings"])
+    coverage = louder["calibration_coverage"]
+    assert coverage["beyond"] > 0.5 * coverage["tensors"]
+    assert coverage["worst"][0]["excess"] >= coverage["worst"][-1]["excess"] > 0.25
+    assert any("beyond their calibration range" in w for w in louder["warnings"])
+
+
+def test_coverage_counts_excess_against_the_calibrated_span():
+    calibrated = {"a": (0.0, 10.0), "b": (-1.0, 1.0), "c": (0.0, 4.0), "flat": (2.0, 2.0)}
+    seen = {"a": (0.0, 12.0), "b": (-2.0, 0.5), "c": (-0.5, 3.0), "flat": (0.0, 9.0)}
+    coverage = evaluate_stage.calibration_coverage(calibrated, seen)
+    # a: 2 / 10 = 0.2 (within), b: 1 / 2 = 0.5, c: 0.5 / 4 = 0.125; a constant tensor has no span
+    assert coverage["tensors"] == 3 and coverage["beyond"] == 1
+    assert coverage["worst"] == [{"tensor": "b", "excess": 0.5}]
+    assert evaluate_stage.coverage_warning(coverage)  # 1 of 3 > 5%
+    many = {**coverage, "tensors": 40}  # 1 of 40: 2.5%
+    assert evaluate_stage.coverage_warning(many) == []

@@ -222,6 +222,8 @@ class Planner:
             "qdq": Output(quant, "qdq"),
             "evaluation": Output(evaluation_set, "tensors"),
         }
+        if "stats" in quant_inputs:  # what calibration saw, to say where evaluation goes beyond it
+            inputs["stats"] = quant_inputs["stats"]
         evaluate = {"samples": EVALUATION_SAMPLES, "class_axes": attrs.class_axes}
         self._step(plan, "evaluate", evaluate, inputs, target)
         if not self._wanted("partition"):
