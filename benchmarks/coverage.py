@@ -54,11 +54,11 @@ def assemble(dest: Path, speech: bool = True) -> Path:
     shutil.copytree(REPO / "corpus", dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns("README.md"))
     shutil.copytree(REPO / "workspace_example" / "data" / "photos", dest / "data" / "photos")
     if speech:
-        _speech_feeds(dest)
+        speech_feeds(dest)
     return dest
 
 
-def _speech_feeds(ws: Path) -> None:
+def speech_feeds(ws: Path) -> None:
     """The audio model's feeds (benchmarks/speech.py): its states come from the float model, so
     the model is fetched here the way the build fetches it."""
     from speech import default_cache, write_feeds

@@ -1,5 +1,6 @@
 """npubuild's int8 model against onnxruntime's quantize_static and NNCF on the corpus's trained
-image models: the example's three, the orientation classifier and PP-OCRv4 rec.
+models: the example's three, the orientation classifier, PP-OCRv4 rec, the ViT saliency model
+and Silero VAD (real speech, corpus/README.md; three inputs, three outputs).
 
     python benchmarks/ptq_vs_ort.py [--validation] [MODEL ...]
 
@@ -7,7 +8,8 @@ image models: the example's three, the orientation classifier and PP-OCRv4 rec.
 calibration photographs, "evaluation" crops from the other two; the evaluation photographs are not
 read. The two text models are left out there: the detector finds no text in the handwritten crops
 (its float map is ~0) and the direction classifier is evaluated on lines of the printed page,
-which is evaluation data.
+which is evaluation data; so is Silero VAD (its recordings are split into calibration and
+evaluation only).
 
 Same calibration crops (>= 32) and evaluation crops (>= 16, from other photographs) for every
 tool; the text models keep the example's text images (detector: the two halves of the printed
@@ -19,8 +21,10 @@ imported model (input pinned, opset >= 13, as a user would prepare it), quant_pr
 quantize_static with QDQ, per-channel int8 weights and int8 activations for MinMax, Entropy and
 Percentile, evaluated in onnxruntime; NNCF's `nncf.quantize` on the same model and images with
 its performance and mixed presets (a benchmark-only dependency: `pip install -e ".[bench]"`).
-Accuracy is over the concatenated outputs of all evaluation images: cosine and SQNR (dB) against
-the float model; "best other tool" is the one with the highest SQNR.
+Accuracy is over all evaluation images, per output: cosine and SQNR (dB) against the float
+model; a model with several outputs (Silero's probability and its two LSTM states) scores the
+mean over its outputs, npubuild's from accuracy.json's per-output figures alike. "best other
+tool" is the one with the highest SQNR.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ MODELS = {
     "ocr_cls": "ppocr_cls",
     "orient": "orientation",  # npu_model names may not repeat the onnx_model's
     "ocr_rec": "ppocr_rec",
+    "vit": "vit_focus",
+    "vad": "silero_vad",
 }
 DATA = {
     "yolo": "yolo",
@@ -52,26 +58,35 @@ DATA = {
     "ocr_cls": "ocr_cls",
     "orient": "imagenet",
     "ocr_rec": "ocr_rec",
+    "vit": "imagenet",
+    "vad": "speech",
 }
 CORPUS = Path(__file__).resolve().parent.parent / "corpus"
 
 
 def add_corpus_models(ws: Path) -> None:
-    """The corpus's other trained image models (orientation classifier, PP-OCRv4 rec) in the crop
-    workspace: their onnx_model blocks and preprocessing copied from corpus/, so the pins live in
-    one place, and npu_models with the defaults on the same crops."""
+    """The corpus's other trained models (orientation classifier, PP-OCRv4 rec, ViT saliency,
+    Silero VAD) in the crop workspace: their onnx_model blocks, preprocessing and datasets copied
+    from corpus/, so the pins live in one place, and npu_models with the defaults; the image models
+    on the same crops, Silero on its speech feeds (benchmarks/speech.py, as coverage.py makes them)."""
     import re
 
     corpus_models = (CORPUS / "models" / "BUILD").read_text()
     corpus_data = (CORPUS / "data" / "BUILD").read_text()
     models, data = [], []
-    for target, source in (("orient", "orientation"), ("ocr_rec", "ppocr_rec")):
+    for target in ("orient", "ocr_rec", "vit", "vad"):
+        source = MODELS[target]
         block = re.search(rf'onnx_model\(\n    name = "{source}",.*?\n\)\n', corpus_models, re.S)
         models += [
             block[0],
             f'npu_model(name = "{target}", model = ":{source}", '
             f'calibration = "//data:{DATA[target]}_calib", evaluation = "//data:{DATA[target]}_eval")\n',
         ]
+        if any(f'"{DATA[target]}_calib"' in line for line in data):
+            continue  # a data set two models share (the ImageNet-style crops)
+        if DATA[target] == "speech":
+            data += [line + "\n" for line in re.findall(r'dataset\(name = "speech_\w+".*\)', corpus_data)]
+            continue
         preprocess = {"imagenet": "IMAGENET", "ocr_rec": "OCR_REC"}[DATA[target]]
         data += [re.search(rf"\n({preprocess} = \{{[^}}]*\}})", corpus_data)[1] + "\n"]
         for role, files in (("calib", "CALIBRATION"), ("eval", "EVALUATION")):
@@ -82,6 +97,9 @@ def add_corpus_models(ws: Path) -> None:
         f.write("\n" + "\n".join(models))
     with open(ws / "data" / "BUILD", "a") as f:
         f.write("\n" + "\n".join(data))
+    from coverage import speech_feeds
+
+    speech_feeds(ws)
 
 
 def session(model) -> ort.InferenceSession:
@@ -91,36 +109,39 @@ def session(model) -> ort.InferenceSession:
     return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
 
 
-def accuracy(reference: list[np.ndarray], candidate: list[np.ndarray]) -> tuple[float, float]:
-    r = np.concatenate([a.reshape(-1) for a in reference]).astype(np.float64)
-    c = np.concatenate([a.reshape(-1) for a in candidate]).astype(np.float64)
-    cos = float(r @ c / math.sqrt((r @ r) * (c @ c))) if (r @ r) * (c @ c) > 0 else 0.0
-    err = float(((r - c) ** 2).sum())
-    sqnr = 10 * math.log10(float(r @ r) / err) if err > 0 else float("inf")
-    return cos, sqnr
+def accuracy(reference: list[list[np.ndarray]], candidate: list[list[np.ndarray]]) -> tuple[float, float]:
+    """Cosine and SQNR of each output over all evaluation feeds, averaged over the outputs."""
+    scores = []
+    for k in range(len(reference[0])):
+        r = np.concatenate([outputs[k].reshape(-1) for outputs in reference]).astype(np.float64)
+        c = np.concatenate([outputs[k].reshape(-1) for outputs in candidate]).astype(np.float64)
+        cos = float(r @ c / math.sqrt((r @ r) * (c @ c))) if (r @ r) * (c @ c) > 0 else 0.0
+        err = float(((r - c) ** 2).sum())
+        scores.append((cos, 10 * math.log10(float(r @ r) / err) if err > 0 else float("inf")))
+    return float(np.mean([c for c, _ in scores])), float(np.mean([q for _, q in scores]))
 
 
 class Reader:
-    def __init__(self, name: str, tensors: np.ndarray):
-        self.name, self.tensors, self.i = name, tensors, 0
+    """onnxruntime's calibration reader over feed dicts."""
+
+    def __init__(self, feeds: list[dict]):
+        self.feeds, self.i = feeds, 0
 
     def get_next(self):
-        if self.i >= len(self.tensors):
+        if self.i >= len(self.feeds):
             return None
         self.i += 1
-        return {self.name: self.tensors[self.i - 1 : self.i]}
+        return self.feeds[self.i - 1]
 
     def rewind(self):
         self.i = 0
 
 
-def onnxruntime_rows(canonical: Path, calib: np.ndarray, evaluation: np.ndarray, tmp: Path) -> list[tuple]:
+def onnxruntime_rows(canonical: Path, calib: list[dict], evaluation: list[dict], tmp: Path) -> list[tuple]:
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    float_session = session(canonical)
-    name = float_session.get_inputs()[0].name
-    reference = [float_session.run(None, {name: x[None]})[0] for x in evaluation]
+    reference = [session(canonical).run(None, feed) for feed in evaluation]
     prepared = tmp / "prepared.onnx"
     try:
         quant_pre_process(str(canonical), str(prepared))
@@ -135,7 +156,7 @@ def onnxruntime_rows(canonical: Path, calib: np.ndarray, evaluation: np.ndarray,
             quantize_static(
                 str(prepared),
                 str(out),
-                Reader(name, calib),
+                Reader(calib),
                 quant_format=QuantFormat.QDQ,
                 per_channel=True,
                 weight_type=QuantType.QInt8,
@@ -145,7 +166,7 @@ def onnxruntime_rows(canonical: Path, calib: np.ndarray, evaluation: np.ndarray,
         except Exception as exc:
             rows.append(failed(f"onnxruntime {method.name}", exc))
             continue
-        rows.append(scored(f"onnxruntime {method.name}", out, start, name, evaluation, reference))
+        rows.append(scored(f"onnxruntime {method.name}", out, start, evaluation, reference))
     return rows
 
 
@@ -153,15 +174,15 @@ def failed(label: str, exc: Exception) -> tuple:
     return (label, None, None, None, f"failed: {type(exc).__name__}: {exc}")
 
 
-def scored(label: str, quantized, start: float, name: str, evaluation, reference) -> tuple:
-    """A tool's row: its quantized model run in onnxruntime on the evaluation images."""
+def scored(label: str, quantized, start: float, evaluation: list[dict], reference) -> tuple:
+    """A tool's row: its quantized model run in onnxruntime on the evaluation feeds."""
     seconds = time.perf_counter() - start
     q = session(quantized)
-    cos, sqnr = accuracy(reference, [q.run(None, {name: x[None]})[0] for x in evaluation])
+    cos, sqnr = accuracy(reference, [q.run(None, feed) for feed in evaluation])
     return (label, cos, sqnr, seconds, "")
 
 
-def nncf_rows(canonical: Path, calib: np.ndarray, evaluation: np.ndarray) -> list[tuple]:
+def nncf_rows(canonical: Path, calib: list[dict], evaluation: list[dict]) -> list[tuple]:
     """NNCF's post-training quantization of the same ONNX model on the same calibration images,
     both presets (performance: symmetric activations; mixed: asymmetric), evaluated in
     onnxruntime. NNCF is a benchmark-only dependency (`pip install -e ".[bench]"`)."""
@@ -170,10 +191,8 @@ def nncf_rows(canonical: Path, calib: np.ndarray, evaluation: np.ndarray) -> lis
     except ImportError:
         return [("NNCF", None, None, None, 'not installed: pip install -e ".[bench]"')]
     model = onnx.load(canonical)
-    float_session = session(model)
-    name = float_session.get_inputs()[0].name
-    reference = [float_session.run(None, {name: x[None]})[0] for x in evaluation]
-    dataset = nncf.Dataset([x[None] for x in calib], lambda x: {name: x})
+    reference = [session(model).run(None, feed) for feed in evaluation]
+    dataset = nncf.Dataset(calib)
     rows = []
     for preset in (nncf.QuantizationPreset.PERFORMANCE, nncf.QuantizationPreset.MIXED):
         start = time.perf_counter()
@@ -182,7 +201,7 @@ def nncf_rows(canonical: Path, calib: np.ndarray, evaluation: np.ndarray) -> lis
         except Exception as exc:
             rows.append(failed(f"NNCF {preset.value}", exc))
             continue
-        rows.append(scored(f"NNCF {preset.value}", quantized, start, name, evaluation, reference))
+        rows.append(scored(f"NNCF {preset.value}", quantized, start, evaluation, reference))
     return rows
 
 
@@ -194,12 +213,13 @@ def main() -> None:
     parser.add_argument("--validation", action="store_true", help="the tuning split (see the docstring)")
     parser.add_argument("models", nargs="*", choices=[[], *MODELS], help="default: all")
     args = parser.parse_args()
-    text_models = ("ocr_det", "ocr_cls")  # no validation text: see the docstring
-    models = {m: MODELS[m] for m in (args.models or MODELS) if not (args.validation and m in text_models)}
+    unsplit = ("ocr_det", "ocr_cls", "vad")  # no validation split: see the docstring
+    models = {m: MODELS[m] for m in (args.models or MODELS) if not (args.validation and m in unsplit)}
 
     logging.getLogger().setLevel(logging.ERROR)  # onnxruntime.quantization warns per tensor
     from npubuild.cache.store import Store
     from npubuild.engine.run import build
+    from npubuild.stages.feeds import samples_for
 
     tmp = Path(tempfile.mkdtemp(prefix="npubuild-ptq-"))
     try:
@@ -229,18 +249,19 @@ def main() -> None:
             import json
 
             report = json.loads((out / "accuracy.json").read_text())
-            (metrics,) = report["outputs"].values()
+            outputs = list(report["outputs"].values())  # the mean over outputs, as accuracy()
+            cosine = float(np.mean([o["cosine"] for o in outputs]))
+            sqnr = float(np.mean([o["sqnr_db"] for o in outputs]))
             ours = seconds[("calibrate", f"//models:{target}")] + seconds[("quantize", f"//models:{target}")]
-            calib = (
-                np.load(ws / "npubuild-out" / "data" / f"{DATA[target]}_calib" / "tensors.npy")
-                if (ws / "npubuild-out" / "data" / f"{DATA[target]}_calib").exists()
-                else None
-            )
-            if calib is None:
+            sets = ws / "npubuild-out" / "data"
+            if not (sets / f"{DATA[target]}_calib").exists():
                 build(ws, store, [f"//data:{DATA[target]}_calib", f"//data:{DATA[target]}_eval"], jobs=1)
-                calib = np.load(ws / "npubuild-out" / "data" / f"{DATA[target]}_calib" / "tensors.npy")
-            evaluation = np.load(ws / "npubuild-out" / "data" / f"{DATA[target]}_eval" / "tensors.npy")
-            rows = [("npubuild default", metrics["cosine"], metrics["sqnr_db"], ours, "")]
+            canonical = onnx.load(out / "canonical.onnx")
+            calib, evaluation = (
+                samples_for(canonical, np.load(sets / f"{DATA[target]}_{role}" / "tensors.npy"), 10**6)
+                for role in ("calib", "eval")
+            )
+            rows = [("npubuild default", cosine, sqnr, ours, "")]
             mtmp = tmp / target
             mtmp.mkdir()
             rows += onnxruntime_rows(out / "canonical.onnx", calib, evaluation, mtmp)
