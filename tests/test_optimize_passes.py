@@ -377,3 +377,52 @@ def test_a_channel_shuffle_becomes_a_4d_transpose():
     shapes = {v.name: len(v.type.tensor_type.shape.dim) for v in optimized.graph.value_info}
     assert max(shapes.values()) == 4
     check_same(m, optimized, [1, 12, 5, 7])
+
+
+def _conv1d_relu_chain():
+    """x [4, 3, 16] -> Conv1d -> Relu -> Conv1d -> Relu -> y: conv1d_as_2d puts a Reshape and a
+    Transpose after each Conv, between it and its Relu."""
+    w1 = RNG.standard_normal((5, 3, 3)).astype(np.float32)
+    w2 = RNG.standard_normal((6, 5, 3)).astype(np.float32)
+    return model(
+        [
+            helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1]),
+            helper.make_node("Relu", ["c1"], ["r1"]),
+            helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1]),
+            helper.make_node("Relu", ["c2"], ["y"]),
+        ],
+        [x_info([4, 3, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 6, 16])],
+        [("w1", w1), ("w2", w2)],
+    )
+
+
+def test_a_clamp_after_moves_runs_next_to_its_conv():
+    original = _conv1d_relu_chain()
+    optimized, log = optimize(original, [], 8)
+    assert any("clamps_before_moves" in it["changes"] for it in log)
+    producers = {o: n for n in optimized.graph.node for o in n.output}
+    for relu in (n for n in optimized.graph.node if n.op_type == "Relu"):
+        assert producers[relu.input[0]].op_type == "Conv"  # nothing between a conv and its Relu
+    # the moves between the two convs met and cancelled: conv, relu, conv, relu and the
+    # moves into the first and out of the last
+    assert ops(optimized).count("Transpose") <= 2
+    check_same(original, optimized, [4, 3, 16])
+
+
+def test_a_clamp_whose_moved_input_is_read_elsewhere_stays():
+    w = RNG.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    m = model(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+            helper.make_node("Transpose", ["c"], ["t"], perm=[0, 2, 3, 1]),
+            helper.make_node("Relu", ["t"], ["r"]),
+            helper.make_node("Add", ["t", "r"], ["y"]),
+        ],
+        [x_info([1, 3, 5, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5, 5, 4])],
+        [("w", w)],
+    )
+    optimized, log = optimize(m, [], 8)
+    assert not any("clamps_before_moves" in it["changes"] for it in log)
+    check_same(m, optimized, [1, 3, 5, 5])

@@ -535,3 +535,43 @@ def test_coverage_counts_excess_against_the_calibrated_span():
     assert evaluate_stage.coverage_warning(coverage)  # 1 of 3 > 5%
     many = {**coverage, "tensors": 40}  # 1 of 40: 2.5%
     assert evaluate_stage.coverage_warning(many) == []
+
+
+def _magnitude_model() -> onnx.ModelProto:
+    """x -> re = x, im = 0.7 x (a Mul) -> re^2 + im^2 -> Sqrt -> y: a spectrum's magnitude."""
+    two = numpy_helper.from_array(np.array(2.0, np.float32), "two")
+    factor = numpy_helper.from_array(np.array(0.7, np.float32), "factor")
+    nodes = [
+        helper.make_node("Mul", ["x", "factor"], ["im"], name="im"),
+        helper.make_node("Pow", ["x", "two"], ["re2"], name="square_re"),
+        helper.make_node("Pow", ["im", "two"], ["im2"], name="square_im"),
+        helper.make_node("Add", ["re2", "im2"], ["power"], name="power"),
+        helper.make_node("Sqrt", ["power"], ["y"], name="magnitude"),
+    ]
+    graph = helper.make_graph(
+        nodes, "magnitude", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 8, 8])], [two, factor],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return onnx.shape_inference.infer_shapes(model)
+
+
+def test_squares_and_their_sum_get_16_bits():
+    """Heavy-tailed values (a spectrum: most small, a few large): at 8 bits the squares' grid
+    rounds the many small ones to a handful of codes."""
+    import tempfile
+    from pathlib import Path
+
+    data = (RNG.standard_normal((8, 3, 8, 8)) * np.exp(RNG.standard_normal((8, 3, 8, 8)))).astype(np.float32)
+    results = {}
+    for bits in (8, 16):
+        with tempfile.TemporaryDirectory() as tmp:
+            settings = {**SETTINGS, "square_bits": bits, "output_bits": 8}
+            _, q, report, _ = pipeline(Path(tmp), _magnitude_model(), settings, samples=data)
+            program = tensorfile.load(q["integer"])[1]["tensors"]
+            results[bits] = ({name: program[name]["bits"] for name in ("re2", "im2", "power")}, report)
+    assert results[8][0] == {"re2": 8, "im2": 8, "power": 8}
+    assert results[16][0] == {"re2": 16, "im2": 16, "power": 16}
+    (narrow,), (wide,) = (r[1]["outputs"].values() for r in (results[8], results[16]))
+    assert wide["sqnr_db"] > narrow["sqnr_db"] + 6

@@ -148,6 +148,8 @@ class QuantizeConfig(Strict):
     # on the calibration inputs (docs/quantization.md, "Error-compensating weight rounding": it
     # lost on every validation model, so it is not the default)
     weight_rounding: Literal["nearest", "gptq"] = "nearest"
+    # a square (Pow 2) and a sum of squares get this width (docs/quantization.md, "Squares")
+    square_bits: Literal[8, 16] = 16
     # A lookup-table activation that produces a network output (a final Sigmoid) runs in float:
     # probabilities quantized to 1/255 steps lose the small values detectors threshold on.
     float_output_activations: bool = True

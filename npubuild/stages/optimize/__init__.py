@@ -20,6 +20,7 @@ PASS_NAMES = (
     "merge_untouched_axes",
     "squeeze_unit_axes",
     "conv1d_as_2d",
+    "clamps_before_moves",
     "softmax_to_last_axis",
     "linear_resize_as_matmuls",
     "fold_scale_into_conv",

@@ -336,3 +336,47 @@ def linear_resize_as_matmuls(g: Graph) -> int:
         g.nodes[index : index + 1] = new
         changed += 1
     return changed
+
+
+MOVES = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten"})
+CLAMPS = frozenset({"Relu", "Clip"})
+
+
+def clamps_before_moves(g: Graph) -> int:
+    """A Relu or Clip after data moves (Reshape, Transpose, Squeeze, Unsqueeze, Flatten) of a
+    result nothing else reads runs before the moves instead: an element-wise clamp commutes with
+    moving elements. Next to the op that computes the values, it fuses into that op's output
+    path and the op's grid is chosen for the clamped values. The case: conv1d_as_2d leaves a
+    Reshape and a Transpose between each of Silero VAD's encoder Convs and its Relu, so each int8
+    grid spanned the negative half the Relu then dropped, and the moves between two convs could
+    not cancel (with the Relu moved up they meet the next conv's and cancel_transpose_reshape
+    removes both)."""
+    changed = 0
+    for clamp in list(g.nodes):
+        if clamp.op_type not in CLAMPS or clamp not in g.nodes:
+            continue
+        producers, inputs = g.producers(), g.input_names()
+        chain, source = [], clamp.input[0]
+        while (move := producers.get(source)) is not None and move.op_type in MOVES:
+            if not _single_use(g, source):
+                break
+            chain.append(move)
+            source = move.input[0]
+        if not chain or source in inputs or source not in producers or not _single_use(g, source):
+            continue
+        # chain[0] made the clamp's input, chain[-1] reads `source`: the clamp now reads `source`
+        # and the moves carry its result, under the name the clamp's readers know
+        clamped = g.fresh_name(f"{source}_{clamp.op_type.lower()}")
+        clamp_output = clamp.output[0]
+        clamp.input[0], clamp.output[0] = source, clamped
+        chain[-1].input[0] = clamped
+        chain[0].output[0] = clamp_output
+        g.nodes.remove(clamp)
+        g.nodes.insert(g.nodes.index(chain[-1]), clamp)
+        changed += 1
+    return changed
+
+
+def _single_use(g: Graph, name: str) -> bool:
+    """Whether one node reads `name` and it is not a graph output."""
+    return len(g.consumers().get(name, [])) == 1 and name not in g.output_names()

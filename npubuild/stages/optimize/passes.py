@@ -10,8 +10,10 @@ import onnx
 from onnx import helper, numpy_helper
 
 from npubuild.stages.optimize.canonical import (
+    _single_use,
     batchnorm_to_affine,
     bn_affine,
+    clamps_before_moves,
     conv1d_as_2d,
     linear_resize_as_matmuls,
     merge_untouched_axes,
@@ -185,10 +187,6 @@ def remove_noops(g: Graph) -> int:
         if keep is not None and g.bypass(node, keep):
             changed += 1
     return changed
-
-
-def _single_use(g: Graph, name: str) -> bool:
-    return len(g.consumers().get(name, [])) == 1 and name not in g.output_names()
 
 
 def _conv_channel_axis(conv: onnx.NodeProto) -> int | None:
@@ -509,6 +507,7 @@ PASSES: dict[str, Callable[[Graph], int]] = {
         merge_untouched_axes,
         squeeze_unit_axes,
         conv1d_as_2d,
+        clamps_before_moves,
         softmax_to_last_axis,
         linear_resize_as_matmuls,
         fold_scale_into_conv,

@@ -17,7 +17,7 @@ from npubuild.intmodel.ops import LUT_OPS, MAC_OPS, MOVE_OPS
 from npubuild.intmodel.program import grid_scales
 from npubuild.intmodel.rowwise import SOFTMAX_GRID
 from npubuild.stages.optimize.graph import recorded_grids
-from npubuild.stages.quantize import ranges
+from npubuild.stages.quantize import ranges, squares
 from npubuild.stages.quantize.tables import WIDE_INPUT_SHIFT
 from npubuild.targets.support import integer_blocker
 
@@ -414,6 +414,8 @@ class Planner:
         if self._table_chains.get(out) and out not in self.given:
             # absorbed into the table that makes it (absorb.py): never stored, so never narrow
             bits = max(bits, self.config.get("absorbed_bits", 8))
+        if out not in self.given and squares.wide_by_content(node, self.info, self.plan.params):
+            bits = max(bits, self.config.get("square_bits", 8))
         return bits
 
     def _channel_grid(self, node: onnx.NodeProto, out: str, params: TensorParams) -> TensorParams:
