@@ -58,7 +58,7 @@ def assemble(dest: Path, speech: bool = True) -> Path:
     return dest
 
 
-def speech_feeds(ws: Path) -> None:
+def speech_feeds(ws: Path, validation: bool = False) -> None:
     """The audio model's feeds (benchmarks/speech.py): its states come from the float model, so
     the model is fetched here the way the build fetches it."""
     from speech import default_cache, write_feeds
@@ -72,7 +72,7 @@ def speech_feeds(ws: Path) -> None:
     params = {"package": "silero-vad", "version": pin[1], "path": pin[2], "sha256": pin[3]}
     with tempfile.TemporaryDirectory() as tmp:
         model = fetch.run(params, {}, Path(tmp))["model"]
-        write_feeds(model, ws / "data" / "speech", default_cache())
+        write_feeds(model, ws / "data" / "speech", default_cache(), validation)
 
 
 def names(ws: Path) -> list[str]:

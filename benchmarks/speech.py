@@ -45,6 +45,14 @@ EVALUATION = [
 FRAMES, FRAME, CONTEXT = 16, 512, 64  # one feed: 16 frames of 32 ms at 16 kHz
 
 
+# The tuning split: the calibration recordings alone, five to calibrate and three to judge on
+# (the evaluation recordings are not read).
+VALIDATION = {
+    "calib": [CALIBRATION[i] for i in (0, 2, 3, 5, 7)],
+    "eval": [CALIBRATION[i] for i in (1, 4, 6)],
+}
+
+
 def fetch_sdist(cache: Path) -> Path:
     """The pinned source archive, downloaded once from PyPI and checked against its sha256."""
     path = cache / f"{SDIST['package']}-{SDIST['version']}.tar.gz"
@@ -83,14 +91,16 @@ def blocks(audio: np.ndarray) -> list[np.ndarray]:
     return [rows[k : k + FRAMES] for k in range(0, len(rows) - FRAMES + 1, FRAMES)]
 
 
-def write_feeds(model_path: Path, dest: Path, cache: Path) -> dict[str, int]:
-    """data/speech/{calib,eval}/*.npz under `dest`; returns the number of feeds of each."""
+def write_feeds(model_path: Path, dest: Path, cache: Path, validation: bool = False) -> dict[str, int]:
+    """data/speech/{calib,eval}/*.npz under `dest`; returns the number of feeds of each.
+    `validation`: the split defaults are tuned on, the calibration recordings only (VALIDATION)."""
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
     archive = fetch_sdist(cache)
     counts = {}
-    for role, names in (("calib", CALIBRATION), ("eval", EVALUATION)):
+    split = VALIDATION if validation else {"calib": CALIBRATION, "eval": EVALUATION}
+    for role, names in split.items():
         folder = dest / role
         folder.mkdir(parents=True, exist_ok=True)
         count = 0
