@@ -37,8 +37,9 @@ def _conv_model(w: np.ndarray, x_shape: list[int], **attrs) -> onnx.ModelProto:
         ((6, 2, 3, 3), [1, 4, 12, 12], {"group": 2, "dilations": [2, 2], "pads": [2, 2, 2, 2]}),
         ((4, 1, 3, 3), [1, 4, 10, 10], {"group": 4, "pads": [1, 1, 1, 1]}),
         ((5, 3, 4), [1, 3, 17], {"pads": [1, 2], "strides": [2]}),
+        ((6, 4, 3, 3), [2, 4, 7, 9], {"pads": [1, 1, 1, 1]}),
     ],
-    ids=["strided", "grouped-dilated", "depthwise", "1d"],
+    ids=["strided", "grouped-dilated", "depthwise", "1d", "batch-2"],
 )
 def test_the_rows_times_the_weights_are_the_convolution(w_shape, x_shape, attrs):
     rng = np.random.default_rng(3)
@@ -50,7 +51,9 @@ def test_the_rows_times_the_weights_are_the_convolution(w_shape, x_shape, attrs)
     groups = rows.shape[1]
     per_group = w.reshape(groups, w.shape[0] // groups, -1)
     ours = np.concatenate([rows[:, g] @ per_group[g].T for g in range(groups)], axis=1)  # [positions, Cout]
-    assert np.allclose(ours.T.reshape(expected.shape), expected, atol=1e-4)
+    batch, cout, spatial = expected.shape[0], expected.shape[1], expected.shape[2:]
+    ours = np.moveaxis(ours.reshape(batch, *spatial, cout), -1, 1)  # rows: batch, then positions
+    assert np.allclose(ours, expected, atol=1e-4)
 
 
 def test_the_rounding_moves_the_output_less_than_nearest_on_new_inputs():
@@ -125,3 +128,31 @@ def test_quantize_rounds_the_covered_layers_and_leaves_the_pooled_ones(tmp_path)
     assert not np.array_equal(arrays["gptq"][weight["conv1"]], arrays["nearest"][weight["conv1"]])
     assert np.array_equal(arrays["gptq"][weight["conv2"]], arrays["nearest"][weight["conv2"]])
     assert built["gptq"].read_bytes() == built["again"].read_bytes()
+
+
+def test_h_is_not_built_for_a_layer_with_too_few_rows_or_too_large_an_h(monkeypatch):
+    """A classifier after a pool (one row per sample, 300 columns) is left out before any H is
+    allocated; so is a convolution whose H would pass MAX_GRAM_BYTES."""
+    rng = np.random.default_rng(7)
+    w_fc = rng.normal(size=(300, 4)).astype(np.float32)
+    w_conv = rng.normal(size=(4, 3, 3, 3)).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "wc"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+        helper.make_node("Reshape", ["x", "shape"], ["flat"], name="flatten"),
+        helper.make_node("MatMul", ["flat", "wf"], ["y"], name="fc"),
+    ]
+    graph = helper.make_graph(
+        nodes, "two", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 10, 10])],
+        [helper.make_tensor_value_info("c", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w_conv, "wc"), numpy_helper.from_array(w_fc, "wf"),
+         numpy_helper.from_array(np.array([1, 300], np.int64), "shape")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    constants = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    feeds = [{"x": rng.normal(size=(1, 3, 10, 10)).astype(np.float32)} for _ in range(4)]
+    grams = gptq.gram_matrices(model, constants, feeds)
+    assert set(grams) == {"conv"} and grams["conv"].shape == (1, 27, 27)
+    monkeypatch.setattr(gptq, "MAX_GRAM_BYTES", 27 * 27 * 8 - 1)
+    assert gptq.gram_matrices(model, constants, feeds) == {}

@@ -39,6 +39,10 @@ MAX_SAMPLES = 16
 # columns GPTQ fits the rounding to those few inputs (orientation's classifier: 25.4 -> 20.6 dB
 # on calibration images before this rule).
 MIN_ROWS_PER_COLUMN = 10
+# Bounds on what H costs: its bytes per layer (a 25,088-wide classifier input would need 5 GB;
+# such a layer keeps nearest rounding) and the rows copied out of a feature map at a time.
+MAX_GRAM_BYTES = 2**28
+ROWS_PER_CHUNK = 4096
 # Added to H's diagonal, as a fraction of its mean: H of a layer whose inputs are nearly
 # collinear is near-singular, and its inverse would move weights by large amounts.
 DAMPING = 0.01
@@ -58,45 +62,64 @@ def covered(node: onnx.NodeProto, constants: dict) -> bool:
     return False
 
 
-def _conv_rows(x: np.ndarray, node: onnx.NodeProto, w: np.ndarray) -> np.ndarray:
-    """A convolution's im2col rows, [positions, group, Cin/group * taps], the taps' order that of
-    the weight's [Cout, Cin/group, k...] flattened."""
-    if w.ndim == 3:  # 1-D: a 2-D convolution of height 1
+def _conv_windows(x: np.ndarray, node: onnx.NodeProto, w: np.ndarray):
+    """Per batch item, a view [C, Ho, Wo, kh, kw] of every output position's input window, and
+    the rows' width D = Cin/group * taps (a 1-D convolution as a 2-D one of height 1)."""
+    if w.ndim == 3:
         x, w = x[:, :, None, :], w[:, :, None, :]
-        node_attrs = {
-            "strides": [1, *attr(node, "strides", [1])],
-            "pads": [0, attr(node, "pads", [0, 0])[0], 0, attr(node, "pads", [0, 0])[1]],
-            "dilations": [1, *attr(node, "dilations", [1])],
-        }
+        ends = attr(node, "pads", [0, 0])
+        strides, dilations = [1, *attr(node, "strides", [1])], [1, *attr(node, "dilations", [1])]
+        pads = [0, ends[0], 0, ends[1]]
     else:
-        node_attrs = {
-            "strides": attr(node, "strides", [1, 1]),
-            "pads": attr(node, "pads", [0, 0, 0, 0]),
-            "dilations": attr(node, "dilations", [1, 1]),
-        }
-    group = attr(node, "group", 1)
-    (sh, sw), (dh, dw), pads = node_attrs["strides"], node_attrs["dilations"], node_attrs["pads"]
+        strides, dilations = attr(node, "strides", [1, 1]), attr(node, "dilations", [1, 1])
+        pads = attr(node, "pads", [0, 0, 0, 0])
     kh, kw = w.shape[2:]
-    padded = np.pad(x[0], ((0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
-    span = ((kh - 1) * dh + 1, (kw - 1) * dw + 1)
-    windows = sliding_window_view(padded, span, axis=(1, 2))[:, ::sh, ::sw, ::dh, ::dw]  # C, Ho, Wo, kh, kw
-    channels = x.shape[1]
-    rows = windows.transpose(1, 2, 0, 3, 4).reshape(-1, group, channels // group * kh * kw)
-    return rows
+    span = ((kh - 1) * dilations[0] + 1, (kw - 1) * dilations[1] + 1)
+    views = []
+    for item in x:
+        padded = np.pad(item, ((0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+        windows = sliding_window_view(padded, span, axis=(1, 2))
+        views.append(windows[:, :: strides[0], :: strides[1], :: dilations[0], :: dilations[1]])
+    return views, x.shape[1] // attr(node, "group", 1) * kh * kw
+
+
+def row_count(node: onnx.NodeProto, x: np.ndarray, w: np.ndarray) -> int:
+    """How many input vectors one sample gives the layer (no copy made)."""
+    if node.op_type == "Conv":
+        views, _ = _conv_windows(np.asarray(x), node, w)
+        return sum(v.shape[1] * v.shape[2] for v in views)
+    return int(np.prod(np.shape(x)[:-1]))
+
+
+def layer_row_chunks(node: onnx.NodeProto, x: np.ndarray, w: np.ndarray):
+    """The layer's input vectors as [rows, group, D] (float64) blocks of about ROWS_PER_CHUNK rows,
+    a convolution's im2col rows in the order of the weight's [Cout, Cin/group, k...] flattened: a
+    large feature map is never copied whole."""
+    x = np.asarray(x, np.float64)
+    if node.op_type != "Conv":
+        flat = x.reshape(-1, 1, x.shape[-1])
+        for start in range(0, len(flat), ROWS_PER_CHUNK):
+            yield flat[start : start + ROWS_PER_CHUNK]
+        return
+    group = attr(node, "group", 1)
+    views, depth = _conv_windows(x, node, w)
+    for windows in views:  # [C, Ho, Wo, kh, kw]
+        step = max(1, ROWS_PER_CHUNK // windows.shape[2])
+        for top in range(0, windows.shape[1], step):
+            block = windows[:, top : top + step].transpose(1, 2, 0, 3, 4)
+            yield block.reshape(-1, group, depth)
 
 
 def layer_rows(node: onnx.NodeProto, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """The layer's input vectors as [rows, group, D] (float64)."""
-    x = np.asarray(x, np.float64)
-    if node.op_type == "Conv":
-        return _conv_rows(x, node, w)
-    return x.reshape(-1, 1, x.shape[-1])
+    """All of layer_row_chunks at once, [rows, group, D]."""
+    return np.concatenate(list(layer_row_chunks(node, x, w)))
 
 
 def gram_matrices(model: onnx.ModelProto, constants: dict, feeds: list[dict]) -> dict[str, np.ndarray]:
     """H = sum x x^T per covered layer (label -> [group, D, D]) over the feeds, in onnxruntime,
-    for the layers with enough rows (MIN_ROWS_PER_COLUMN). Sums run with one BLAS thread: the
-    same bytes on a one-thread worker and a laptop."""
+    for the layers with enough rows (MIN_ROWS_PER_COLUMN, judged before any H is made) and an H
+    of at most MAX_GRAM_BYTES. Sums run with one BLAS thread: the same bytes on a one-thread
+    worker and a laptop."""
     from threadpoolctl import threadpool_limits
 
     from npubuild.stages.feeds import session
@@ -107,17 +130,26 @@ def gram_matrices(model: onnx.ModelProto, constants: dict, feeds: list[dict]) ->
     sess = session(with_outputs(model, wanted))
     outputs = [o.name for o in sess.get_outputs()]
     grams: dict[str, np.ndarray] = {}
-    counts: dict[str, int] = {}
+    skipped: set[str] = set()
     with threadpool_limits(1, user_api="blas"):
         for feed in feeds:
             values = {**dict(zip(outputs, sess.run(outputs, feed))), **feed}
             for node in layers:
-                rows = layer_rows(node, values[node.input[0]], constants[node.input[1]])
-                gram = np.stack([rows[:, g].T @ rows[:, g] for g in range(rows.shape[1])])
-                label = node_label(node)
-                grams[label] = grams[label] + gram if label in grams else gram
-                counts[label] = counts.get(label, 0) + rows.shape[0]
-    return {label: g for label, g in grams.items() if counts[label] >= MIN_ROWS_PER_COLUMN * g.shape[-1]}
+                label, x, w = node_label(node), values[node.input[0]], constants[node.input[1]]
+                if label in skipped:
+                    continue
+                if label not in grams:
+                    groups = attr(node, "group", 1) if node.op_type == "Conv" else 1
+                    depth = w[0].size if node.op_type == "Conv" else x.shape[-1]
+                    rows = row_count(node, x, w) * len(feeds)
+                    if rows < MIN_ROWS_PER_COLUMN * depth or groups * depth * depth * 8 > MAX_GRAM_BYTES:
+                        skipped.add(label)
+                        continue
+                    grams[label] = np.zeros((groups, depth, depth))
+                for block in layer_row_chunks(node, x, w):
+                    for g in range(block.shape[1]):
+                        grams[label][g] += block[:, g].T @ block[:, g]
+    return grams
 
 
 def round_weights(weights: np.ndarray, scales: np.ndarray, gram: np.ndarray) -> np.ndarray:
