@@ -355,6 +355,8 @@ def clamps_before_moves(g: Graph) -> int:
     for clamp in list(g.nodes):
         if clamp.op_type not in CLAMPS or clamp not in g.nodes:
             continue
+        if any(bound and g.constant(bound) is None for bound in clamp.input[1:]):
+            continue  # a Clip whose bounds are computed: they may not exist yet before the moves
         producers, inputs = g.producers(), g.input_names()
         chain, source = [], clamp.input[0]
         while (move := producers.get(source)) is not None and move.op_type in MOVES:
