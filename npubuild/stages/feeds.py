@@ -32,6 +32,19 @@ def session(model: onnx.ModelProto):
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
+def float_values(model: onnx.ModelProto, names, feeds: list[dict]):
+    """Per feed, in order, the float model's value of each tensor in `names` (onnxruntime, one
+    session for all feeds; a name that is one of the feed's inputs is the feed's own array)."""
+    from npubuild.stages.onnx_utils import with_outputs
+
+    if not feeds:
+        return
+    sess = session(with_outputs(model, [n for n in names if n not in feeds[0]]))
+    outputs = [o.name for o in sess.get_outputs()]
+    for feed in feeds:
+        yield {**dict(zip(outputs, sess.run(outputs, feed))), **feed}
+
+
 def model_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     """The inputs a feed must give (initializers listed as inputs are not among them)."""
     initializers = {t.name for t in model.graph.initializer}
@@ -163,6 +176,12 @@ def spread_indices(count: int, limit: int) -> list[int]:
 def feed_count(model: onnx.ModelProto, tensors) -> int:
     """How many feeds `tensors` makes for `model` (a batched input takes several rows each)."""
     return len(_feed_rows(model, tensors, len(tensors)))
+
+
+def spread_feeds(model: onnx.ModelProto, tensors, limit: int) -> list[dict]:
+    """All of `tensors`' feeds, or `limit` of them evenly spaced, the other rows not read."""
+    count = feed_count(model, tensors)
+    return list(iterate_feeds(model, tensors, count, only=set(spread_indices(count, limit))))
 
 
 def iterate_feeds(model: onnx.ModelProto, tensors, count: int, only: Collection[int] | None = None):

@@ -26,7 +26,7 @@ import onnx
 
 from npubuild.intmodel.codes import dequantize
 from npubuild.intmodel.program import ConvOp, IntegerModel, MatMulOp, grid_scales
-from npubuild.stages.feeds import spread_indices
+from npubuild.stages.feeds import float_values, spread_indices
 from npubuild.stages.quantize.weights import bias_limit, output_mean_shift
 
 # Samples the integer model runs on (evenly spaced through a larger calibration set): every one
@@ -92,15 +92,9 @@ def _channel_mean(value: np.ndarray, axis: int) -> np.ndarray:
 def float_means(model: onnx.ModelProto, macs: dict[str, int], feeds: list[dict]) -> dict[str, np.ndarray]:
     """The float model's per-channel mean of each MAC input named in `macs` (name -> channel
     axis), one row per feed ([samples, channels]), in onnxruntime."""
-    from npubuild.stages.feeds import session
-    from npubuild.stages.onnx_utils import with_outputs
-
     names = sorted(macs)
-    sess = session(with_outputs(model, [n for n in names if n not in feeds[0]]))
-    outputs = [o.name for o in sess.get_outputs()]
     means: dict[str, list[np.ndarray]] = {name: [] for name in names}
-    for feed in feeds:
-        values = {**dict(zip(outputs, sess.run(outputs, feed))), **feed}
+    for values in float_values(model, names, feeds):
         for name in names:
             means[name].append(_channel_mean(values[name], macs[name]))
     return {name: np.stack(rows) for name, rows in means.items()}

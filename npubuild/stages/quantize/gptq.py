@@ -122,18 +122,13 @@ def gram_matrices(model: onnx.ModelProto, constants: dict, feeds: list[dict]) ->
     worker and a laptop."""
     from threadpoolctl import threadpool_limits
 
-    from npubuild.stages.feeds import session
-    from npubuild.stages.onnx_utils import with_outputs
+    from npubuild.stages.feeds import float_values
 
     layers = [n for n in model.graph.node if covered(n, constants)]
-    wanted = sorted({n.input[0] for n in layers} - set(feeds[0]) if feeds else set())
-    sess = session(with_outputs(model, wanted))
-    outputs = [o.name for o in sess.get_outputs()]
     grams: dict[str, np.ndarray] = {}
     skipped: set[str] = set()
     with threadpool_limits(1, user_api="blas"):
-        for feed in feeds:
-            values = {**dict(zip(outputs, sess.run(outputs, feed))), **feed}
+        for values in float_values(model, sorted({n.input[0] for n in layers}), feeds):
             for node in layers:
                 label, x, w = node_label(node), values[node.input[0]], constants[node.input[1]]
                 if label in skipped:

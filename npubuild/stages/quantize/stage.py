@@ -85,13 +85,10 @@ def _weight_grams(model, calibration: Path) -> tuple[dict, int]:
     many samples made them."""
     from onnx import numpy_helper
 
-    from npubuild.stages.feeds import SampleFile, feed_count, iterate_feeds, spread_indices
+    from npubuild.stages.feeds import SampleFile, spread_feeds
     from npubuild.stages.quantize import gptq
 
-    tensors = SampleFile(calibration)
-    count = feed_count(model, tensors)
-    chosen = set(spread_indices(count, gptq.MAX_SAMPLES))
-    feeds = list(iterate_feeds(model, tensors, count, only=chosen))
+    feeds = spread_feeds(model, SampleFile(calibration), gptq.MAX_SAMPLES)
     constants = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     grams = gptq.gram_matrices(model, constants, feeds) if feeds else {}
     return {f"{label}/gram": gram for label, gram in grams.items()}, len(feeds)
@@ -100,7 +97,7 @@ def _weight_grams(model, calibration: Path) -> tuple[dict, int]:
 def _empirical_bias(model, integer, arrays: dict, calibration: Path) -> tuple[dict, dict]:
     """The MAC layers' corrected biases (empirical_bias.py) on the calibration samples."""
     from npubuild.intmodel.interpreter import interpreter_for
-    from npubuild.stages.feeds import SampleFile, feed_count, iterate_feeds
+    from npubuild.stages.feeds import SampleFile, feed_count, iterate_feeds, spread_feeds
     from npubuild.stages.quantize import empirical_bias as eb
 
     tensors = SampleFile(calibration)
@@ -114,6 +111,6 @@ def _empirical_bias(model, integer, arrays: dict, calibration: Path) -> tuple[di
     # as many samples as the memory budget holds side by side (one sample measures the peak)
     first = next(iterate_feeds(model, tensors, 1))
     limit = eb.samples_within(eb.peak_live_bytes(integer, interpreter, first))
-    feeds = list(iterate_feeds(model, tensors, count, only=set(eb.sample_indices(count, limit))))
+    feeds = spread_feeds(model, tensors, limit)
     means = eb.float_means(model, macs, feeds)
     return eb.correct_biases(integer, working, interpreter, means, feeds)
