@@ -1,7 +1,8 @@
 """ReLUs in an add's or a mul's output path (format 5.0): a clamp whose only input is an Add's or
 a Mul's result, read by nothing else, is applied by that op as it writes (DenseNet's batch norm,
-Mul + Add + ReLU, before each convolution). The simulator still computes the integer model's
-codes, and the fused binary has fewer instructions."""
+Mul + Add + ReLU, before each convolution); and in a convolution's, after the residual Add it
+applies (format 7.0: ResNet's and ShuffleNet's blocks). The simulator still computes the integer
+model's codes, and the fused binary has fewer instructions."""
 
 from __future__ import annotations
 
@@ -29,12 +30,15 @@ def _model(rng: np.random.Generator):
     - mul2: conv2's result times a scale, then ReLU (in the Mul's);
     - add3: the two ReLUs' sum, then ReLU into the network output (in the Add's);
     - add4: read by a ReLU and by the next Add as well: its ReLU stays an op;
-    - bn6: another Add + ReLU, whose ReLU and the conv after it a precision table may keep float."""
+    - bn6: another Add + ReLU, whose ReLU and the conv after it a precision table may keep float;
+    - conv7 + add8 + relu8: a residual block, relu1's result plus conv7's, then ReLU (the Add
+      runs in conv7's output path, the ReLU after it there too)."""
     weights = {
         "w1": rng.normal(size=(16, 3, 3, 3)) * 0.4,
         "w2": rng.normal(size=(16, 16, 1, 1)) * 0.3,
         "scale": rng.uniform(0.5, 1.5, size=(1, 16, 1, 1)),
         "shift": rng.normal(size=(1, 16, 1, 1)) * 0.5,
+        "w7": rng.normal(size=(16, 16, 3, 3)) * 0.1,
     }
     nodes = [
         helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
@@ -53,8 +57,11 @@ def _model(rng: np.random.Generator):
         helper.make_node("Relu", ["a6"], ["r6"], name="relu6"),
         helper.make_node("Conv", ["r6", "w2"], ["c6"], name="conv6"),
         helper.make_node("Add", ["c6", "c2"], ["w"], name="add7"),
+        helper.make_node("Conv", ["r1", "w7"], ["c7"], pads=[1, 1, 1, 1], name="conv7"),
+        helper.make_node("Add", ["c7", "r1"], ["a8"], name="add8"),
+        helper.make_node("Relu", ["a8"], ["v"], name="relu8"),
     ]
-    outputs = {"y": [1, 16, 12, 12], "z": [1, 16, 12, 12], "w": [1, 16, 12, 12]}
+    outputs = {"y": [1, 16, 12, 12], "z": [1, 16, 12, 12], "w": [1, 16, 12, 12], "v": [1, 16, 12, 12]}
     return small_model(nodes, "clamps", {"x": [1, 3, 12, 12]}, outputs, weights)
 
 
@@ -88,8 +95,9 @@ def test_the_clamps_fused_are_those_of_a_result_read_by_nothing_else(built):
         "mul2": "relu2",
         "add3": "relu3",
         "bn6": "relu6",
+        "conv7": "relu8",
     }
-    assert absorbed >= {"relu1", "relu2", "relu3"} and "relu4" not in absorbed
+    assert absorbed >= {"relu1", "relu2", "relu3", "add8", "relu8"} and "relu4" not in absorbed
 
 
 @pytest.mark.parametrize("target_name", ["vnpu-m", "vnpu-s"])
@@ -102,13 +110,13 @@ def test_a_fused_clamp_computes_the_integer_models_codes(built, target_name):
     for group in (True, False):  # fused and every op on its own
         data, _, stats = compile_npub(program, arrays, model, target, plan, group=group)
         kinds = [row["kind"] for row in stats["layers"]]
-        assert kinds.count("clamp") == (1 if group else 5), (group, kinds)  # relu4 stays an op
+        assert kinds.count("clamp") == (1 if group else 6), (group, kinds)  # relu4 stays an op
         assert binary_hazards(data) == []
         runtime = Runtime(npub.read(data))
         for _ in range(2):
             x = rng.normal(size=(1, 3, 12, 12)).astype(np.float32)
             got, want = runtime.run({"x": x}), interpreter.run({"x": x})[0]
-            for name in ("y", "z", "w"):
+            for name in ("y", "z", "w", "v"):
                 np.testing.assert_array_equal(got[name], want[name])
 
 
@@ -121,6 +129,7 @@ def test_an_add_read_only_by_a_float_layer_keeps_its_codes(built):
         "bn_shift": "relu1",
         "mul2": "relu2",
         "add3": "relu3",
+        "conv7": "relu8",
     }
     x = np.random.default_rng(6).normal(size=(1, 3, 12, 12)).astype(np.float32)
     fused, apart = (
@@ -128,7 +137,7 @@ def test_an_add_read_only_by_a_float_layer_keeps_its_codes(built):
         for group in (True, False)
     )
     want = interpreter.run({"x": x})[0]
-    for name in ("y", "z", "w"):
+    for name in ("y", "z", "w", "v"):
         np.testing.assert_array_equal(fused[name], apart[name])
         # the float layers run in onnxruntime here and in numpy in the interpreter: codes after
         # them may round the other way

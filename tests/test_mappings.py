@@ -26,6 +26,7 @@ def _conv(**geometry) -> dict:
         group=1, min=-128, max=127, transpose=0, crop_top=0, crop_left=0, lut=-1, lut_offset=0, lut_bits=8,
         mapping=0, lut_shift=0, res=-1, res_bits=8, add_za=0, add_ma=0, add_zb=0, add_mb=0, sum_zp=0,
         sum_bits=8, in_pad_top=0, in_pad_bottom=0, in_pad_left=0, in_pad_right=0, lut_shifts=-1,
+        sum_min=-(1 << 15), sum_max=(1 << 15) - 1,
     )  # fmt: skip
     return {**base, **geometry}
 
@@ -49,21 +50,28 @@ def test_cycles_of_each_mapping_worked_out_by_hand():
     # side in one fold, 24 of 32 columns: 17; 8 in 3 folds: 15)
     assert conv_cycles(_conv(in_c=12, out_c=12, group=12), MAPPINGS["depthwise"], 32, 32, True) == 14
     narrow = _conv(in_c=16, out_c=8)
-    # channels: 1 column fold, 144 = 16 x 9 reduction over 32 rows: 5 folds x 100 positions
-    assert conv_cycles(narrow, MAPPINGS["channels"], 32, 32, True) == 500
-    # spatial: 4 positions side by side (32 // 8 columns), 5 folds x 25 steps
-    assert conv_cycles(narrow, MAPPINGS["spatial"], 32, 32, True) == 125
+    # channels: 1 column fold, 144 = 16 x 9 reduction over 32 rows: 4 whole folds x 100 positions,
+    # then the remainder fold of 16 rows in 2 bands, 50 steps
+    assert conv_cycles(narrow, MAPPINGS["channels"], 32, 32, True) == 450
+    assert conv_cycles(narrow, MAPPINGS["channels"], 32, 32, False) == 500  # no bands: 5 x 100
+    # spatial: 4 positions side by side (32 // 8 columns), 4 folds x 25 steps, then 13 of the 50
+    assert conv_cycles(narrow, MAPPINGS["spatial"], 32, 32, True) == 113
+    # ShuffleNet's 1 x 1 layers, 4 groups of 34 input channels: a whole fold, then 2 rows in 16
+    # bands; 34 output channels per group fill 32 columns and 2 of a second fold
+    shuffle = _conv(in_c=136, out_c=136, group=4, kh=1, kw=1, in_h=10, in_w=10)
+    assert conv_cycles(shuffle, MAPPINGS["channels"], 32, 32, True) == 4 * 2 * (100 + 7)
     # a 1 x 1 conv of 8 input channels: 4 bands of 8 rows, 4 positions per step: 25 steps
     assert conv_cycles(_conv(in_c=8, out_c=32, kh=1, kw=1, in_h=10, in_w=10), 0, 32, 32, True) == 25
     wide = _conv(in_c=16, out_c=48)
-    # channels: 48 output channels take 2 column folds, the second half empty: 5 x 2 x 100
-    assert conv_cycles(wide, MAPPINGS["channels"], 32, 32, True) == 1000
-    # spatial: 2 positions' 96 filters fill 3 column folds: 5 x 3 folds x 50 steps
-    assert conv_cycles(wide, MAPPINGS["spatial"], 32, 32, True) == 750
-    # 24 output channels: channels leaves 8 columns empty (5 x 100); spatial puts 4 positions'
-    # 96 filters in 3 folds: 5 x 3 x 25
-    assert conv_cycles(_conv(in_c=16, out_c=24), MAPPINGS["channels"], 32, 32, True) == 500
-    assert conv_cycles(_conv(in_c=16, out_c=24), MAPPINGS["spatial"], 32, 32, True) == 375
+    # channels: 48 output channels take 2 column folds, the second half empty: 2 x (4 x 100 + 50)
+    assert conv_cycles(wide, MAPPINGS["channels"], 32, 32, True) == 900
+    # spatial: 2 positions' 96 filters fill 3 column folds: 4 x 3 folds x 50 steps, then 3 x 25
+    assert conv_cycles(wide, MAPPINGS["spatial"], 32, 32, True) == 675
+    # 24 output channels: channels leaves 8 columns empty (4 x 100 + 50); spatial puts 4
+    # positions' 96 filters in 3 folds: 4 x 3 x 25, then the remainder fold's 50 steps: all 50
+    # positions' 1,200 filter columns in 38 column folds of one step (4 side by side: 3 x 13 = 39)
+    assert conv_cycles(_conv(in_c=16, out_c=24), MAPPINGS["channels"], 32, 32, True) == 450
+    assert conv_cycles(_conv(in_c=16, out_c=24), MAPPINGS["spatial"], 32, 32, True) == 338
     up = _conv(in_c=16, out_c=1, kh=2, kw=2, sh=2, sw=2, out_h=24, out_w=24, transpose=1)
     # transposed, channels: 1 column, 16 rows (2 bands), one tap per pass: 72 steps of the 144
     # input positions x 4 taps
@@ -96,10 +104,10 @@ def test_the_code_generator_picks_depthwise_spatial_or_channels_by_geometry():
     assert conv_mapping(_conv(in_c=16, out_c=32), M) == MAPPINGS["channels"]  # no cheaper
     assert conv_mapping(_conv(in_c=16, out_c=48), M) == MAPPINGS["spatial"]  # 3 folds for 2 positions
     grouped = _conv(in_c=16, out_c=16, group=4)  # 4 output channels per group, 36-product sums
-    # channels: 4 groups x 2 row folds x 100 positions, 4 of 32 columns; spatial: 8 positions'
-    # filters in one fold, 13 steps: 4 x 2 x 13
-    assert conv_cycles(grouped, MAPPINGS["channels"], 32, 32, True) == 800
-    assert conv_cycles(grouped, MAPPINGS["spatial"], 32, 32, True) == 104
+    # channels: 4 groups x (a whole row fold x 100 positions + the 4-row remainder in 8 bands, 13
+    # steps), 4 of 32 columns; spatial: 8 positions' filters in one fold, 4 x (13 + 2) steps
+    assert conv_cycles(grouped, MAPPINGS["channels"], 32, 32, True) == 452
+    assert conv_cycles(grouped, MAPPINGS["spatial"], 32, 32, True) == 60
     assert conv_mapping(grouped, M) == MAPPINGS["spatial"]
     assert conv_mapping(_conv(in_c=64, out_c=64, group=2), M) == MAPPINGS["channels"]  # 32 per group
     up = dict(kh=2, kw=2, sh=2, sw=2, out_h=24, out_w=24, transpose=1)
@@ -157,22 +165,25 @@ def test_every_mapping_computes_the_same_codes():
 
 RESIDUAL = ("res", "res_bits", "add_za", "add_ma", "add_zb", "add_mb", "sum_zp", "sum_bits")
 PADS = ("in_pad_top", "in_pad_bottom", "in_pad_left", "in_pad_right")
+SUM_CLAMP = ("sum_min", "sum_max")
 
 
 @pytest.mark.parametrize(
     "major, lacks",
     [
-        (1, ("mapping", "lut_shift", *RESIDUAL, *PADS, "lut_shifts")),
-        (2, ("lut_shift", *RESIDUAL, *PADS, "lut_shifts")),
-        (3, (*RESIDUAL, *PADS, "lut_shifts")),
-        (4, (*PADS, "lut_shifts")),
-        (5, ("lut_shifts",)),
+        (1, ("mapping", "lut_shift", *RESIDUAL, *PADS, "lut_shifts", *SUM_CLAMP)),
+        (2, ("lut_shift", *RESIDUAL, *PADS, "lut_shifts", *SUM_CLAMP)),
+        (3, (*RESIDUAL, *PADS, "lut_shifts", *SUM_CLAMP)),
+        (4, (*PADS, "lut_shifts", *SUM_CLAMP)),
+        (5, ("lut_shifts", *SUM_CLAMP)),
+        (6, SUM_CLAMP),
     ],
 )
 def test_an_older_stream_decodes_with_the_old_meaning_of_what_it_lacks(major, lacks):
     """Format 1.x convs have no mapping ("channels"), 2.x none of the table shifts (0), 3.x no
     residual Add in the output path (res -1), 4.x no input borders (0: the tile was padded), 5.x
-    no per-channel shifts after the output table (-1)."""
+    no per-channel shifts after the output table (-1), 6.x no clamp of the residual sum (one
+    wider than any code)."""
     args = _conv()
     legacy = [n for n in OPERANDS["conv"] if n not in lacks]
     head = struct.pack("<BBBBI", 3, 0, 0xFF, len(legacy), 0)
@@ -181,7 +192,7 @@ def test_an_older_stream_decodes_with_the_old_meaning_of_what_it_lacks(major, la
     )
     (conv, _) = decode(stream, format_major=major)
     assert conv.args == {**args, "mapping": MAPPINGS["channels"], "lut_shift": 0}
-    with pytest.raises(NpubError, match="operands"):  # the same bytes are a short conv in format 6
+    with pytest.raises(NpubError, match="operands"):  # the same bytes are a short conv in format 7
         decode(stream)
 
 

@@ -99,6 +99,7 @@ def compile_npub(
                 "const_slot_bytes": stats["const_slot_bytes"],
                 "striped_chains": len(stats["stripes"]),
                 "residency": choice.residency,
+                "join_constants": choice.join_constants,
                 "estimated_cycles": stats["estimated_cycles"],
                 "dram_bytes": stats["dram_bytes"],
             }
@@ -125,6 +126,10 @@ def compile_npub(
         # the fastest choice again with the resident tensors claiming SRAM shortest-lived first
         if results and (best := choices[_fastest(results)]).resident_bytes:
             attempt(dataclasses.replace(best, residency="lifetime"))
+        # the fastest choice again with weight-bound ops' constants joining the group before
+        # (backend/lowering.py; it needs constant slots)
+        if results and (best := choices[_fastest(results)]).const_share:
+            attempt(dataclasses.replace(best, join_constants=True))
     # the fastest, or among those within DRAM_TIE of it the one that moves the fewest DRAM bytes
     fastest = min(r[2]["estimated_cycles"] for r in results)
     close = [r for r in results if r[2]["estimated_cycles"] <= fastest * (1 + DRAM_TIE)]
@@ -142,6 +147,8 @@ class Grouping:
     const_share: float = 0.0
     striping: Striping | None = None
     residency: Residency = "definition"
+    # weight-bound ops' constants join the group before theirs (backend/lowering.py)
+    join_constants: bool = False
 
 
 def _fastest(results: list[tuple[bytes, str, dict]]) -> int:
@@ -204,7 +211,9 @@ def _compile(
     dtypes = {**input_dtypes(model), **{n: "uint8" for n in program.pixel_inputs}}
     assembly = Assembly(program, arrays, shapes, target, plan, allocation, dtypes)
     lowered = {
-        k: lower_subgraph(ctx, ops, sg["ops"], fusion, allocation, assembly.target_fields)
+        k: lower_subgraph(
+            ctx, ops, sg["ops"], fusion, allocation, assembly.target_fields, choice.join_constants
+        )
         for k, sg in enumerate(plan["subgraphs"])
         if sg["device"] == "npu"
     }

@@ -5,7 +5,8 @@ An instruction starts when its engine is free and every token it waits for has b
 the most recent instruction before it that signals that token; it then occupies its engine for its
 cost. DMA: latency + bytes / bandwidth. MAC array (R rows x C columns): by the instruction's
 mapping (`conv_cycles`); int16 inputs run at `int16_rate`. Vector unit: elements / lanes (x2 for
-16-bit data).
+16-bit data). On a target with `channelwise_on_array`, pooling and multiplies by a per-channel
+vector go to the MAC array's depthwise path instead (`engine`, `channelwise_cycles`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,62 @@ from npubuild.targets.isa import ENGINES, MAPPINGS, NO_SIGNAL, TOKENS, Instructi
 
 SRAM_COPY_LATENCY = 4
 MAPPING_NAMES = {code: name for name, code in MAPPINGS.items()}
+
+
+def engine(i: Instruction, target: dict | None) -> str:
+    """The engine queue an instruction runs on: its opcode's (isa.ENGINES), except that on a
+    target with `channelwise_on_array` and the depthwise mapping a global or window pool and a
+    multiply of a map by one value per channel (a squeeze-excite gate, an unfolded batch norm's
+    scale) run on the MAC array's depthwise path (docs/npu.md, "Channel-wise ops on the array")."""
+    if (
+        target is not None
+        and target.get("channelwise_on_array")
+        and "depthwise" in target.get("conv_mappings", ())
+        and _channelwise(i)
+    ):
+        return "mac"
+    return ENGINES[i.op]
+
+
+def _channelwise(i: Instruction) -> bool:
+    """Whether the array's depthwise path can take the instruction: each column holds one
+    channel's weight (a gate value, or ones for a pool's sum) and sums that channel's inputs."""
+    if i.op in ("gap", "pool"):  # a max pool: the column's adder chain in its max mode
+        return True
+    return i.op == "mul" and _by_channel_values(i.args)
+
+
+def _by_channel_values(a: dict) -> bool:
+    """Whether a mul multiplies a map (one operand covers the whole output box) by one value per
+    channel, or one value (the other operand is a box of 1 x 1 positions)."""
+    out = [a["o0"], a["o1"], a["o2"], a["o3"]]
+    if out[2] * out[3] <= 1:
+        return False
+    for vector, full in (("b", "a"), ("a", "b")):
+        v = [a[f"{vector}{k}"] for k in range(4)]
+        if [a[f"{full}{k}"] for k in range(4)] == out and v[2] == v[3] == 1 and v[1] in (1, out[1]):
+            return True
+    return False
+
+
+def channelwise_cycles(i: Instruction, rows: int, cols: int, row_bands: bool) -> int:
+    """Cycles of a pool or a per-channel multiply on the depthwise path at int8: a depthwise
+    convolution of `taps` taps (a global pool: the whole map, one position; a window pool: its
+    window; a multiply: one tap, the gate as its weight) over the channels (conv_cycles)."""
+    a = i.args
+    if i.op == "gap":
+        return depthwise_cycles(a["hw"], a["c"], 1, rows, cols, row_bands)
+    if i.op == "pool":
+        return depthwise_cycles(a["kh"] * a["kw"], a["c"], a["out_h"] * a["out_w"], rows, cols, row_bands)
+    return a["o0"] * depthwise_cycles(1, a["o1"], a["o2"] * a["o3"], rows, cols, row_bands)
+
+
+def depthwise_cycles(taps: int, channels: int, positions: int, rows: int, cols: int, row_bands: bool) -> int:
+    """The depthwise mapping: each column one channel's taps in row folds (`row_folds`), channels
+    and spare columns packed (`packed`)."""
+    return sum(
+        folds * packed(channels, steps, cols) for folds, steps in row_folds(taps, positions, rows, row_bands)
+    )
 
 
 def cost(i: Instruction, target: dict) -> int:
@@ -38,6 +95,10 @@ def cost(i: Instruction, target: dict) -> int:
         return math.ceil(math.ceil(a["n"] / cols) * math.ceil(a["k"] / rows) * a["m"] * slow)
     if i.op == "end":
         return 0
+    if engine(i, target) == "mac":  # a pool or a per-channel multiply on the depthwise path
+        wide = 16 in (a.get("in_bits", 8), a.get("a_bits", 8), a.get("b_bits", 8))
+        shape = (rows, cols, target.get("row_bands", False))
+        return math.ceil(channelwise_cycles(i, *shape) / (target["int16_rate"] if wide else 1.0))
     width = 2 if max(a.get("out_bits", 8), a.get("bits", 8), a.get("in_bits", 8)) == 16 else 1
     if i.op in ("add", "mul"):
         elements = a["o0"] * a["o1"] * a["o2"] * a["o3"]
@@ -62,9 +123,10 @@ def conv_cycles(a: dict, mapping: int, rows: int, cols: int, row_bands: bool) ->
 
     Every mapping puts a sum of `reduction` products down a column's R rows (input channels per
     group x kh x kw; depthwise: the taps), over ceil(reduction / R) row folds; on an array with
-    `row_bands`, where it fits twice or more, the rows hold b = floor(R / reduction) bands, each
-    another output position's sum into its own accumulator (the column's adder chain cut at the
-    bands' edges), so the positions take ceil(positions / b) steps.
+    `row_bands`, the fold holding the remainder of the sum (all of it, where it is under R), where
+    it fits twice or more, holds b = floor(R / remainder) bands of rows, each another output
+    position's sum into its own accumulator (the column's adder chain cut at the bands' edges),
+    so that fold takes ceil(positions / b) steps (`row_folds`).
     channels: group x ceil(out_c per group / C) column folds, one step per position (transposed:
     one input position per tap).
     spatial: u positions side by side, each with its own copy of the filters, u x out_c columns
@@ -83,15 +145,28 @@ def conv_cycles(a: dict, mapping: int, rows: int, cols: int, row_bands: bool) ->
         per_group_out, reduction = a["out_c"] // group, (a["in_c"] // group) * taps
         positions = a["out_h"] * a["out_w"]
     if mapping == MAPPINGS["depthwise"]:
-        reduction = taps
-    folds = math.ceil(reduction / rows)
-    bands = max(rows // max(reduction, 1), 1) if row_bands else 1
-    steps = math.ceil(positions / bands)
-    if mapping == MAPPINGS["depthwise"]:
-        return folds * packed(a["out_c"], steps, cols)
+        return depthwise_cycles(taps, a["out_c"], positions, rows, cols, row_bands)
+    passes = row_folds(reduction, positions, rows, row_bands)
     if mapping == MAPPINGS["spatial"]:
-        return group * folds * packed(per_group_out * (taps if a["transpose"] else 1), steps, cols)
-    return group * math.ceil(per_group_out / cols) * folds * steps * (taps if a["transpose"] else 1)
+        columns = per_group_out * (taps if a["transpose"] else 1)
+        return group * sum(folds * packed(columns, steps, cols) for folds, steps in passes)
+    column_folds = group * math.ceil(per_group_out / cols) * (taps if a["transpose"] else 1)
+    return column_folds * sum(folds * steps for folds, steps in passes)
+
+
+def row_folds(reduction: int, positions: int, rows: int, row_bands: bool) -> list[tuple[int, int]]:
+    """(row folds, steps of each) of a sum of `reduction` products at each of `positions` output
+    positions on R rows: the whole folds, one position per step, then the fold that holds the
+    remainder; with `row_bands` it takes floor(R / remainder) positions per step, each band of
+    remainder rows summing another position into its own accumulator (a sum smaller than R is
+    all remainder: 3 bands for 9 taps). A 1 x 1 layer of 34 input channels per group: a whole
+    fold, then 2 rows in 16 bands."""
+    whole, remainder = divmod(reduction, rows)
+    passes = [(whole, positions)] if whole else []
+    if remainder:
+        bands = max(rows // remainder, 1) if row_bands else 1
+        passes.append((1, math.ceil(positions / bands)))
+    return passes
 
 
 @lru_cache(maxsize=4096)
@@ -132,16 +207,16 @@ class Timeline:
     end: int = 0
 
     def add(self, i: Instruction) -> tuple[int, int]:
-        engine = ENGINES[i.op]
+        queue = engine(i, self.target)
         ready = max(
-            [self.engine_free.get(engine, 0)] + [self.signalled[t] for t in range(TOKENS) if i.wait >> t & 1]
+            [self.engine_free.get(queue, 0)] + [self.signalled[t] for t in range(TOKENS) if i.wait >> t & 1]
         )
         if i.op == "end":
             ready = max(ready, self.end)
         spent = cost(i, self.target)
         done = ready + spent
-        self.engine_free[engine] = done
-        self.busy[engine] = self.busy.get(engine, 0) + spent
+        self.engine_free[queue] = done
+        self.busy[queue] = self.busy.get(queue, 0) + spent
         if i.signal != NO_SIGNAL:
             self.signalled[i.signal] = done
         self.end = max(self.end, done)
@@ -212,7 +287,7 @@ def per_op(program: list[Instruction], marks: list, target: dict) -> list[dict]:
             if ENGINES[i.op] in ("dma_in", "dma_out"):
                 dma += spent
                 moved += dram_bytes(i)
-            elif ENGINES[i.op] in ("mac", "vector"):
+            elif engine(i, target) in ("mac", "vector"):
                 compute += spent
             work += macs(i)
         node, kind = names[start]

@@ -92,6 +92,8 @@ OPERANDS: dict[str, tuple[str, ...]] = {
         # format 6.0 on: the output table's 16-bit entry shifted right per output channel, by the
         # int8 shifts at lut_shifts (one per channel of the tile; -1: none) onto lut_bits codes
         "lut_shifts",
+        # format 7.0 on: the residual Add's sum clamped to [sum_min, sum_max] (a ReLU after it)
+        *("sum_min", "sum_max"),
     ),
     "matmul": (
         "src",
@@ -183,10 +185,16 @@ MAPPINGS = {"channels": 0, "depthwise": 1, "spatial": 2}
 # residual Add in a conv's output path or chained onto a mul (on a conv res, res_bits and the
 # sum's operands; on a mul then_add, add_term and the sum's), 4.x no input borders on a conv or
 # a pool (their input tile was padded in SRAM), and no clamp on an add's or a mul's output (a
-# ReLU after them was an op of its own), 5.x no per-channel shifts after a table.
+# ReLU after them was an op of its own), 5.x no per-channel shifts after a table, 6.x no clamp
+# of a conv's residual sum (a ReLU after a fused residual Add was an op of its own).
 RESIDUAL_OPERANDS = 2 + len(SUM_OPERANDS)
+SUM_CLAMP = ("sum_min", "sum_max")  # format 7.0 on
 CHANNEL_SHIFT_OPERANDS = {"conv": ("lut_shifts",), "lut": ("shifts", "per")}  # format 6.0 on
-_FORMAT_5 = {**OPERANDS, **{op: OPERANDS[op][: -len(extra)] for op, extra in CHANNEL_SHIFT_OPERANDS.items()}}
+_FORMAT_6 = {**OPERANDS, "conv": OPERANDS["conv"][: -len(SUM_CLAMP)]}
+_FORMAT_5 = {
+    **_FORMAT_6,
+    **{op: _FORMAT_6[op][: -len(extra)] for op, extra in CHANNEL_SHIFT_OPERANDS.items()},
+}
 _FORMAT_4 = {
     **_FORMAT_5,
     "conv": _FORMAT_5["conv"][: -len(INPUT_PADS)],
@@ -202,6 +210,7 @@ _LEGACY_OPERANDS = {
     3: {**_NO_CHAIN, "conv": _CONV_3},
     4: _FORMAT_4,
     5: _FORMAT_5,
+    6: _FORMAT_6,
 }
 NO_RESIDUAL = {
     "res": -1,
@@ -214,6 +223,7 @@ NO_RESIDUAL = {
 NO_PADS = dict.fromkeys(INPUT_PADS, 0)
 NO_CHANNEL_SHIFTS = {"lut_shifts": -1, "shifts": -1, "per": 0}
 NO_CLAMP = {"min": -(1 << 15), "max": (1 << 15) - 1}  # wider than any code an add or mul writes
+NO_SUM_CLAMP = {"sum_min": NO_CLAMP["min"], "sum_max": NO_CLAMP["max"]}
 _LEGACY_DEFAULTS = {
     "mapping": MAPPINGS["channels"],
     "lut_shift": 0,
@@ -222,6 +232,7 @@ _LEGACY_DEFAULTS = {
     **NO_PADS,
     **NO_CLAMP,
     **NO_CHANNEL_SHIFTS,
+    **NO_SUM_CLAMP,
 }
 NAMES = {v: k for k, v in OPCODES.items()}
 

@@ -28,7 +28,8 @@ from npubuild.errors import UserError
 MAGIC = b"NPUB\x00\r\n\x1a"
 # 2.0: the conv instruction's mapping; 3.0: table shifts; 3.1: the spatial mapping of a transposed conv
 # 6.0: per-channel shifts after a table (conv lut_shifts; lut shifts, per)
-FORMAT_MAJOR, FORMAT_MINOR = 6, 0
+# 7.0: a clamp of a conv's residual sum (conv sum_min, sum_max)
+FORMAT_MAJOR, FORMAT_MINOR = 7, 0
 HEADER = struct.Struct("<8sHHI32sIIQ")
 ENTRY = struct.Struct("<IIQQII")
 ALIGN = 64

@@ -12,9 +12,9 @@ from npubuild.targets.backend.allocation import Allocation
 from npubuild.targets.backend.memory import SramPlan
 from npubuild.targets.cpu import CpuSubgraph
 from npubuild.targets.cpu_cost import cpu_estimate
-from npubuild.targets.cycles import estimate, per_op, roofline
+from npubuild.targets.cycles import engine, estimate, per_op, roofline
 from npubuild.targets.disasm import disassemble
-from npubuild.targets.isa import ENGINES, Instruction, encode
+from npubuild.targets.isa import Instruction, encode
 from npubuild.targets.spec import TargetSpec, target_digest
 
 
@@ -88,8 +88,8 @@ class Assembly:
         self.code += blob
         entry["marks"] = [[at, op.label, op.kind] for at, op in marks]
         for instruction in code:
-            engine = ENGINES[instruction.op]
-            self.counts[engine] = self.counts.get(engine, 0) + 1
+            queue = engine(instruction, self.target_fields)
+            self.counts[queue] = self.counts.get(queue, 0) + 1
         timing = estimate(code, self.target_fields)
         entry["estimate"] = timing
         self.cycles += timing["cycles"]

@@ -31,9 +31,8 @@ from npubuild.intmodel.kernels import conv_sums, conv_transpose_accumulate, wind
 from npubuild.intmodel.ortconv import ExactConvs
 from npubuild.intmodel.program import ConvGeometry
 from npubuild.intmodel.rowwise import EPS_CODES_MAX, layernorm_rows, softmax_rows
-from npubuild.targets.cycles import Timeline
+from npubuild.targets.cycles import Timeline, engine
 from npubuild.targets.isa import (
-    ENGINES,
     INPUT_PADS,
     LOAD_PADS,
     MAPPINGS,
@@ -387,6 +386,7 @@ class Simulator:
                 y, a["add_za"], a["add_ma"], residual, a["add_zb"], a["add_mb"], a["sum_zp"], a["sum_bits"]
             )
             bits = a["sum_bits"]
+            y = _clamped(y, {"min": a["sum_min"], "max": a["sum_max"]}, bits)  # a ReLU after it (7.0)
         self.sram.write(a["dst"], bits, y)
 
     def _matmul(self, a: dict) -> None:
@@ -557,7 +557,7 @@ class Simulator:
         counts: dict[str, int] = {}
         timeline = Timeline(self.target) if self.target else None
         for instruction in program:
-            name = f"{ENGINES[instruction.op]}_instructions"
+            name = f"{engine(instruction, self.target)}_instructions"
             counts[name] = counts.get(name, 0) + 1
             if instruction.op == "end":
                 break

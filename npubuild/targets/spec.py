@@ -40,6 +40,11 @@ class TargetSpec(BaseModel):
     # whether a column's adder chain can be cut into bands of rows, each summing another output
     # position into its own accumulator, where a sum fits the rows twice or more (docs/npu.md)
     row_bands: bool = False
+    # whether global and window pools and multiplies of a map by one value per channel (a
+    # squeeze-excite gate, an unfolded batch norm) run on the MAC array's depthwise path instead
+    # of the vector unit (docs/npu.md, "Channel-wise ops on the array"); only where the target
+    # offers the depthwise mapping, whose per-column input path they use
+    channelwise_on_array: bool = False
 
     @model_validator(mode="after")
     def _banks_divide_sram(self) -> TargetSpec:
@@ -120,6 +125,7 @@ BUILTIN_TARGETS: dict[str, TargetSpec] = {
         # for 5%; tests/test_search_prices.py); on vnpu-m it agrees within 5%
         conv_mappings=("channels", "depthwise", "spatial"),
         row_bands=True,
+        channelwise_on_array=True,
         clock_mhz=1000,
         mac_rows=32,
         mac_cols=32,

@@ -30,7 +30,7 @@ from npubuild.targets.backend.schedule import (
     output_bytes,
     window,
 )
-from npubuild.targets.isa import NO_PADS, NO_RESIDUAL, SUM_OPERANDS
+from npubuild.targets.isa import NO_PADS, NO_RESIDUAL, NO_SUM_CLAMP, SUM_OPERANDS
 
 
 def params_offset(weights_at: int, weight_bytes: int, channels: int, fixed: int) -> int:
@@ -43,13 +43,21 @@ def params_offset(weights_at: int, weight_bytes: int, channels: int, fixed: int)
 
 
 def conv(
-    ctx: OpContext, op: Op, sched: OpSchedule, activation: Op | None = None, residual: Op | None = None
+    ctx: OpContext,
+    op: Op,
+    sched: OpSchedule,
+    activation: Op | None = None,
+    residual: Op | None = None,
+    clamp: Op | None = None,
 ) -> list[Command]:
     if op.attrs.transpose:
         return conv_transpose(ctx, op, sched)
     x, raw = op.inputs[0], op.outputs[0]
     y = activation.outputs[0] if activation else raw  # the activation's result
     z = residual.outputs[0] if residual else y  # what is stored: the residual Add's, or that
+    # a ReLU after the residual Add keeps the sum's codes and grid, and names what is stored
+    sum_clamp = {"sum_min": clamp.attrs.min, "sum_max": clamp.attrs.max} if clamp else NO_SUM_CLAMP
+    z = clamp.outputs[0] if clamp else z
     table_bytes, shifts_at = 0, -1
     if activation:
         taddr, table_size, shifts_at = ctx.table(activation)
@@ -121,7 +129,7 @@ def conv(
                         lut_bits=ctx.bits(y),
                         lut_shift=activation.attrs.index_shift if activation else 0,
                         lut_shifts=InConst(shifts_at + o0) if shifts_at >= 0 else -1,
-                        **output_path, **res, **NO_PADS,
+                        **output_path, **res, **NO_PADS, **sum_clamp,
                     ),
                 )  # fmt: skip
                 result = store(dst, ctx.addr[z], ctx.bits(z), box, ys, start)
@@ -177,7 +185,7 @@ def conv_transpose(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
                     kh=kh, kw=kw, sh=sh, sw=sw, dh=dh, dw=dw, group=1, min=at.min, max=at.max,
                     transpose=1, crop_top=r0 + pt - i0 * sh, crop_left=pl,
                     lut=-1, lut_offset=0, lut_bits=ctx.bits(y), lut_shift=0, lut_shifts=-1,
-                    **_residual_operands(ctx, y, None), **NO_PADS,
+                    **_residual_operands(ctx, y, None), **NO_PADS, **NO_SUM_CLAMP,
                 ),
             )  # fmt: skip
             result = store(dst, ctx.addr[y], ctx.bits(y), [1, n_out, r1 - r0, ow], ys, [0, o0, r0, 0])

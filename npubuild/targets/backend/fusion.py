@@ -1,5 +1,6 @@
-"""Fusion: activations, and residual Adds after them, that run in their convolution's output path
-instead of as ops of their own; ReLUs (clamps) that run in an add's or a mul's."""
+"""Fusion: activations, and residual Adds after them (and ReLUs after those), that run in their
+convolution's output path instead of as ops of their own; ReLUs (clamps) that run in an add's or
+a mul's."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ class Fusion:
     # (after its activation) as the convolution stores it, or adds one of mul i's operands to its
     # product in the same vector pass
     residual: dict[int, int] = field(default_factory=dict)
-    # `clamp[i] = j`: op j (a clamp: ReLU, Clip) clamps what add or mul i writes (format 5.0)
+    # `clamp[i] = j`: op j (a clamp: ReLU, Clip) clamps what add or mul i writes (format 5.0), or
+    # the sum of conv i's residual Add (format 7.0)
     clamp: dict[int, int] = field(default_factory=dict)
 
     @property
@@ -105,8 +107,11 @@ def fuse(program: IntegerModel, plan: dict, shapes: dict | None = None) -> Fusio
                 residual[i] = j
                 fused_away.add(op.outputs[0])
     clamp: dict[int, int] = {}
-    for i, op in enumerate(ops):  # Add/Mul -> ReLU (DenseNet's batch norms before each conv)
-        if op.kind not in ("add", "mul") or device.get(i) != "npu" or i in residual.values():
+    for i, op in enumerate(ops):
+        # Add/Mul -> ReLU (DenseNet's batch norms before each conv); conv -> residual Add -> ReLU
+        # (ResNet's, ShuffleNet's blocks; format 7.0)
+        fusible = op.kind in ("add", "mul") or (op.kind == "conv" and i in residual)
+        if not fusible or device.get(i) != "npu" or i in residual.values():
             continue
         result = ops[residual[i]].outputs[0] if i in residual else op.outputs[0]
         users = readers.get(result, [])

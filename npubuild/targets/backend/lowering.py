@@ -11,13 +11,25 @@ or whole channels of one) reads or writes them where they live: the on-chip copy
 its tile buffer is dropped and the compute's operand is the resident address (`_in_place`). An
 op's first instructions then wait for the op before it to have computed as well as stored, since
 such an op signals no store.
+
+An op whose constants take the DMA longer to load than the op takes to compute (a squeeze-excite
+convolution on a 1 x 1 map: ten cycles of MACs on 10 KB of weights) may join the constant group
+still open, in the same slot after its constants, where they fit (`_joining_offset`): the group
+is hoisted as a whole, so its weights load while the ops before the group compute, where alone
+they would load while the op just before it, as short, computes. But the group's first op then
+waits for all of the group's loads, and the DMA queue is in order (a long constant load holds back
+the tile loads behind it), so the op joins only where the stream so far, hoisted, is estimated to
+end sooner with it joined than alone (`add_op`).
 """
 
 from __future__ import annotations
 
+import copy
+
 from npubuild.intmodel.program import Op
 from npubuild.targets.backend.commands import Command, ConstLoads, InConst, InTile, Step, Tile, box_bytes
-from npubuild.targets.backend.memory import SramPlan
+from npubuild.targets.backend.memory import SramPlan, align
+from npubuild.targets.cycles import cost, estimate
 from npubuild.targets.isa import INPUT_PADS, LOAD_PADS, NO_SIGNAL, Instruction, border_code, far_box
 
 T_CONST, T_IN, T_DONE, T_STORED = 0, (1, 2), (3, 4), (5, 6)
@@ -27,8 +39,17 @@ SLOT_TOKENS = (0, 7)  # the token each constant slot's loads signal
 class Lowering:
     """Lowers one NPU subgraph's ops in order; `finish` hoists constants and ends the stream."""
 
-    def __init__(self, sram: SramPlan, slot: int = 1, const_token: int = T_CONST):
+    def __init__(
+        self,
+        sram: SramPlan,
+        slot: int = 1,
+        const_token: int = T_CONST,
+        target: dict | None = None,
+        join: bool = False,
+    ):
         self.sram = sram
+        self.target = target  # to cost an op's constant loads against its computes
+        self.join = join  # whether weight-bound ops may join the open constant group
         self.code: list[Instruction] = []
         self.marks: list[tuple[int, Op]] = []  # (first instruction, op)
         self.slot = slot  # the constant slot the last group used
@@ -38,22 +59,48 @@ class Lowering:
         self.compute_anchors: set[int] = set()  # first_input entries that are computes (no load)
         self.hoisted_before: dict[int, int] = {}  # such a compute -> the constant loads put before it
         self.in_group = False
+        self.group_end = 0  # the bytes of its slot the open constant group fills
+        self.const_shift = 0  # where this op's constants start in the group they joined
 
     def trial(self) -> Lowering:
         """An empty stream in this one's constant state: to cost an op's alternatives."""
         return Lowering(self.sram, self.slot, self.const_token)
 
     def add_op(self, op: Op, commands: list[Command]) -> None:
-        self.marks.append((len(self.code), op))
         if sum(isinstance(c, Tile) for c in commands) == 1:
             commands = [_in_place(c) if isinstance(c, Tile) else c for c in commands]
+        joining = self._joining_offset(commands)
+        if joining is None:
+            self._add(op, commands, None)
+            return
+        joined, alone = self._copy(), self._copy()
+        joined._add(op, commands, joining)
+        alone._add(op, commands, None)
+        self.__dict__.update((joined if joined._cycles() < alone._cycles() else alone).__dict__)
+
+    def _copy(self) -> Lowering:
+        """This stream with its own lists (instructions are not changed once emitted)."""
+        twin = copy.copy(self)
+        twin.code, twin.marks, twin.first_input = list(self.code), list(self.marks), list(self.first_input)
+        twin.groups = [list(g) for g in self.groups]
+        twin.compute_anchors, twin.hoisted_before = set(self.compute_anchors), dict(self.hoisted_before)
+        return twin
+
+    def _cycles(self) -> int:
+        """The estimated end of the stream so far, its constant groups hoisted."""
+        order = self._hoisted_order()[0] if self.sram.const_slot else range(len(self.code))
+        return estimate([self.code[i] for i in order], self.target)["cycles"]
+
+    def _add(self, op: Op, commands: list[Command], joining: int | None) -> None:
+        self.marks.append((len(self.code), op))
+        self.const_shift = joining or 0
         tile = 0
         buffers = None
         first_loads_end = None  # where the op's first tile's loads end, while its second may join them
         for command in commands:
             if isinstance(command, ConstLoads):
                 for k, step in enumerate(command.loads):
-                    self._const(step, last=k == len(command.loads) - 1)
+                    self._const(step, last=k == len(command.loads) - 1, join=joining is not None)
                 first_loads_end = None
                 continue
             b = tile % 2
@@ -67,14 +114,37 @@ class Lowering:
             first_loads_end = start + len(command.loads) if tile == 1 and command.loads else None
             buffers = command.buffers
 
-    def _const(self, step: Step, last: bool) -> None:
+    def _joining_offset(self, commands: list[Command]) -> int | None:
+        """Where in the open constant group's slot the op's constants would go if they joined it
+        (module docstring): an op with one constant group, first, on a stream with slots, whose
+        loads cost more cycles than its computes and fit the slot after the group's."""
+        if not (self.join and self.sram.const_slot and self.target and self.groups and commands):
+            return None
+        groups = [c for c in commands if isinstance(c, ConstLoads)]
+        if len(groups) != 1 or commands[0] is not groups[0]:
+            return None
+        loads = groups[0].loads
+        at = align(self.group_end)
+        if at + max(step.args["sram"].offset + box_bytes(step) for step in loads) > self.sram.const_slot:
+            return None
+        loading = sum(cost(Instruction(step.op, step.args), self.target) for step in loads)
+        computing = sum(
+            cost(Instruction(c.compute.op, c.compute.args), self.target)
+            for c in commands
+            if isinstance(c, Tile) and c.compute is not None
+        )
+        return at if computing < loading else None
+
+    def _const(self, step: Step, last: bool, join: bool = False) -> None:
         """A constant load waits until the tiles that read the slot's last contents are done
-        (without slots, stored too). With slots, each group takes the other slot."""
-        if self.sram.const_slot and not self.in_group:
+        (without slots, stored too). With slots, each group takes the other slot, unless the op
+        joins the open group (`_joining_offset`)."""
+        if self.sram.const_slot and not self.in_group and not join:
             self.slot ^= 1
             self.const_token = SLOT_TOKENS[self.slot]
             self.groups.append([])
             self.first_input.append(None)
+            self.group_end = 0
         at = len(self.code)
         wait = (1 << T_DONE[0]) | (1 << T_DONE[1])
         if not self.sram.const_slot:
@@ -85,6 +155,8 @@ class Lowering:
         if self.sram.const_slot:
             self.groups[-1].append(at)
             self.in_group = True
+            end = self.const_shift + step.args["sram"].offset + box_bytes(step)
+            self.group_end = max(self.group_end, end)
 
     def _tile(self, tile: Tile, b: int, first_two: bool) -> None:
         buffer = tile.buffers[b]
@@ -119,6 +191,10 @@ class Lowering:
         second tile loads into the other buffer while the first computes."""
         self.code[to:to] = self.code[start : start + count]
         del self.code[start + count : start + 2 * count]
+        if self.first_input and self.first_input[-1] == to - 1:
+            # the next constant group goes after both tiles' loads: before the second's, the
+            # DMA queue (in order) would hold the second tile back by the constants' time
+            self.first_input[-1] = to + count - 1
 
     def _emit(self, step: Step, buffer: int | None, wait: int, signal: int) -> None:
         const_base = self.slot * self.sram.const_slot if self.sram.const_slot else 0
@@ -127,7 +203,7 @@ class Lowering:
             if isinstance(value, InTile):
                 value = buffer + value.offset
             elif isinstance(value, InConst):
-                value = const_base + value.offset
+                value = const_base + self.const_shift + value.offset
             args[name] = value
         if step.op == "load" and signal in T_IN and self.first_input and self.first_input[-1] is None:
             self.first_input[-1] = len(self.code)
@@ -144,11 +220,21 @@ class Lowering:
         return self.code, marks
 
     def _hoist_constants(self) -> tuple[list[int], set[int]]:
-        """Move each constant group up to just after the first input load of the group before it,
-        so the DMA fetches the next weights while the MAC array works on the current ones. Safe:
-        a group writes the slot the group two back read, and its wait names the computes before
-        its new place, which include every tile of that group. Returns each old index's new one
-        and the old indices that moved."""
+        """Move each constant group up (`_hoisted_order`). Returns each old index's new one and
+        the old indices that moved."""
+        order, moved, self.hoisted_before = self._hoisted_order()
+        self.code = [self.code[i] for i in order]
+        position = [0] * len(order)
+        for new, old in enumerate(order):
+            position[old] = new
+        return position, moved
+
+    def _hoisted_order(self) -> tuple[list[int], set[int], dict[int, int]]:
+        """The stream's order with each constant group moved up to just after the first input
+        load of the group before it, so the DMA fetches the next weights while the MAC array works
+        on the current ones. Safe: a group writes the slot the group two back read, and its wait
+        names the computes before its new place, which include every tile of that group. Also the
+        old indices that moved and, for a compute anchor, how many loads went before it."""
         moves: dict[int, list[int]] = {}
         for j in range(1, len(self.groups)):
             anchor = self.first_input[j - 1]
@@ -156,6 +242,7 @@ class Lowering:
                 moves.setdefault(anchor, []).extend(self.groups[j])
         moved = {i for group in moves.values() for i in group}
         order: list[int] = []
+        before: dict[int, int] = dict(self.hoisted_before)
         for i in range(len(self.code)):
             if i in moved:
                 continue
@@ -164,15 +251,11 @@ class Lowering:
             if i in self.compute_anchors:
                 order.extend(moves.get(i, []))
                 order.append(i)
-                self.hoisted_before[i] = len(moves.get(i, []))
+                before[i] = len(moves.get(i, []))
             else:
                 order.append(i)
                 order.extend(moves.get(i, []))
-        self.code = [self.code[i] for i in order]
-        position = [0] * len(order)
-        for new, old in enumerate(order):
-            position[old] = new
-        return position, moved
+        return order, moved, before
 
 
 def _contiguous(step: Step) -> InTile | None:

@@ -64,7 +64,7 @@ def emit(
             return emit_vector.pool(ctx, op, sched, maxpool=True)
         return emit_data.copy(ctx, op, sched)
     if op.kind == "conv":
-        commands = emit_mac.conv(ctx, op, sched, activation, residual)
+        commands = emit_mac.conv(ctx, op, sched, activation, residual, clamp)
         return pack_constants(ctx.consts, map_convolutions(commands, target))
     if op.kind in ("add", "mul"):  # with a chained residual Add or a clamp, if fusion gave them
         return pack_constants(ctx.consts, emit_vector.binary(ctx, op, sched, residual, clamp))
@@ -81,10 +81,17 @@ def map_convolutions(commands: list[Command], target: dict) -> list[Command]:
 
 
 def lower_subgraph(
-    ctx: OpContext, ops: list[Op], indices: list[int], fusion: Fusion, allocation: Allocation, target: dict
+    ctx: OpContext,
+    ops: list[Op],
+    indices: list[int],
+    fusion: Fusion,
+    allocation: Allocation,
+    target: dict,
+    join: bool = False,
 ) -> tuple[list[Instruction], list[tuple[int, Op]]]:
-    """The subgraph's instructions and where each of its ops starts."""
-    lowering = Lowering(ctx.sram)
+    """The subgraph's instructions and where each of its ops starts; with `join`, weight-bound ops
+    load their constants with the group before (lowering.py)."""
+    lowering = Lowering(ctx.sram, target=target, join=join)
     for i in indices:
         op = ops[i]
         if i in fusion.absorbed or i in allocation.views:
