@@ -207,7 +207,7 @@ def _compile(
     const_slot = int(choice.const_share * allocation.tile_sram) // ALIGN * ALIGN
     sram = SramPlan(allocation.tile_sram, const_slot)
     consts = ConstantPool(base=allocation.tensor_area)
-    ctx = OpContext(program.tensors, shapes, arrays, sram, allocation.addr, consts)
+    ctx = OpContext(program.tensors, shapes, arrays, sram, allocation.addr, consts, allocation.shuffled)
     dtypes = {**input_dtypes(model), **{n: "uint8" for n in program.pixel_inputs}}
     assembly = Assembly(program, arrays, shapes, target, plan, allocation, dtypes)
     lowered = {

@@ -3,7 +3,8 @@
 Tensors produced and consumed only inside one NPU subgraph may stay resident in the top of SRAM
 (first fit by liveness, in order of definition) and never touch DRAM: that is how a run of layers
 becomes one group. The rest get DRAM buffers, reused once dead (first fit). Reshape-like ops alias
-their input, and a Split or Slice that cuts contiguous pieces is a view into it. Constants follow
+their input, a Split or Slice that cuts contiguous pieces is a view into it, and so is a channel
+shuffle its readers read through (shuffles.py), with its channels permuted. Constants follow
 the tensors in DRAM (`ConstantPool`). `verify_allocation` checks the result on its own terms.
 """
 
@@ -18,6 +19,7 @@ from npubuild.intmodel.ops import ALIASES
 from npubuild.intmodel.program import IntegerModel, Op
 from npubuild.targets.backend.fusion import Fusion
 from npubuild.targets.backend.memory import ALIGN, SRAM_FLAG, align, esize, tensor_bytes
+from npubuild.targets.backend.shuffles import channel_shuffles
 from npubuild.targets.support import slice_steps
 
 
@@ -44,12 +46,14 @@ class Allocation:
     addr: dict[str, int]  # DRAM address, or SRAM_FLAG + SRAM address for a resident tensor
     resident: dict[str, int]  # resident tensors' SRAM addresses
     views: frozenset[int]  # indices of Split/Slice ops whose outputs are views of their input
+    # (and channel shuffles read through: their results, the input's channels permuted -> g)
     tensor_area: int  # DRAM bytes of the tensors; the constants start there
     tile_sram: int  # SRAM left for the ops' constants and tiles, below the resident area
     sram_total: int
     resident_bytes: int = 0  # the budget asked for; the area is that, aligned
     buffers: list[Buffer] = field(default_factory=list)
     extent: dict[str, tuple[str, int, int]] = field(default_factory=dict)  # name -> (root, offset, bytes)
+    shuffled: dict[str, int] = field(default_factory=dict)
 
 
 def view_parts(
@@ -112,6 +116,8 @@ def allocate(
     root: dict[str, str] = {}
     offset: dict[str, int] = {}  # bytes from the root's address (views into a tensor)
     views: set[int] = set()
+    shuffles = channel_shuffles(program, shapes, plan)
+    shuffled = {name: g for names in shuffles.values() for name, g in names.items()}
 
     def find(n: str) -> str:
         while root.get(n, n) != n:
@@ -130,8 +136,10 @@ def allocate(
         for n in [*op.inputs, *op.outputs]:
             if n and n not in op.constants and n in tensors and n not in fusion.fused_away:
                 touched.add(n)
-        if op.kind == "move" and op.op_type in ALIASES:
+        if (op.kind == "move" and op.op_type in ALIASES) or i in shuffles:
             root[op.outputs[0]] = op.inputs[0]
+            if i in shuffles:  # its readers load the input's channels permuted
+                views.add(i)
         elif op.kind == "move":
             parts = view_parts(op, tensors, shapes, arrays, fusion.fused_away)
             if parts is None:
@@ -197,6 +205,7 @@ def allocate(
         addr=addr,
         resident=resident,
         views=frozenset(views),
+        shuffled=shuffled,
         tensor_area=align(top),
         tile_sram=sram_total - align(resident_bytes),
         sram_total=sram_total,

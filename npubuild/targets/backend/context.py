@@ -85,6 +85,8 @@ class OpContext:
     sram: SramPlan
     addr: dict[str, int] = field(default_factory=dict)
     consts: ConstantPool = field(default_factory=ConstantPool)
+    # tensors that are channel shuffles of the tensor at their address, read through (shuffles.py)
+    shuffled: dict[str, int] = field(default_factory=dict)
 
     def bits(self, name: str) -> int:
         return self.tensors[name].bits

@@ -77,7 +77,7 @@ def conv(
     paddr = ctx.consts.add(op.arrays.bias + "#params", ctx.mac_params(op))
     ocb, rows, cols = sched.extents
     bufs = sched.buffers(ctx.sram)
-    xs, ys = row_major([1, c, h, w]), row_major([1, oc, oh, ow])
+    ys = row_major([1, oc, oh, ow])
     output_path = _residual_operands(ctx, y, residual)
     commands: list[Command] = []
     inside = group > 1 and ocb < og  # chunks of one group's output channels
@@ -100,10 +100,10 @@ def conv(
                 cols_in, left, inner_c, col0 = window(c0, c1, sw, kw, dw, pl, w)
                 dst = InTile(align(cin * rows_in * cols_in * xb))
                 pads = (top, rows_in - top - inner_r, left, cols_in - left - inner_c)
+                in_box, in_strides, in_start = _input_box(ctx, x, cin, rows_in, cols_in, ci0, row0, col0)
                 source = load(
-                    InTile(), ctx.addr[x], ctx.bits(x), [1, cin, rows_in, cols_in], xs, [0, ci0, row0, col0],
-                    pads, ctx.zero_point(x),
-                )  # fmt: skip
+                    InTile(), ctx.addr[x], ctx.bits(x), in_box, in_strides, in_start, pads, ctx.zero_point(x)
+                )
                 loads, res = [source], {}
                 box, start = [1, n_out, r1 - r0, c1 - c0], [0, o0, r0, c0]
                 if residual:  # the Add's other input, after the output
@@ -135,6 +135,22 @@ def conv(
                 result = store(dst, ctx.addr[z], ctx.bits(z), box, ys, start)
                 commands.append(Tile(bufs, loads, compute, result))
     return commands
+
+
+def _input_box(
+    ctx: OpContext, x: str, cin: int, rows: int, cols: int, ci0: int, row0: int, col0: int
+) -> tuple[list[int], list[int], list[int]]:
+    """(box, strides, start) of a conv tile's input load: channels [ci0, ci0 + cin) of rows and
+    columns from (row0, col0). For a channel shuffle read through (shuffles.py), whose channel
+    a*g + b is channel b*C/g + a of the tensor at its address, the runs of g: [cin/g, g, rows,
+    cols] with strides [H*W, C/g*H*W, W, 1] (schedule.conv keeps ci0 and cin whole runs)."""
+    _, c, h, w = ctx.shapes[x]
+    g = ctx.shuffled.get(x)
+    if g is None:
+        return [1, cin, rows, cols], row_major([1, c, h, w]), [0, ci0, row0, col0]
+    if ci0 % g or cin % g:
+        raise ValueError(f"a tile of channels {ci0}..{ci0 + cin} of a shuffle of {g}: not whole runs")
+    return [cin // g, g, rows, cols], [h * w, c // g * h * w, w, 1], [ci0 // g, 0, row0, col0]
 
 
 def _residual_operands(ctx: OpContext, result: str, residual: Op | None) -> dict:

@@ -147,6 +147,8 @@ def conv(
         )
 
     step = og if group > 1 else 1  # whole groups per chunk
+    if group > 1 and cg == 1 and x in ctx.shuffled:  # depthwise on a shuffle: whole runs of g
+        step = ctx.shuffled[x]
     try:
         ocb, rows, cols = shrink(ctx.sram, sizes, (oc, oh, ow), order=(1, 0, 2), chunked=0, step=step)
     except DoesNotFit:
