@@ -344,17 +344,21 @@ def test_a_grouped_convolution_whose_group_exceeds_sram_is_cut_inside_the_group(
 
 
 def test_grouping_takes_the_least_dram_among_choices_within_one_percent_of_the_fastest(monkeypatch):
-    """compile_npub's pick over its nine grouping choices, two finer constant slots around the
-    fastest and the fastest with weight-bound ops' constants joining the group before: the
-    fastest, unless another within DRAM_TIE of it moves fewer DRAM bytes (shufflenet on vnpu-m:
-    +0.3% cycles, 2.2x -> 1.7x)."""
+    """compile_npub's pick over its nine grouping choices and the refinements of each resident
+    budget whose fastest is within REFINE_WITHIN of the fastest (finer constant slots, lifetime
+    order, weight-bound ops' constants joining the group before): the fastest, unless another
+    within DRAM_TIE of it moves fewer DRAM bytes (shufflenet on vnpu-m: +0.3% cycles, 2.2x ->
+    1.7x)."""
     import npubuild.targets.compile as compile_module
     from npubuild.targets.spec import BUILTIN_TARGETS
 
     # (cycles, DRAM bytes) of each (resident share, constant-slot share) the search tries, then of
     # the fastest one's resident share with the slot shares halfway to its neighbours
     figures = iter([(1000, 900), (990, 800), (995, 500), (1001, 100), (1200, 50), *[(2000, 10)] * 4])
-    figures = iter([*figures, (1100, 5), (994, 450), (1050, 300)])
+    # then budget 0's refinements (finer slots, joining), then budget 1/4's, whose fastest (1001)
+    # is within 10% of 990 (a finer slot, lifetime order; no joining: its fastest has no slots);
+    # budget 1/2's fastest (2000) is not refined
+    figures = iter([*figures, (1100, 5), (994, 450), (1050, 300), (1300, 40), (1250, 30)])
     slot_shares, joins = [], []
 
     def fake(*args):
@@ -371,10 +375,11 @@ def test_grouping_takes_the_least_dram_among_choices_within_one_percent_of_the_f
     _, _, stats = compile_module.compile_npub(program, {}, None, target, plan)
     # fastest 990 (slot share 1/8); within 1%: 1000, 990, 995, 994; the least DRAM of those: 994
     assert (stats["estimated_cycles"], stats["dram_bytes"]) == (994, 450)
-    assert slot_shares[9:] == [0.0625, 0.1875, 0.125]
-    # the last: the fastest choice (990, slot share 1/8) with constants joining
-    assert joins == [False] * 11 + [True]
-    assert len(stats["grouping_search"]) == 12  # no resident tensors: no second residency order
+    assert slot_shares[9:] == [0.0625, 0.1875, 0.125, 0.0625, 0.0]
+    # budget 0's fastest (990, slot share 1/8) with constants joining
+    assert joins == [False] * 11 + [True, False, False]
+    rows = stats["grouping_search"]
+    assert len(rows) == 14 and [r["residency"] for r in rows[12:]] == ["definition", "lifetime"]
 
 
 def test_shortest_lived_residents_claim_sram_first_when_asked():
