@@ -119,7 +119,7 @@ def compile_npub(
         for budget, striping in stripings(program, arrays, model, plan, budgets).items():
             here = [k for k, c in enumerate(choices) if c.resident_bytes == budget]
             if here:
-                fastest_here = min(here, key=lambda k: results[k][2]["estimated_cycles"])
+                fastest_here = min(here, key=lambda k: _cycles(results[k]))
                 attempt(dataclasses.replace(choices[fastest_here], striping=striping))
         # refined around the fastest choice of every resident budget whose fastest is within
         # REFINE_WITHIN of the fastest overall: a refinement gains up to 8%, so another budget
@@ -135,8 +135,8 @@ def compile_npub(
                 if _cycles(results[k]) <= fastest_first * (1 + REFINE_WITHIN):
                     _refine(choices, results, attempt, budget)
     # the fastest, or among those within DRAM_TIE of it the one that moves the fewest DRAM bytes
-    fastest = min(r[2]["estimated_cycles"] for r in results)
-    close = [r for r in results if r[2]["estimated_cycles"] <= fastest * (1 + DRAM_TIE)]
+    fastest = min(_cycles(r) for r in results)
+    close = [r for r in results if _cycles(r) <= fastest * (1 + DRAM_TIE)]
     data, listing, stats = min(close, key=lambda r: (r[2]["dram_bytes"], r[2]["estimated_cycles"]))
     stats["grouping_search"] = tried
     return data, listing, stats
