@@ -86,6 +86,26 @@ def test_sigkill_mid_build_leaves_a_usable_cache(small_ws, tmp_path):
     assert outputs(small_ws) == expected
 
 
+def test_a_write_removes_the_temporary_file_a_killed_writer_left(tmp_path):
+    """A build killed while it copied an output leaves `.NAME.PID.*.tmp` beside it (what the test
+    above once found in the outputs after the rebuild); the next write of that output removes it,
+    and leaves a running writer's."""
+    store = Store(tmp_path / "cache")
+    digest = store.put_bytes(b"artifact")
+    dest = tmp_path / "out" / "model.npub"
+    dest.parent.mkdir()
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True)
+    dead = int(finished.stdout)  # a process that has exited
+    orphan = dest.parent / f".model.npub.{dead}.abc123.tmp"
+    live = dest.parent / f".model.npub.{os.getppid()}.def456.tmp"
+    other = dest.parent / f".other.bin.{dead}.abc123.tmp"
+    for p in (orphan, live, other):
+        p.write_bytes(b"partial")
+    store.copy_to(digest, dest)
+    assert dest.read_bytes() == b"artifact"
+    assert not orphan.exists() and live.exists() and other.exists()
+
+
 def test_noop_build_imports_no_onnx_onnxruntime_or_numpy(small_ws, tmp_path):
     cache = tmp_path / "cache"
     assert cli(["build", "//...", "-j", "1"], small_ws, cache).returncode == 0

@@ -36,6 +36,37 @@ def _read_umask() -> int:
 
 _UMASK = _read_umask()
 
+
+def _remove_orphans(dest: Path) -> None:
+    """Delete the temporary files of earlier writes of dest (`.NAME.PID.*.tmp`) whose writer is no
+    longer running (a build killed mid-copy); a live writer's file is left to it."""
+    prefix = f".{dest.name}."
+    try:
+        names = os.listdir(dest.parent)
+    except OSError:
+        return
+    for name in names:
+        if not (name.startswith(prefix) and name.endswith(".tmp")):
+            continue
+        pid = name[len(prefix) :].split(".", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid() or _running(int(pid)):
+            continue
+        try:
+            os.unlink(dest.parent / name)
+        except OSError:
+            pass
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: running
+        return True
+    return True
+
+
 # Last-use times of action results are kept to this resolution, so that a no-op build a minute after
 # the last one writes nothing; `cache gc` evicts least recently used first.
 USE_RESOLUTION_S = 3600
@@ -250,10 +281,12 @@ class Store:
         return json.loads(self.read_bytes(digest))
 
     def copy_to(self, digest: str, dest: Path) -> None:
-        """Write the blob to dest atomically, verifying it on the way."""
+        """Write the blob to dest atomically, verifying it on the way. The temporary file names
+        its writer's process, so that the next write of dest removes one a killed build left."""
         dest.parent.mkdir(parents=True, exist_ok=True)
+        _remove_orphans(dest)
         h = hashlib.sha256()
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.{os.getpid()}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as out, self._open(digest) as src:
                 while chunk := src.read(CHUNK):
