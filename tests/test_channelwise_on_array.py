@@ -122,5 +122,9 @@ def test_a_squeeze_excite_network_runs_its_pools_and_gates_on_the_array(built, g
         for _ in range(2):
             x = rng.normal(size=(1, 3, 24, 24)).astype(np.float32)
             np.testing.assert_array_equal(runtime.run({"x": x})["y"], interpreter.run({"x": x})[0]["y"])
+        # codegen.json's layers say they ran on the array's depthwise path
+        mapped = {row["node"]: row.get("mapping") for row in stats["layers"]}
+        on_array = "depthwise" if target is on else None
+        assert [mapped["squeeze"], mapped["excite"], mapped["bn_scale"]] == [on_array] * 3, mapped
         cycles[target.name] = stats["estimated_cycles"]
     assert cycles["vnpu-m"] < cycles["vector"], cycles

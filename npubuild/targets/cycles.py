@@ -280,6 +280,8 @@ def per_op(program: list[Instruction], marks: list, target: dict) -> list[dict]:
         for i in program[start:end]:
             if i.op == "conv":
                 mappings.add(MAPPING_NAMES.get(i.args["mapping"], "?"))
+            elif ENGINES[i.op] == "vector" and engine(i, target) == "mac":  # a pool or gate on the array
+                mappings.add("depthwise")
             ready, done = timeline.add(i)
             first = ready if first is None else min(first, ready)
             last = done if last is None else max(last, done)
