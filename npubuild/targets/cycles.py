@@ -19,6 +19,10 @@ from npubuild.targets.isa import ENGINES, MAPPINGS, NO_SIGNAL, TOKENS, Instructi
 
 SRAM_COPY_LATENCY = 4
 MAPPING_NAMES = {code: name for name, code in MAPPINGS.items()}
+# What the array's depthwise path can take: each column holds one channel's weight (a gate value,
+# or ones for a pool's sum; a max pool runs its adder chain in its max mode) and sums that
+# channel's inputs; a mul only where one operand is one value per channel (`_by_channel_values`)
+CHANNELWISE_OPS = frozenset({"gap", "pool", "mul"})
 
 
 def engine(i: Instruction, target: dict | None) -> str:
@@ -26,22 +30,15 @@ def engine(i: Instruction, target: dict | None) -> str:
     target with `channelwise_on_array` and the depthwise mapping a global or window pool and a
     multiply of a map by one value per channel (a squeeze-excite gate, an unfolded batch norm's
     scale) run on the MAC array's depthwise path (docs/npu.md, "Channel-wise ops on the array")."""
-    if (
-        target is not None
+    if (  # the opcode first: every instruction of every timeline comes through here
+        i.op in CHANNELWISE_OPS
+        and target is not None
         and target.get("channelwise_on_array")
         and "depthwise" in target.get("conv_mappings", ())
-        and _channelwise(i)
+        and (i.op != "mul" or _by_channel_values(i.args))
     ):
         return "mac"
     return ENGINES[i.op]
-
-
-def _channelwise(i: Instruction) -> bool:
-    """Whether the array's depthwise path can take the instruction: each column holds one
-    channel's weight (a gate value, or ones for a pool's sum) and sums that channel's inputs."""
-    if i.op in ("gap", "pool"):  # a max pool: the column's adder chain in its max mode
-        return True
-    return i.op == "mul" and _by_channel_values(i.args)
 
 
 def _by_channel_values(a: dict) -> bool:
@@ -289,7 +286,7 @@ def per_op(program: list[Instruction], marks: list, target: dict) -> list[dict]:
             if ENGINES[i.op] in ("dma_in", "dma_out"):
                 dma += spent
                 moved += dram_bytes(i)
-            elif engine(i, target) in ("mac", "vector"):
+            elif ENGINES[i.op] in ("mac", "vector"):  # engine() only moves vector ops to the array
                 compute += spent
             work += macs(i)
         node, kind = names[start]

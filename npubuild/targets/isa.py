@@ -35,6 +35,8 @@ SUM_OPERANDS = ("add_za", "add_ma", "add_zb", "add_mb", "sum_zp", "sum_bits")
 # in_h - top - bottom rows by in_w - left - right columns, read as if padded to in_h x in_w
 INPUT_PADS = ("in_pad_top", "in_pad_bottom", "in_pad_left", "in_pad_right")
 OUTPUT_CLAMP = ("min", "max")
+# A clamp of a conv's residual sum (format 7.0 on): a ReLU after the Add in its output path
+SUM_CLAMP = ("sum_min", "sum_max")
 OPERANDS: dict[str, tuple[str, ...]] = {
     "load": (
         "space",
@@ -93,7 +95,7 @@ OPERANDS: dict[str, tuple[str, ...]] = {
         # int8 shifts at lut_shifts (one per channel of the tile; -1: none) onto lut_bits codes
         "lut_shifts",
         # format 7.0 on: the residual Add's sum clamped to [sum_min, sum_max] (a ReLU after it)
-        *("sum_min", "sum_max"),
+        *SUM_CLAMP,
     ),
     "matmul": (
         "src",
@@ -188,7 +190,6 @@ MAPPINGS = {"channels": 0, "depthwise": 1, "spatial": 2}
 # ReLU after them was an op of its own), 5.x no per-channel shifts after a table, 6.x no clamp
 # of a conv's residual sum (a ReLU after a fused residual Add was an op of its own).
 RESIDUAL_OPERANDS = 2 + len(SUM_OPERANDS)
-SUM_CLAMP = ("sum_min", "sum_max")  # format 7.0 on
 CHANNEL_SHIFT_OPERANDS = {"conv": ("lut_shifts",), "lut": ("shifts", "per")}  # format 6.0 on
 _FORMAT_6 = {**OPERANDS, "conv": OPERANDS["conv"][: -len(SUM_CLAMP)]}
 _FORMAT_5 = {
@@ -223,7 +224,7 @@ NO_RESIDUAL = {
 NO_PADS = dict.fromkeys(INPUT_PADS, 0)
 NO_CHANNEL_SHIFTS = {"lut_shifts": -1, "shifts": -1, "per": 0}
 NO_CLAMP = {"min": -(1 << 15), "max": (1 << 15) - 1}  # wider than any code an add or mul writes
-NO_SUM_CLAMP = {"sum_min": NO_CLAMP["min"], "sum_max": NO_CLAMP["max"]}
+NO_SUM_CLAMP = dict(zip(SUM_CLAMP, NO_CLAMP.values()))
 _LEGACY_DEFAULTS = {
     "mapping": MAPPINGS["channels"],
     "lut_shift": 0,
