@@ -289,3 +289,15 @@ def integer_variants(model, tmp: Path, samples, variants: dict) -> dict:
         program = parse(meta, "test")
         out[key] = program, arrays, Interpreter(program, arrays, [], {"": 14})
     return out
+
+
+def npu_instructions(binary) -> list:
+    """Every instruction of a read `.npub`'s NPU subgraphs, decoded, in stream order."""
+    from npubuild.targets.isa import decode
+
+    return [
+        i
+        for sg in binary.meta["subgraphs"]
+        if sg["device"] == "npu"
+        for i in decode(binary.code[sg["code"][0] : sg["code"][0] + sg["code"][1]], binary.version[0])
+    ]

@@ -359,6 +359,52 @@ def test_a_standalone_batchnorm_becomes_a_per_channel_affine():
     check_same(m, optimized, [1, c, 5, 5])
 
 
+def test_a_run_of_per_channel_affines_becomes_one_scale_and_one_shift():
+    """DenseNet's batch-norm (Mul, Add) then its Caffe Scale layer (Mul, Add), here with a Div and
+    a Sub by a scalar too: one Mul and one Add compute it. A run whose middle tensor is read
+    elsewhere, or by a constant that varies along another axis, is left alone."""
+    c = 4
+    per_channel = [RNG.uniform(0.5, 2, (c, 1, 1)).astype(np.float32) for _ in range(4)]
+    m = model(
+        [
+            helper.make_node("Relu", ["x"], ["r"]),
+            helper.make_node("Mul", ["r", "s1"], ["a"]),
+            helper.make_node("Add", ["a", "t1"], ["b"]),
+            helper.make_node("Div", ["b", "d"], ["e"]),
+            helper.make_node("Mul", ["s2", "e"], ["f"]),
+            helper.make_node("Add", ["f", "t2"], ["g"]),
+            helper.make_node("Sub", ["g", "d"], ["h"]),
+            helper.make_node("Relu", ["h"], ["y"]),
+        ],
+        [x_info([1, c, 5, 5])],
+        [x_info([1, c, 5, 5], "y")],
+        [("s1", per_channel[0]), ("t1", per_channel[1]), ("s2", per_channel[2]), ("t2", per_channel[3]),
+         ("d", np.array(1.5, np.float32))],
+    )  # fmt: skip
+    optimized, log = optimize(m, [], 4)
+    assert ops(optimized) == ["Relu", "Mul", "Add", "Relu"]
+    assert log[0]["changes"]["merge_affines"] == 1
+    check_same(m, optimized, [1, c, 5, 5])
+
+    shared = model(
+        [
+            helper.make_node("Mul", ["x", "s1"], ["a"]),
+            helper.make_node("Add", ["a", "t1"], ["b"]),
+            helper.make_node("Mul", ["b", "s2"], ["f"]),
+            helper.make_node("Add", ["f", "b"], ["y"]),  # b read twice: the Add stays
+            helper.make_node("Mul", ["x", "rows"], ["z"]),  # one value per row
+            helper.make_node("Mul", ["z", "s1"], ["w"]),
+        ],
+        [x_info([1, c, 5, 5])],
+        [x_info([1, c, 5, 5], "y"), x_info([1, c, 5, 5], "w")],
+        [("s1", per_channel[0]), ("t1", per_channel[1]), ("s2", per_channel[2]),
+         ("rows", RNG.uniform(0.5, 2, (5, 1)).astype(np.float32))],
+    )  # fmt: skip
+    optimized, log = optimize(shared, [], 4)
+    assert ops(optimized) == ["Mul", "Add", "Mul", "Add", "Mul", "Mul"]
+    assert log[0]["changes"].get("merge_affines", 0) == 0
+
+
 def test_a_channel_shuffle_becomes_a_4d_transpose():
     m = model(
         [

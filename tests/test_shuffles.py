@@ -11,11 +11,10 @@ import pytest
 from onnx import helper
 from test_quantize import SETTINGS
 
-from conftest import integer_variants, small_model
+from conftest import integer_variants, npu_instructions, small_model
 from npubuild.targets import npub
 from npubuild.targets.compile import compile_npub, plan_partition
 from npubuild.targets.hazards import binary_hazards
-from npubuild.targets.isa import decode
 from npubuild.targets.runtime import Runtime
 from npubuild.targets.spec import BUILTIN_TARGETS
 
@@ -73,9 +72,7 @@ def test_a_shuffle_read_through_computes_the_integer_models_codes(built, target_
         binary = npub.read(data)
         loads = [
             i.args
-            for sg in binary.meta["subgraphs"]
-            if sg["device"] == "npu"
-            for i in decode(binary.code[sg["code"][0] : sg["code"][0] + sg["code"][1]], binary.version[0])
+            for i in npu_instructions(binary)
             if i.op == "load" and i.args["d1"] == G and i.args["s1"] == PER * 100
         ]
         # the depthwise conv's input: runs of G channels, channel b of a run PER channels apart

@@ -116,7 +116,7 @@ def compile_npub(
         # chains too large for a resident budget run in stripes (stripes.py), tried with the
         # constant slot that was fastest unstriped at that budget
         budgets = [int(share * target.sram_kib * 1024) for share in resident_shares]
-        for budget, striping in stripings(program, arrays, model, plan, budgets).items():
+        for budget, striping in stripings(program, arrays, model, plan, budgets):
             here = [k for k, c in enumerate(choices) if c.resident_bytes == budget]
             if here:
                 fastest_here = min(here, key=lambda k: _cycles(results[k]))
@@ -124,16 +124,18 @@ def compile_npub(
         # refined around the fastest choice of every resident budget whose fastest is within
         # REFINE_WITHIN of the fastest overall: a refinement gains up to 8%, so another budget
         # can end ahead (ShuffleNet on vnpu-m: 1/4 of SRAM, 5% behind 1/2 before, 3% ahead after)
+        # (each striping of a budget counts as a budget of its own: which of them ends ahead after
+        # its refinements is not known before them)
         if results:
-            leaders: dict[int, int] = {}
+            leaders: dict[tuple, int] = {}
             for k, choice in enumerate(choices):
-                here = leaders.get(choice.resident_bytes)
+                here = leaders.get(_family(choice))
                 if here is None or _cycles(results[k]) < _cycles(results[here]):
-                    leaders[choice.resident_bytes] = k
+                    leaders[_family(choice)] = k
             fastest_first = min(_cycles(results[k]) for k in leaders.values())
-            for budget, k in sorted(leaders.items()):
+            for family, k in sorted(leaders.items(), key=lambda item: item[1]):
                 if _cycles(results[k]) <= fastest_first * (1 + REFINE_WITHIN):
-                    _refine(choices, results, attempt, budget)
+                    _refine(choices, results, attempt, family)
     # the fastest, or among those within DRAM_TIE of it the one that moves the fewest DRAM bytes
     fastest = min(_cycles(r) for r in results)
     close = [r for r in results if _cycles(r) <= fastest * (1 + DRAM_TIE)]
@@ -159,20 +161,26 @@ def _cycles(result: tuple[bytes, str, dict]) -> int:
     return result[2]["estimated_cycles"]
 
 
-def _refine(choices: list[Grouping], results: list, attempt, budget: int) -> None:
-    """The refinements of a resident budget's fastest choice, each from the fastest so far at that
-    budget: constant slots halfway to their neighbours on the grid; the resident tensors claiming
-    SRAM shortest-lived first; weight-bound ops' constants joining the group before
-    (backend/lowering.py; it needs constant slots)."""
+def _family(choice: Grouping) -> tuple[int, int]:
+    """A choice's resident budget and striped program (by identity: each budget's stripings are
+    made once), which the refinements keep."""
+    return choice.resident_bytes, id(choice.striping)
+
+
+def _refine(choices: list[Grouping], results: list, attempt, family: tuple[int, int]) -> None:
+    """The refinements of the fastest choice of one resident budget and striping, each from the
+    fastest so far of that family: constant slots halfway to their neighbours on the grid; the
+    resident tensors claiming SRAM shortest-lived first; weight-bound ops' constants joining the
+    group before (backend/lowering.py; it needs constant slots)."""
 
     def best() -> Grouping:
-        here = [k for k, c in enumerate(choices) if c.resident_bytes == budget]
+        here = [k for k, c in enumerate(choices) if _family(c) == family]
         return choices[min(here, key=lambda k: _cycles(results[k]))]
 
     base = best()
     for finer in _between(base.const_share, CONST_SLOT_SHARES):
         attempt(dataclasses.replace(base, const_share=finer))
-    if budget:
+    if family[0]:
         attempt(dataclasses.replace(best(), residency="lifetime"))
     if (base := best()).const_share:
         attempt(dataclasses.replace(base, join_constants=True))
@@ -189,13 +197,21 @@ def _between(share: float, grid: tuple[float, ...]) -> list[float]:
 
 def stripings(
     program: IntegerModel, arrays: dict, model: onnx.ModelProto, plan: dict, budgets: list[int]
-) -> dict[int, Striping]:
-    """For each resident budget, the program with its chains that do not fit it striped, where
-    there are any."""
+) -> list[tuple[int, Striping]]:
+    """For each resident budget, the programs with its chains that do not fit it striped, where
+    there are any: striped up to each chain's last large op, and (where that differs) to its
+    end."""
     shapes = model_shapes(model)
     fusion = fuse(program, plan, shapes)
-    found = {budget: stripe(program, arrays, shapes, plan, fusion, budget) for budget in budgets}
-    return {budget: striping for budget, striping in found.items() if striping is not None}
+    found = []
+    for budget in budgets:
+        seen = []
+        for to_the_end in (False, True):
+            striping = stripe(program, arrays, shapes, plan, fusion, budget, to_the_end)
+            if striping is not None and striping.chains not in seen:
+                seen.append(striping.chains)
+                found.append((budget, striping))
+    return found
 
 
 def _compile(
@@ -230,7 +246,16 @@ def _compile(
     const_slot = int(choice.const_share * allocation.tile_sram) // ALIGN * ALIGN
     sram = SramPlan(allocation.tile_sram, const_slot)
     consts = ConstantPool(base=allocation.tensor_area)
-    ctx = OpContext(program.tensors, shapes, arrays, sram, allocation.addr, consts, allocation.shuffled)
+    ctx = OpContext(
+        program.tensors,
+        shapes,
+        arrays,
+        sram,
+        allocation.addr,
+        consts,
+        allocation.shuffled,
+        allocation.windows,
+    )
     dtypes = {**input_dtypes(model), **{n: "uint8" for n in program.pixel_inputs}}
     assembly = Assembly(program, arrays, shapes, target, plan, allocation, dtypes)
     lowered = {

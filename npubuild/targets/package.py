@@ -129,7 +129,9 @@ class Assembly:
         tensors = {
             n: {**program.tensors[n].model_dump(), "shape": shapes[n], "dram": allocation.addr[n]}
             for n in sorted(allocation.addr)
-            if n not in allocation.resident
+            # a window's or a shuffle's bytes are not row-major at its address: only its readers'
+            # strided loads make it (windows.py, shuffles.py)
+            if n not in allocation.resident and n not in allocation.windows and n not in allocation.shuffled
         }
         meta = {
             "target": self.target_fields,

@@ -17,6 +17,7 @@ PASS_NAMES = (
     "fuse_gelu",
     "fold_batchnorm",
     "batchnorm_to_affine",
+    "merge_affines",
     "merge_untouched_axes",
     "squeeze_unit_axes",
     "conv1d_as_2d",

@@ -68,6 +68,94 @@ def batchnorm_to_affine(g: Graph) -> int:
     return changed
 
 
+# an op by a constant as y = x * scale + shift: which operand is the data, and the two terms
+_AFFINE = {
+    "Mul": lambda c: (c, 0.0 * c),
+    "Div": lambda c: (1.0 / c, 0.0 * c),
+    "Add": lambda c: (1.0 + 0.0 * c, c),
+    "Sub": lambda c: (1.0 + 0.0 * c, -c),
+}
+
+
+def _affine(g: Graph, node: onnx.NodeProto) -> tuple[str, np.ndarray, np.ndarray] | None:
+    """(data input, scale, shift per channel, float64) of a Mul, Div, Add or Sub of a float map by
+    a constant of one value per channel (or one value), whose output has the map's shape."""
+    if (
+        node.op_type not in _AFFINE
+        or len(node.input) != 2
+        or g.elem_type(node.output[0]) != onnx.TensorProto.FLOAT
+    ):
+        return None
+    sides = ((0, 1), (1, 0)) if node.op_type in ("Mul", "Add") else ((0, 1),)
+    for data, const in sides:
+        shape, value = g.shape(node.input[data]), g.constant(node.input[const])
+        if value is None or shape is None or len(shape) < 2 or g.shape(node.output[0]) != shape:
+            continue
+        if value.size != 1 and (value.ndim > len(shape) or value.size != shape[1]):
+            continue
+        full = (1,) * (len(shape) - value.ndim) + tuple(value.shape)
+        if value.size != 1 and full[1] != shape[1]:
+            continue  # one value per position of another axis
+        vector = np.broadcast_to(value.astype(np.float64).reshape(-1), (shape[1],))
+        if node.op_type == "Div" and not np.all(vector):
+            return None
+        return (node.input[data], *_AFFINE[node.op_type](vector))
+    return None
+
+
+def merge_affines(g: Graph) -> int:
+    """A run of per-channel affine ops (Mul, Div, Add, Sub by one constant per channel) -> one Mul
+    then one Add, or just one of them. DenseNet's batch-norm (as Mul and Add) then its Caffe Scale
+    layer (another Mul and Add) is four passes over each map on an NPU and four roundings of its
+    codes where one scale and one shift compute the same: x * (s1 s2) + (t1 s2 + t2)."""
+    changed = 0
+    producers, uses = g.producers(), g.consumers()
+    runs = []
+    for node in g.nodes:
+        if _affine(g, node) is None:
+            continue
+        before = producers.get(_affine(g, node)[0])
+        if before is not None and _affine(g, before) is not None and _joinable(g, before.output[0], uses):
+            continue  # not a run's first op
+        run = [node]
+        while _joinable(g, run[-1].output[0], uses) and _affine(g, follower := uses[run[-1].output[0]][0]):
+            run.append(follower)
+        if len(run) > 2 or (len(run) == 2 and [_kind(n) for n in run] != ["scale", "shift"]):
+            runs.append(run)
+    for run in runs:
+        x, scale, shift = _affine(g, run[0])
+        for node in run[1:]:
+            _, s, t = _affine(g, node)
+            scale, shift = scale * s, shift * s + t
+        rank = len(g.shape(x))
+        per_channel = (-1,) + (1,) * (rank - 2)
+        out, base, nodes = run[-1].output[0], run[0].name or run[0].output[0], []
+        if not np.all(scale == 1.0):
+            y = g.fresh_name(f"{out}_scaled") if np.any(shift) else out
+            factor = g.add_constant(f"{base}.scale", scale.astype(np.float32).reshape(per_channel))
+            nodes.append(onnx.helper.make_node("Mul", [x, factor], [y], name=f"{base}_scale"))
+            x = y
+        if np.any(shift) or not nodes:
+            term = g.add_constant(f"{base}.shift", shift.astype(np.float32).reshape(per_channel))
+            nodes.append(onnx.helper.make_node("Add", [x, term], [out], name=f"{base}_shift"))
+        index = g.nodes.index(run[0])
+        for node in run:
+            g.nodes.remove(node)
+        g.nodes[index:index] = nodes
+        changed += 1
+    return changed
+
+
+def _kind(node: onnx.NodeProto) -> str:
+    return "scale" if node.op_type in ("Mul", "Div") else "shift"
+
+
+def _joinable(g: Graph, name: str, uses: dict) -> bool:
+    """Whether the tensor between two affine ops can go: one reader, not an output, no grid of its
+    own from a quantized model."""
+    return len(uses.get(name, [])) == 1 and name not in g.output_names() and name not in g.qdq
+
+
 def merge_untouched_axes(g: Graph) -> int:
     """Reshape to 5-D -> Transpose that keeps the last two axes in place -> Reshape (ShuffleNet's
     channel shuffle): the two trailing axes become one, so the transpose is 4-D, which the NPU

@@ -4,7 +4,8 @@ Tensors produced and consumed only inside one NPU subgraph may stay resident in 
 (first fit by liveness, in order of definition) and never touch DRAM: that is how a run of layers
 becomes one group. The rest get DRAM buffers, reused once dead (first fit). Reshape-like ops alias
 their input, a Split or Slice that cuts contiguous pieces is a view into it, and so is a channel
-shuffle its readers read through (shuffles.py), with its channels permuted. Constants follow
+shuffle its readers read through (shuffles.py), with its channels permuted, and a Slice its
+readers read as a strided box (windows.py). Constants follow
 the tensors in DRAM (`ConstantPool`). `verify_allocation` checks the result on its own terms.
 """
 
@@ -20,7 +21,7 @@ from npubuild.intmodel.program import IntegerModel, Op
 from npubuild.targets.backend.fusion import Fusion
 from npubuild.targets.backend.memory import ALIGN, SRAM_FLAG, align, esize, tensor_bytes
 from npubuild.targets.backend.shuffles import channel_shuffles
-from npubuild.targets.support import slice_steps
+from npubuild.targets.backend.windows import row_windows, slice_cut
 
 
 class AllocationError(Exception):
@@ -54,6 +55,8 @@ class Allocation:
     buffers: list[Buffer] = field(default_factory=list)
     extent: dict[str, tuple[str, int, int]] = field(default_factory=dict)  # name -> (root, offset, bytes)
     shuffled: dict[str, int] = field(default_factory=dict)
+    # windows read through (windows.py): their input's 4-D element strides
+    windows: dict[str, list[int]] = field(default_factory=dict)
 
 
 def view_parts(
@@ -76,14 +79,10 @@ def view_parts(
         cuts = [(o, int(shapes[o][axis])) for o in op.outputs]
         begin = 0
     elif op.op_type == "Slice":
-        consts = [arrays[op.constants[i]] if i in op.constants else None for i in op.inputs[1:]]
-        if len(consts) < 2 or consts[0] is None or consts[1] is None or len(consts[0]) != 1:
+        cut = slice_cut(op, arrays, shape)
+        if cut is None:
             return None
-        axes = consts[2] if len(consts) > 2 and consts[2] is not None else [0]
-        if any(step != 1 for step in slice_steps(op, arrays)):
-            return None
-        axis = int(axes[0]) % rank
-        begin, end, _ = slice(int(consts[0][0]), int(consts[1][0]), 1).indices(shape[axis])
+        axis, begin, end = cut
         cuts = [(op.outputs[0], end - begin)]
     else:
         return None
@@ -118,6 +117,8 @@ def allocate(
     views: set[int] = set()
     shuffles = channel_shuffles(program, shapes, plan)
     shuffled = {name: g for names in shuffles.values() for name, g in names.items()}
+    windows = row_windows(program, shapes, arrays, plan, fusion)
+    strides: dict[str, list[int]] = {}
 
     def find(n: str) -> str:
         while root.get(n, n) != n:
@@ -142,6 +143,9 @@ def allocate(
                 views.add(i)
         elif op.kind == "move":
             parts = view_parts(op, tensors, shapes, arrays, fusion.fused_away)
+            if parts is None and i in windows:  # not contiguous: its readers load a strided box
+                parts = {op.outputs[0]: windows[i][0]}
+                strides[op.outputs[0]] = windows[i][1]
             if parts is None:
                 continue
             views.add(i)
@@ -206,6 +210,7 @@ def allocate(
         resident=resident,
         views=frozenset(views),
         shuffled=shuffled,
+        windows=strides,
         tensor_area=align(top),
         tile_sram=sram_total - align(resident_bytes),
         sram_total=sram_total,

@@ -10,7 +10,7 @@ import numpy as np
 
 from npubuild.intmodel.program import Op
 from npubuild.targets.backend.commands import Step
-from npubuild.targets.backend.memory import SramPlan, align, four
+from npubuild.targets.backend.memory import SramPlan, align, four, row_major
 from npubuild.targets.isa import Instruction
 
 
@@ -87,6 +87,13 @@ class OpContext:
     consts: ConstantPool = field(default_factory=ConstantPool)
     # tensors that are channel shuffles of the tensor at their address, read through (shuffles.py)
     shuffled: dict[str, int] = field(default_factory=dict)
+    # tensors that are windows of the tensor their bytes are in (windows.py): its element strides
+    windows: dict[str, list[int]] = field(default_factory=dict)
+
+    def strides(self, name: str) -> list[int]:
+        """The 4-D element strides of a data tensor where it lies: row-major, or for a window read
+        through, those of the tensor it is a window of."""
+        return self.windows.get(name) or row_major(four(self.shapes[name]))
 
     def bits(self, name: str) -> int:
         return self.tensors[name].bits

@@ -111,7 +111,9 @@ def conv(
                     at_res = InTile(
                         dst.offset + align(n_out * (r1 - r0) * (c1 - c0) * output_bytes(ctx, y, residual))
                     )
-                    loads.append(load(at_res, ctx.addr[other], ctx.bits(other), box, ys, start))
+                    loads.append(
+                        load(at_res, ctx.addr[other], ctx.bits(other), box, ctx.strides(other), start)
+                    )
                     res = {"res": at_res}
                 compute = Step(
                     "conv",
@@ -147,7 +149,7 @@ def _input_box(
     _, c, h, w = ctx.shapes[x]
     g = ctx.shuffled.get(x)
     if g is None:
-        return [1, cin, rows, cols], row_major([1, c, h, w]), [0, ci0, row0, col0]
+        return [1, cin, rows, cols], ctx.strides(x), [0, ci0, row0, col0]
     if ci0 % g or cin % g:
         raise ValueError(f"a tile of channels {ci0}..{ci0 + cin} of a shuffle of {g}: not whole runs")
     return [cin // g, g, rows, cols], [h * w, c // g * h * w, w, 1], [ci0 // g, 0, row0, col0]

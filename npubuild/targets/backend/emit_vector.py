@@ -44,16 +44,17 @@ def binary(
     )
     z = clamp.outputs[0] if clamp else z
     out4 = four(ctx.shapes[y])
-    operands = [ctx.operand(op, name, ctx.bits(y)) for name in op.inputs]
+    operands = [(name, *ctx.operand(op, name, ctx.bits(y))) for name in op.inputs]
     bufs = sched.buffers(ctx.sram)
     at = op.attrs
     commands: list[Command] = []
     for start, size in boxes(out4, list(sched.extents)):
         offset, loads, places = 0, [], []
-        for addr, shape, bits in operands:
+        for name, addr, shape, bits in operands:
             box = broadcast_box(shape, size)
             first = [st if d != 1 else 0 for st, d in zip(start, shape)]
-            loads.append(load(InTile(offset), addr, bits, box, row_major(shape), first))
+            strides = row_major(shape) if name in op.constants else ctx.strides(name)
+            loads.append(load(InTile(offset), addr, bits, box, strides, first))
             places.append((InTile(offset), box, bits))
             offset += align(int(np.prod(box)) * esize(bits))
         (pa, ba, bita), (pb, bb, bitb) = places
@@ -97,7 +98,7 @@ def unary(
         dst = InTile(align(n * esize(ctx.bits(x))))
         tiled = per_tile(start, size) if per_tile else {}
         compute = Step(instruction, dict(src=InTile(), n=n, **operands, dst=dst, **tiled))
-        source = load(InTile(), ctx.addr[x], ctx.bits(x), size, strides, start)
+        source = load(InTile(), ctx.addr[x], ctx.bits(x), size, ctx.strides(x), start)
         commands.append(
             Tile(bufs, [source], compute, store(dst, ctx.addr[y], ctx.bits(y), size, strides, start))
         )

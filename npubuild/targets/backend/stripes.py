@@ -130,10 +130,16 @@ def _stored_bytes(name: str, program: IntegerModel, shapes: dict, fused_away: fr
 
 
 def _plan_chain(
-    chain: list[int], program: IntegerModel, shapes: dict, fused_away: frozenset[str], budget: int
+    chain: list[int],
+    program: IntegerModel,
+    shapes: dict,
+    fused_away: frozenset[str],
+    budget: int,
+    to_the_end: bool,
 ) -> tuple[list[int], int] | None:
-    """The part of the chain worth striping (from its first to its last op whose input and output
-    together exceed half the budget) and the stripe count, or None."""
+    """The part of the chain worth striping (from its first op whose input and output together
+    exceed half the budget to its last such op, or `to_the_end` of the chain) and the stripe
+    count, or None."""
     ops = program.ops
 
     def live(i: int) -> int:
@@ -145,7 +151,7 @@ def _plan_chain(
     big = [k for k, i in enumerate(chain) if live(i) > budget // 2]
     if not big:
         return None
-    part = chain[big[0] : big[-1] + 1]
+    part = chain[big[0] :] if to_the_end else chain[big[0] : big[-1] + 1]
     if len(part) < 2:
         return None
     peak = max(live(i) for i in part)
@@ -157,15 +163,24 @@ def _plan_chain(
 
 
 def stripe(
-    program: IntegerModel, arrays: dict, shapes: dict, plan: dict, fusion: Fusion, budget: int
+    program: IntegerModel,
+    arrays: dict,
+    shapes: dict,
+    plan: dict,
+    fusion: Fusion,
+    budget: int,
+    to_the_end: bool = False,
 ) -> Striping | None:
     """The program with every chain whose maps exceed the resident `budget` striped (module
-    docstring), or None when there is none."""
+    docstring), or None when there is none. A chain's stripes end at its last large op, or with
+    `to_the_end` at its last op: the smaller maps after a large one then stay in the stripes'
+    SRAM too, which saves their DRAM round trip where residency does not hold them (DenseNet's
+    3x3 convolution after a striped 1x1 one), at the cost of their halo rows."""
     if budget <= 0:
         return None
     planned = []
     for chain in _chains(program, arrays, shapes, plan):
-        found = _plan_chain(chain, program, shapes, fusion.fused_away, budget)
+        found = _plan_chain(chain, program, shapes, fusion.fused_away, budget, to_the_end)
         if found is not None:
             planned.append(found)
     if not planned:

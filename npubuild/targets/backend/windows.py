@@ -1,0 +1,76 @@
+"""Windows read through: a step-1 Slice along one axis that is not a contiguous piece of its input
+(rows [a, b) of a [1, C, H, W] map: C runs of (b - a) x W bytes) is still one strided box of it,
+its input's element strides from the element the window starts at. Where every reader of the
+window loads it as boxes (element-wise adds and muls, lookup tables, clamps, and convolutions'
+inputs), the Slice moves nothing: allocation.py makes its output a view at that offset, and each
+reader's loads take the input's strides (`OpContext.strides`). The stripes' slices
+(stripes.py: a chain that starts with a batch-norm's scale reads its rows of the chain's input)
+are what this is for: each was a DRAM round trip of its rows."""
+
+from __future__ import annotations
+
+from npubuild.intmodel.program import IntegerModel, Op
+from npubuild.targets.backend.fusion import Fusion
+from npubuild.targets.backend.memory import esize, four, row_major
+from npubuild.targets.support import slice_steps
+
+# the kinds whose emitters load a data input as boxes with OpContext.strides
+WINDOW_READERS = ("add", "mul", "lut", "clamp", "conv")
+
+
+def slice_cut(op: Op, arrays: dict, shape: list[int]) -> tuple[int, int, int] | None:
+    """(axis, first, end) of a step-1 Slice along one axis of a tensor of `shape`, or None."""
+    consts = [arrays[op.constants[i]] if i in op.constants else None for i in op.inputs[1:]]
+    if len(consts) < 2 or consts[0] is None or consts[1] is None or len(consts[0]) != 1:
+        return None
+    axes = consts[2] if len(consts) > 2 and consts[2] is not None else [0]
+    if any(step != 1 for step in slice_steps(op, arrays)):
+        return None
+    axis = int(axes[0]) % len(shape)
+    first, end, _ = slice(int(consts[0][0]), int(consts[1][0]), 1).indices(shape[axis])
+    return axis, first, end
+
+
+def row_windows(
+    program: IntegerModel, shapes: dict, arrays: dict, plan: dict, fusion: Fusion
+) -> dict[int, tuple[int, list[int]]]:
+    """{Slice op index: (byte offset of its first element in its input, the input's 4-D element
+    strides)} for the Slices on the NPU whose outputs are read through."""
+    npu = {i for sg in plan["subgraphs"] if sg["device"] == "npu" for i in sg["ops"]}
+    readers: dict[str, list[int]] = {}
+    for i, op in enumerate(program.ops):
+        for n in op.inputs:
+            readers.setdefault(n, []).append(i)
+    outputs, tensors = set(program.outputs), program.tensors
+    found: dict[int, tuple[int, list[int]]] = {}
+    for i in sorted(npu):
+        op = program.ops[i]
+        if op.kind != "move" or op.op_type != "Slice" or len(op.outputs) != 1:
+            continue
+        x, y = op.inputs[0], op.outputs[0]
+        if x in fusion.fused_away or x not in tensors or y in outputs or tensors.get(y) != tensors[x]:
+            continue
+        shape = [int(d) for d in shapes[x]]
+        cut = slice_cut(op, arrays, shape)
+        users = readers.get(y, [])
+        if cut is None or len(shape) > 4 or not users:
+            continue
+        if not all(j in npu and reads_boxes(program.ops[j], y) for j in users):
+            continue
+        axis, first, _ = cut
+        inner = 1
+        for d in shape[axis + 1 :]:
+            inner *= d
+        found[i] = (first * inner * esize(tensors[x].bits), row_major(four(shape)))
+    return found
+
+
+def reads_boxes(op: Op, name: str) -> bool:
+    """Whether `op` loads `name` only as boxes its emitter addresses with OpContext.strides: an
+    element-wise add or mul (either operand), a table or clamp, or a convolution's input (not
+    transposed: its emitter loads whole rows)."""
+    if op.kind not in WINDOW_READERS:
+        return False
+    if op.kind == "conv":
+        return not op.attrs.transpose and op.inputs[0] == name and name not in op.inputs[1:]
+    return True
