@@ -127,8 +127,11 @@ def test_sigmoid_with_other_readers_is_not_fused():
     assert sorted(ops(out)) == ["Add", "Mul", "Sigmoid"]
 
 
+@pytest.mark.parametrize("then_affine", [False, True], ids=["alone", "then-affine"])
 @pytest.mark.parametrize("form", ["hardsigmoid", "relu6_div", "relu6_mul"])
-def test_hardswish_forms_are_recognised(form):
+def test_hardswish_forms_are_recognised(form, then_affine):
+    """Also with a batch-norm's per-channel Mul and Add after it (PP-OCR's), which merge_affines
+    must not merge the division by 6 into before the HardSwish is seen."""
     inits = [
         ("three", np.array(3.0, np.float32)),
         ("zero", np.array(0.0, np.float32)),
@@ -149,9 +152,17 @@ def test_hardswish_forms_are_recognised(form):
             if form == "relu6_div"
             else helper.make_node("Mul", ["m", "sixth"], ["y"]),
         ]
+    if then_affine:
+        nodes[-1].output[0] = "h2"
+        nodes += [helper.make_node("Mul", ["h2", "g"], ["gy"]), helper.make_node("Add", ["gy", "b"], ["y"])]
+        inits += [
+            ("g", RNG.uniform(0.5, 2, 7).astype(np.float32)),
+            ("b", RNG.standard_normal(7).astype(np.float32)),
+        ]
     m = model(nodes, [x_info([3, 7])], [x_info([3, 7], "y")], inits)
     out, _ = optimize(m, [], 8)
-    assert [(n.domain, n.op_type) for n in out.graph.node] == [("npubuild", "HardSwish")]
+    expected = [("npubuild", "HardSwish")] + [("", "Mul"), ("", "Add")] * then_affine
+    assert [(n.domain, n.op_type) for n in out.graph.node] == expected
     check_same(m, out, [3, 7])
 
 

@@ -17,7 +17,6 @@ PASS_NAMES = (
     "fuse_gelu",
     "fold_batchnorm",
     "batchnorm_to_affine",
-    "merge_affines",
     "merge_untouched_axes",
     "squeeze_unit_axes",
     "conv1d_as_2d",
@@ -28,6 +27,7 @@ PASS_NAMES = (
     "cancel_transpose_reshape",
     "fuse_silu",
     "fuse_hardswish",
+    "merge_affines",  # after the fusions: HardSwish's division by 6 must be there to be seen
     "eliminate_common_subexpressions",
     "eliminate_dead_code",
 )

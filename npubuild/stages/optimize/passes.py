@@ -505,7 +505,6 @@ PASSES: dict[str, Callable[[Graph], int]] = {
         fuse_gelu,
         fold_batchnorm,
         batchnorm_to_affine,
-        merge_affines,
         merge_untouched_axes,
         squeeze_unit_axes,
         conv1d_as_2d,
@@ -516,6 +515,7 @@ PASSES: dict[str, Callable[[Graph], int]] = {
         cancel_transpose_reshape,
         fuse_silu,
         fuse_hardswish,
+        merge_affines,
         eliminate_common_subexpressions,
         eliminate_dead_code,
     )
