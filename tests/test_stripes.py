@@ -15,6 +15,7 @@ from npubuild.targets import npub
 from npubuild.targets.backend.fusion import fuse
 from npubuild.targets.backend.stripes import stripe
 from npubuild.targets.compile import DRAM_TIE, Grouping, _compile, compile_npub, model_shapes, plan_partition
+from npubuild.targets.cpu_cost import op_work
 from npubuild.targets.cycles import roofline
 from npubuild.targets.hazards import binary_hazards
 from npubuild.targets.runtime import Runtime
@@ -29,8 +30,10 @@ def _model(rng: np.random.Generator) -> onnx.ModelProto:
     """Three chains read `t`: one starts with a 1x1 convolution (HardSwish, a stride-2 depthwise
     convolution with its pads on one side, a Mul by a per-channel constant, a 1x1 convolution),
     the other with a Mul by a constant (so its stripes slice `t`), a dilated 3x3 convolution and a
-    strided one; the third, as long as the second, slices `t` as well. Narrow layers on wide maps:
-    moving the maps costs more than computing them."""
+    strided one; the third, as long as the second, slices `t` as well; the fourth runs a strided
+    convolution then two transposed ones (the first with pads and output padding, as PP-OCR det's
+    head has them), the fifth starts with a transposed one (reading its rows of `t` through a
+    window). Narrow layers on wide maps: moving the maps costs more than computing them."""
     weights = {
         "w0": rng.normal(size=(16, 3, 3, 3)) * 0.4,
         "w1": rng.normal(size=(16, 16, 1, 1)) * 0.3,
@@ -43,6 +46,11 @@ def _model(rng: np.random.Generator) -> onnx.ModelProto:
         "k2": np.array(1.3),
         "w5": rng.normal(size=(4, 16, 3, 3)) * 0.1,
         "w6": rng.normal(size=(8, 4, 1, 1)) * 0.2,
+        "w7": rng.normal(size=(8, 16, 3, 3)) * 0.1,
+        "wt1": rng.normal(size=(8, 8, 3, 3)) * 0.2,  # ConvTranspose: [in, out, kh, kw]
+        "wt2": rng.normal(size=(8, 4, 2, 2)) * 0.3,
+        "wt3": rng.normal(size=(16, 4, 2, 2)) * 0.2,
+        "w8": rng.normal(size=(4, 4, 3, 3)) * 0.3,
     }
     nodes = [
         helper.make_node("Conv", ["x", "w0"], ["t0"], pads=[1, 1, 1, 1], name="conv0"),
@@ -64,13 +72,29 @@ def _model(rng: np.random.Generator) -> onnx.ModelProto:
         helper.make_node("Mul", ["t", "k2"], ["c0"], name="scale2"),
         helper.make_node("Conv", ["c0", "w5"], ["c1"], pads=[1, 1, 1, 1], name="conv5"),
         helper.make_node("Conv", ["c1", "w6"], ["y3"], strides=[2, 2], name="conv6"),
-    ]
+        # chain 4: 96 -> 48 -> 96 -> 192 rows
+        helper.make_node("Conv", ["t", "w7"], ["d0"], pads=[1, 1, 1, 1], strides=[2, 2], name="conv7"),
+        helper.make_node(
+            "ConvTranspose", ["d0", "wt1"], ["d1"], strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1],
+            name="up1",
+        ),
+        helper.make_node("Relu", ["d1"], ["d2"], name="relu_up1"),
+        helper.make_node("ConvTranspose", ["d2", "wt2"], ["y4"], strides=[2, 2], name="up2"),
+        # chain 5: a transposed convolution first
+        helper.make_node("ConvTranspose", ["t", "wt3"], ["e0"], strides=[2, 2], name="up3"),
+        helper.make_node("Relu", ["e0"], ["e1"], name="relu_up3"),
+        helper.make_node("Conv", ["e1", "w8"], ["y5"], pads=[1, 1, 1, 1], strides=[2, 2], name="conv8"),
+    ]  # fmt: skip
     half = SIZE // 2
     return small_model(
         nodes,
         "chains",
         {"x": [1, 3, SIZE, SIZE]},
-        {y: [1, 8, half, half] for y in ("y1", "y2", "y3")},
+        {
+            **{y: [1, 8, half, half] for y in ("y1", "y2", "y3")},
+            "y4": [1, 4, 2 * SIZE, 2 * SIZE],
+            "y5": [1, 4, SIZE, SIZE],
+        },
         weights,
     )
 
@@ -101,20 +125,23 @@ def test_both_chains_are_cut_into_stripes_that_cover_their_result(built):
     # conv0 + relu0 make t, which both chains read (a ReLU is its convolution's clamp)
     assert sorted(layers) == [
         ["conv1", "hswish1", "dw", "gain", "conv2"],
+        ["conv7", "up1", "up2"],
         ["scale", "conv3", "conv4"],
         ["scale2", "conv5", "conv6"],
+        ["up3", "conv8"],
     ]
     outputs = [o for op in striping.program.ops for o in op.outputs]
     assert len(outputs) == len(set(outputs))  # every tensor has one writer (two chains' slices of t)
     shapes = model_shapes(model)
-    for y in ("y1", "y2", "y3"):
+    for y in ("y1", "y2", "y3", "y4", "y5"):
         (concat,) = [op for op in striping.program.ops if op.outputs == [y]]
         spans = sorted(striping.rows[n] for n in concat.inputs)
         assert spans[0][0] == 0 and spans[-1][1] == shapes[y][2]
         assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))  # the result's rows, once each
-    # the Mul-first chains read t through slices, the conv-first one reads t where it lies
+    # the Mul-first and transposed-first chains read t through slices, the conv-first ones read
+    # t where it lies
     slices = [op for op in striping.program.ops if op.op_type == "Slice"]
-    assert slices and {op.node for op in slices} == {"scale", "scale2"}
+    assert slices and {op.node for op in slices} == {"scale", "scale2", "up3"}
     assert striping.halo_macs > 0
 
 
@@ -134,15 +161,17 @@ def test_striped_binary_computes_the_integer_models_codes(built):
     for _ in range(2):
         x = rng.normal(size=(1, 3, SIZE, SIZE)).astype(np.float32)
         got, want = runtime.run({"x": x}), interpreter.run({"x": x})[0]
-        for y in ("y1", "y2", "y3"):
-            np.testing.assert_array_equal(got[y], want[y])
-    # the bound counts the network's work once: the halo's rows are not part of it
+        for y in ("y1", "y2", "y3", "y4", "y5"):
+            np.testing.assert_array_equal(got[y], want[y], err_msg=y)
+    # the bound counts the network's work once: not the halo's rows, which the stripes execute
+    # (and the input rows two tiles of a transposed convolution both read, which any tiling does)
     plain = _compile(program, arrays, model, SMALL, plan, True, True, Grouping(budget, 0.125))[2]
-    assert stats["macs"] == plain["macs"] + striping.halo_macs
+    network = sum(op_work(op, model_shapes(model), arrays)[0] for op in program.ops)
+    assert stats["macs"] >= network + striping.halo_macs > network and plain["macs"] >= network
     assert (
         stats["roofline_cycles"]
         == plain["roofline_cycles"]
-        == roofline(plain["macs"], plain["compulsory_dram_bytes"], SMALL.model_dump())
+        == roofline(network, plain["compulsory_dram_bytes"], SMALL.model_dump())
     )
     assert stats["dram_bytes"] < plain["dram_bytes"]
 
@@ -158,8 +187,8 @@ def test_the_code_generator_keeps_stripes_where_they_are_faster(built):
     assert stats["estimated_cycles"] < unstriped
     x = np.random.default_rng(9).normal(size=(1, 3, SIZE, SIZE)).astype(np.float32)
     got, want = Runtime(npub.read(data)).run({"x": x}), interpreter.run({"x": x})[0]
-    for y in ("y1", "y2", "y3"):
-        np.testing.assert_array_equal(got[y], want[y])
+    for y in ("y1", "y2", "y3", "y4", "y5"):
+        np.testing.assert_array_equal(got[y], want[y], err_msg=y)
 
 
 def test_the_grouping_search_tries_lifetime_order_on_its_fastest_choice(built):

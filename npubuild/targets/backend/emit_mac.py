@@ -179,7 +179,7 @@ def conv_transpose(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
     input_rows = TransposeRows(op, h, kh)
     ocb, rows = sched.extents
     bufs = sched.buffers(ctx.sram)
-    xs, ys = row_major([1, c, h, w]), row_major([1, oc, oh, ow])
+    xs, ys = ctx.strides(x), row_major([1, oc, oh, ow])
     commands: list[Command] = []
     for o0 in range(0, oc, ocb):
         n_out = min(o0 + ocb, oc) - o0

@@ -3,7 +3,7 @@ stripes that each go through the whole chain (Vela's cascading, TPU-MLIR's layer
 along H).
 
 A chain is a run of ops on one NPU subgraph where each op's only data input is the op before's
-result and that result has no other reader: convolutions (any group, not transposed), lookup
+result and that result has no other reader: convolutions (any group; transposed, of one group), lookup
 tables, clamps, and adds or muls with a constant that is the same on every row. Where the chain's
 maps are large (an op's input and output together over half the resident budget), the chain's last
 result is cut into S row ranges; each range's rows are traced back through the chain (a
@@ -57,6 +57,14 @@ def _rows_needed(op: Op, shapes: dict, arrays: dict, lo: int, hi: int) -> tuple[
     h_in = int(shapes[op.inputs[0]][2])
     kh = int(arrays[op.arrays.weight].shape[2])
     at = op.attrs
+    if at.transpose:
+        # output row o sums input rows i with o = i s - p + t d for a tap t: [lo, hi) needs i from
+        # ceil((lo + p - (k - 1) d) / s) to floor((hi - 1 + p) / s); the padding returned is the
+        # rows the stripe's own output crops above them (its pads' top)
+        sh, dh, pt = at.strides[0], at.dilations[0], (at.pads or [0, 0, 0, 0])[0]
+        a = min(max(-(-(lo + pt - (kh - 1) * dh) // sh), 0), h_in - 1)
+        b = min(max((hi - 1 + pt) // sh, a), h_in - 1) + 1
+        return a, b, lo + pt - a * sh, 0
     sh, dh, pt = at.strides[0], at.dilations[0], _pads(op, shapes, arrays)[0]
     first = lo * sh - pt
     end = (hi - 1) * sh - pt + (kh - 1) * dh + 1
@@ -83,7 +91,8 @@ def _eligible(op: Op, shapes: dict, arrays: dict) -> bool:
     if len(shapes.get(op.outputs[0], [])) != 4:
         return False
     if op.kind == "conv":
-        return not op.attrs.transpose and len(arrays[op.arrays.weight].shape) == 4
+        # a transposed one of one group (its emitter's): rows of its output need bands of its input
+        return len(arrays[op.arrays.weight].shape) == 4 and (not op.attrs.transpose or op.attrs.group == 1)
     if op.kind in ("lut", "clamp"):
         return True
     if op.kind in ("add", "mul"):
@@ -240,7 +249,7 @@ def _striped(
             borders.insert(0, (top, bottom))
         a, b = spans[0]
         source = x
-        if chain[0].kind == "conv":
+        if chain[0].kind == "conv" and not chain[0].attrs.transpose:
             # the first convolution reads its rows of x where x lies: a negative pad crops
             top, bottom = borders[0]
             borders[0] = (top - a, bottom - (int(shapes[x][2]) - b))
@@ -258,7 +267,9 @@ def _striped(
             data = _data(op)[0]
             inputs = [source if n == data else n for n in op.inputs]
             update: dict = {"inputs": inputs, "outputs": [mine]}
-            if op.kind == "conv":
+            if op.kind == "conv" and op.attrs.transpose:
+                update["attrs"] = _transposed_band(op, shapes[source][2], hi - lo, borders[j][0], arrays)
+            elif op.kind == "conv":
                 pads = _pads(op, shapes, arrays)
                 top, bottom = borders[j]
                 update["attrs"] = op.attrs.model_copy(
@@ -281,6 +292,20 @@ def _striped(
         )
     )
     return out
+
+
+def _transposed_band(op: Op, rows_in: int, rows_out: int, crop: int, arrays: dict):
+    """A transposed convolution's attributes on a band of `rows_in` input rows making `rows_out`
+    output rows, the first `crop` rows of its full output cropped: the bottom crop what is left,
+    or output padding where the band's output ends short of the rows asked for."""
+    at = op.attrs
+    kh = int(arrays[op.arrays.weight].shape[2])
+    pads = list(at.pads or [0, 0, 0, 0])
+    padding = list(at.output_padding or [0, 0])
+    full = (rows_in - 1) * at.strides[0] + (kh - 1) * at.dilations[0] + 1
+    bottom = full - crop - rows_out
+    pads[0], pads[2], padding[0] = crop, max(bottom, 0), max(-bottom, 0)
+    return at.model_copy(update={"pads": pads, "output_padding": padding, "auto_pad": "NOTSET"})
 
 
 def _row_slice(node: str, x: str, y: str, a: int, b: int, arrays: dict, shapes: dict, tensors: dict) -> Op:

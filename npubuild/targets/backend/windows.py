@@ -67,10 +67,9 @@ def row_windows(
 
 def reads_boxes(op: Op, name: str) -> bool:
     """Whether `op` loads `name` only as boxes its emitter addresses with OpContext.strides: an
-    element-wise add or mul (either operand), a table or clamp, or a convolution's input (not
-    transposed: its emitter loads whole rows)."""
+    element-wise add or mul (either operand), a table or clamp, or a convolution's input."""
     if op.kind not in WINDOW_READERS:
         return False
     if op.kind == "conv":
-        return not op.attrs.transpose and op.inputs[0] == name and name not in op.inputs[1:]
+        return op.inputs[0] == name and name not in op.inputs[1:]
     return True
