@@ -369,7 +369,8 @@ def test_grouping_takes_the_least_dram_among_choices_within_one_percent_of_the_f
         return b"", "", {**stats, "resident_bytes": 0}
 
     monkeypatch.setattr(compile_module, "_compile", fake)
-    monkeypatch.setattr(compile_module, "stripings", lambda *args: {})  # no chain to stripe here
+    monkeypatch.setattr(compile_module, "stripings", lambda *args: [])  # no chain to stripe here
+    monkeypatch.setattr(compile_module, "_interval_choice", lambda *args: None)  # one budget throughout
     program, plan, _ = _chain(1)
     target = BUILTIN_TARGETS["vnpu-m"]
     _, _, stats = compile_module.compile_npub(program, {}, None, target, plan)

@@ -16,6 +16,7 @@ from npubuild.intmodel.program import IntegerModel
 from npubuild.targets.backend.allocation import Residency, allocate, verify_allocation
 from npubuild.targets.backend.context import ConstantPool, OpContext
 from npubuild.targets.backend.fusion import Fusion, fuse
+from npubuild.targets.backend.intervals import crossing_bytes, interval_budgets
 from npubuild.targets.backend.memory import ALIGN, DoesNotFit, SramPlan
 from npubuild.targets.backend.pipeline import fits, lower_subgraph
 from npubuild.targets.backend.stripes import Striping, stripe
@@ -104,6 +105,7 @@ def compile_npub(
                 "striped_chains": len(stats["stripes"]),
                 "residency": choice.residency,
                 "join_constants": choice.join_constants,
+                "intervals": len(set(dict(choice.caps).values())),
                 "estimated_cycles": stats["estimated_cycles"],
                 "dram_bytes": stats["dram_bytes"],
             }
@@ -122,6 +124,10 @@ def compile_npub(
             if here:
                 fastest_here = min(here, key=lambda k: _cycles(results[k]))
                 attempt(dataclasses.replace(choices[fastest_here], striping=striping))
+        # each stretch of layers its own budget (intervals.py), from the grid's per-op spans
+        intervals = _interval_choice(program, model, plan, target, choices, results)
+        if intervals is not None:
+            attempt(intervals)
         # refined around the fastest choice of every resident budget whose fastest is within
         # REFINE_WITHIN of the fastest overall: a refinement gains up to 8%, so another budget
         # can end ahead (ShuffleNet on vnpu-m: 1/4 of SRAM, 5% behind 1/2 before, 3% ahead after)
@@ -130,6 +136,8 @@ def compile_npub(
         if results:
             leaders: dict[tuple, int] = {}
             for k, choice in enumerate(choices):
+                if choice.caps:
+                    continue  # measured: never ahead after the grid's (docs/npu.md, "Interval DP")
                 here = leaders.get(_family(choice))
                 if here is None or _cycles(results[k]) < _cycles(results[here]):
                     leaders[_family(choice)] = k
@@ -156,19 +164,22 @@ class Grouping:
     residency: Residency = "definition"
     # weight-bound ops' constants join the group before theirs (backend/lowering.py)
     join_constants: bool = False
+    # (op index, resident bytes it leaves) where intervals of ops have budgets of their own
+    # (backend/intervals.py); resident_bytes is then the largest
+    caps: tuple[tuple[int, int], ...] = ()
 
 
 def _cycles(result: tuple[bytes, str, dict]) -> int:
     return result[2]["estimated_cycles"]
 
 
-def _family(choice: Grouping) -> tuple[int, int]:
-    """A choice's resident budget and striped program (by identity: each budget's stripings are
-    made once), which the refinements keep."""
-    return choice.resident_bytes, id(choice.striping)
+def _family(choice: Grouping) -> tuple:
+    """A choice's resident budget, striped program (by identity: each budget's stripings are made
+    once) and interval budgets, which the refinements keep."""
+    return choice.resident_bytes, id(choice.striping), choice.caps
 
 
-def _refine(choices: list[Grouping], results: list, attempt, family: tuple[int, int]) -> None:
+def _refine(choices: list[Grouping], results: list, attempt, family: tuple) -> None:
     """The refinements of the fastest choice of one resident budget and striping, each from the
     fastest so far of that family: constant slots halfway to their neighbours on the grid; the
     resident tensors claiming SRAM shortest-lived first; weight-bound ops' constants joining the
@@ -185,6 +196,44 @@ def _refine(choices: list[Grouping], results: list, attempt, family: tuple[int, 
         attempt(dataclasses.replace(best(), residency="lifetime"))
     if (base := best()).const_share:
         attempt(dataclasses.replace(base, join_constants=True))
+
+
+def _interval_choice(
+    program: IntegerModel,
+    model: onnx.ModelProto,
+    plan: dict,
+    target: TargetSpec,
+    choices: list,
+    results: list,
+) -> Grouping | None:
+    """The choice whose intervals of ops each have the resident budget that intervals.py finds
+    cheapest, from the spans of each op in the fastest unstriped binary of each budget; None where
+    that is one budget throughout (a choice already compiled)."""
+    fastest: dict[int, int] = {}
+    for k, choice in enumerate(choices):
+        if choice.striping is None and not choice.caps:
+            here = fastest.get(choice.resident_bytes)
+            if here is None or _cycles(results[k]) < _cycles(results[here]):
+                fastest[choice.resident_bytes] = k
+    if len(fastest) < 2:
+        return None
+    sequence = [i for sg in plan["subgraphs"] if sg["device"] == "npu" for i in sg["ops"]]
+    if not sequence:
+        return None
+    spans: dict[int, list[int]] = {}
+    for budget, k in fastest.items():
+        by_label: dict[str, int] = {}
+        for row in results[k][2]["layers"]:
+            by_label[row["node"]] = by_label.get(row["node"], 0) + row["end"] - row["start"]
+        spans[budget] = [by_label.pop(program.ops[i].label, 0) for i in sequence]
+    crossing = crossing_bytes(program, model_shapes(model), sequence)
+    chosen = interval_budgets(spans, crossing, target.dram_bytes_per_cycle)
+    if len(set(chosen)) == 1:
+        return None
+    best = min(fastest.values(), key=lambda k: _cycles(results[k]))
+    return dataclasses.replace(
+        choices[best], resident_bytes=max(chosen), caps=tuple(zip(sequence, chosen)), residency="definition"
+    )
 
 
 def _between(share: float, grid: tuple[float, ...]) -> list[float]:
@@ -250,6 +299,7 @@ def _compile(
         reuse_dram,
         resident_bytes,
         choice.residency,
+        dict(choice.caps) or None,
     )
     verify_allocation(allocation)
     const_slot = int(choice.const_share * allocation.tile_sram) // ALIGN * ALIGN

@@ -239,7 +239,7 @@ def macs(i: Instruction) -> int:
         if a["transpose"]:  # every input position scatters into every tap and output channel
             return a["in_h"] * a["in_w"] * a["kh"] * a["kw"] * a["in_c"] * (a["out_c"] // a["group"])
         return a["out_c"] * a["out_h"] * a["out_w"] * per_output
-    if i.op == "matmul":
+    if i.op in ("matmul", "bmm"):  # a batched product's instruction is one matrix of its batch
         return a["m"] * a["k"] * a["n"]
     return 0
 

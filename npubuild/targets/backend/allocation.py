@@ -57,6 +57,9 @@ class Allocation:
     shuffled: dict[str, int] = field(default_factory=dict)
     # windows read through (windows.py): their input's 4-D element strides
     windows: dict[str, list[int]] = field(default_factory=dict)
+    # ops whose interval leaves resident tensors less than the area (intervals.py): their tile SRAM
+    tile_sram_at: dict[int, int] = field(default_factory=dict)
+    room: tuple[int, ...] = ()  # per position of the op sequence, the resident bytes it leaves
 
 
 def view_parts(
@@ -106,9 +109,13 @@ def allocate(
     reuse: bool = True,
     resident_bytes: int = 0,
     residency: Residency = "definition",
+    caps: dict[int, int] | None = None,
 ) -> Allocation:
     """DRAM buffers (and resident SRAM areas within `resident_bytes`) for every tensor an NPU op
-    touches; without `reuse` every tensor keeps its own buffer (for checking every op's result)."""
+    touches; without `reuse` every tensor keeps its own buffer (for checking every op's result).
+    With `caps` (NPU op index -> bytes, intervals.py), each op leaves only its cap to resident
+    tensors and tiles the rest: a resident tensor lies in the top `cap` bytes of SRAM at every op
+    of its lifetime, and `resident_bytes` is the largest cap."""
     ops, tensors = program.ops, program.tensors
     sequence = [i for sg in plan["subgraphs"] for i in sg["ops"]]
     npu = {i for sg in plan["subgraphs"] if sg["device"] == "npu" for i in sg["ops"]}
@@ -180,10 +187,12 @@ def allocate(
     for n in touched:
         members.setdefault(find(n), []).append(n)
     eligible = _resident_candidates(program, plan, members)
+    area = align(resident_bytes)
+    room = [align(caps.get(i, resident_bytes)) if caps else area for i in sequence]
     buffers = (
-        _place_resident(eligible, first, last, sizes, resident_bytes, residency) if resident_bytes > 0 else []
+        _place_resident(eligible, first, last, sizes, area, residency, room) if resident_bytes > 0 else []
     )
-    resident_base = sram_total - align(resident_bytes)
+    resident_base = sram_total - area
     on_chip = {b.root: SRAM_FLAG + resident_base + b.start for b in buffers}
     live: list[tuple[int, int, int]] = []  # (end position, start, size)
     placed: dict[str, int] = {}
@@ -212,7 +221,9 @@ def allocate(
         shuffled=shuffled,
         windows=strides,
         tensor_area=align(top),
-        tile_sram=sram_total - align(resident_bytes),
+        tile_sram=sram_total - area,
+        tile_sram_at={i: sram_total - c for i, c in zip(sequence, room) if c != area},
+        room=tuple(room),
         sram_total=sram_total,
         resident_bytes=resident_bytes,
         buffers=buffers,
@@ -302,10 +313,11 @@ Residency = Literal["definition", "lifetime"]
 
 
 def _place_resident(
-    eligible, first, last, sizes, budget: int, order: Residency = "definition"
+    eligible, first, last, sizes, budget: int, order: Residency = "definition", room=None
 ) -> list[Buffer]:
     """First fit by liveness inside the resident budget, candidates in `order`; a tensor that does
-    not fit goes to DRAM."""
+    not fit goes to DRAM. With `room` (bytes per position), a tensor lies in the top room bytes of
+    the area at each position of its lifetime."""
     if order == "lifetime":
         ranked = sorted(eligible, key=lambda k: (last[k] - first[k], first[k], k))
     else:
@@ -314,16 +326,18 @@ def _place_resident(
     for r in ranked:
         live = [(b.last, b.start, b.size) for b in placed if b.first <= last[r] and first[r] <= b.last]
         size = align(max(sizes.get(r, 1), 1))
-        start = first_fit(live, size)
+        floor = align(budget) - min(room[first[r] : last[r] + 1]) if room else 0
+        start = first_fit(live, size, floor)
         if start + size > align(budget):
             continue
         placed.append(Buffer(r, start, size, first[r], last[r], True))
     return placed
 
 
-def first_fit(live: list[tuple[int, int, int]], size: int) -> int:
-    """The lowest offset where `size` bytes fit between the live (end, start, size) buffers."""
-    start = 0
+def first_fit(live: list[tuple[int, int, int]], size: int, floor: int = 0) -> int:
+    """The lowest offset from `floor` up where `size` bytes fit between the live (end, start,
+    size) buffers."""
+    start = floor
     for _, s0, sz in sorted(live, key=lambda b: b[1]):
         if start + size <= s0:
             break
@@ -348,6 +362,12 @@ def verify_allocation(allocation: Allocation) -> None:
                 raise AllocationError(
                     f"buffer of {a.root} [{a.start}, {a.start + a.size}) leaves its area (0, {end})"
                 )
+            if (
+                memory
+                and allocation.room
+                and a.start < resident_room - min(allocation.room[a.first : a.last + 1])
+            ):
+                raise AllocationError(f"buffer of {a.root} at {a.start} is in an op's tiles while live")
             for b in mine[k + 1 :]:
                 if b.start >= a.start + a.size:
                     break

@@ -11,7 +11,7 @@ from npubuild.targets.backend.constants import pack_constants
 from npubuild.targets.backend.context import OpContext
 from npubuild.targets.backend.fusion import Fusion
 from npubuild.targets.backend.lowering import Lowering
-from npubuild.targets.backend.memory import DoesNotFit
+from npubuild.targets.backend.memory import DoesNotFit, SramPlan
 from npubuild.targets.backend.schedule import OpSchedule, schedule
 from npubuild.targets.cycles import conv_mapping, estimate
 from npubuild.targets.isa import Instruction
@@ -92,7 +92,10 @@ def lower_subgraph(
     """The subgraph's instructions and where each of its ops starts; with `join`, weight-bound ops
     load their constants with the group before (lowering.py)."""
     lowering = Lowering(ctx.sram, target=target, join=join)
+    whole = ctx.sram
     for i in indices:
+        # an interval that leaves resident tensors less SRAM gives its ops' tiles the rest
+        ctx.sram = SramPlan(allocation.tile_sram_at.get(i, whole.tiles), whole.const_slot)
         op = ops[i]
         if i in fusion.absorbed or i in allocation.views:
             lowering.add_op(op, [])  # applied by the convolution before it, or a view of its input
@@ -103,6 +106,7 @@ def lower_subgraph(
         split = choose_split(ctx, op, activation, residual, clamp, lowering, target)
         sched = schedule(ctx, op, split, activation, residual)
         lowering.add_op(op, emit(ctx, op, sched, target, activation, residual, clamp))
+    ctx.sram = whole
     return lowering.finish()
 
 
