@@ -22,7 +22,6 @@ from npubuild.targets.backend.pipeline import fits, lower_subgraph
 from npubuild.targets.backend.stripes import Striping, stripe
 from npubuild.targets.cpu import CpuSubgraph
 from npubuild.targets.cpu_cost import op_work
-from npubuild.targets.cycles import roofline
 from npubuild.targets.package import Assembly
 from npubuild.targets.partition import partition
 from npubuild.targets.spec import TargetSpec
@@ -122,11 +121,10 @@ def compile_npub(
         # chains too large for a resident budget run in stripes (stripes.py), tried with the
         # constant slot that was fastest unstriped at that budget
         budgets = [int(share * target.sram_kib * 1024) for share in resident_shares]
+        grid = _fastest_by(choices, results, lambda c: c.resident_bytes)
         for budget, striping in stripings(program, arrays, model, plan, budgets):
-            here = [k for k, c in enumerate(choices) if c.resident_bytes == budget]
-            if here:
-                fastest_here = min(here, key=lambda k: _cycles(results[k]))
-                attempt(dataclasses.replace(choices[fastest_here], striping=striping))
+            if budget in grid:
+                attempt(dataclasses.replace(choices[grid[budget]], striping=striping))
         # each stretch of layers its own budget (intervals.py), from the grid's per-op spans
         intervals = _interval_choice(program, model, plan, target, choices, results)
         if intervals is not None:
@@ -137,22 +135,16 @@ def compile_npub(
         # (each striping of a budget counts as a budget of its own: which of them ends ahead after
         # its refinements is not known before them)
         if results:
-            leaders: dict[tuple, int] = {}
-            for k, choice in enumerate(choices):
-                if choice.caps:
-                    continue  # compiled once, not refined (compile time; docs/npu.md)
-                here = leaders.get(_family(choice))
-                if here is None or _cycles(results[k]) < _cycles(results[here]):
-                    leaders[_family(choice)] = k
+            # the interval choice is compiled once, not refined (compile time; docs/npu.md)
+            leaders = _fastest_by(choices, results, lambda c: None if c.caps else _family(c))
             fastest_first = min(_cycles(results[k]) for k in leaders.values())
-            unstriped = {f[0]: k for f, k in leaders.items() if f[1] == id(None)}
+            unstriped = _fastest_by(choices, results, _unstriped_budget)
             for family, k in sorted(leaders.items(), key=lambda item: item[1]):
                 # a striping is refined where it starts within STRIPED_WITHIN of its budget
                 # unstriped (compile time; DenseNet's starts 0.1% behind, ends 1.4% ahead)
-                striped = family[1] != id(None) and family[0] in unstriped
-                if striped and _cycles(results[k]) > _cycles(results[unstriped[family[0]]]) * (
-                    1 + STRIPED_WITHIN
-                ):
+                plain = unstriped.get(family[0])
+                striped = choices[k].striping is not None and plain is not None
+                if striped and _cycles(results[k]) > _cycles(results[plain]) * (1 + STRIPED_WITHIN):
                     continue
                 if _cycles(results[k]) <= fastest_first * (1 + REFINE_WITHIN):
                     _refine(choices, results, attempt, family)
@@ -182,6 +174,23 @@ class Grouping:
 
 def _cycles(result: tuple[bytes, str, dict]) -> int:
     return result[2]["estimated_cycles"]
+
+
+def _fastest_by(choices: list[Grouping], results: list, key) -> dict:
+    """For each value of key(choice) (None: left out), the index of its fastest result."""
+    fastest: dict = {}
+    for k, choice in enumerate(choices):
+        group = key(choice)
+        if group is not None and (
+            group not in fastest or _cycles(results[k]) < _cycles(results[fastest[group]])
+        ):
+            fastest[group] = k
+    return fastest
+
+
+def _unstriped_budget(choice: Grouping) -> int | None:
+    """A choice's resident budget where it is a plain one (no stripes, no interval budgets)."""
+    return choice.resident_bytes if choice.striping is None and not choice.caps else None
 
 
 def _family(choice: Grouping) -> tuple:
@@ -220,12 +229,7 @@ def _interval_choice(
     """The choice whose intervals of ops each have the resident budget that intervals.py finds
     cheapest, from the spans of each op in the fastest unstriped binary of each budget; None where
     that is one budget throughout (a choice already compiled)."""
-    fastest: dict[int, int] = {}
-    for k, choice in enumerate(choices):
-        if choice.striping is None and not choice.caps:
-            here = fastest.get(choice.resident_bytes)
-            if here is None or _cycles(results[k]) < _cycles(results[here]):
-                fastest[choice.resident_bytes] = k
+    fastest = _fastest_by(choices, results, _unstriped_budget)
     if len(fastest) < 2:
         return None
     sequence = [i for sg in plan["subgraphs"] if sg["device"] == "npu" for i in sg["ops"]]
@@ -287,8 +291,8 @@ def _compile(
 ) -> tuple[bytes, str, dict]:
     striping, resident_bytes = choice.striping, choice.resident_bytes
     shapes = model_shapes(model)
-    # the roofline bound counts the network's multiply-accumulates once: not the rows a stripe's
-    # halo computes twice, nor the input rows two tiles of a transposed convolution both read
+    # the network's multiply-accumulates, for the roofline bound (Assembly.finish), counted on the
+    # program before any striping
     network_macs = sum(
         op_work(program.ops[i], shapes, arrays)[0]
         for sg in plan["subgraphs"]
@@ -347,9 +351,8 @@ def _compile(
                     if o and o in cpu.current:
                         assembly.states[o] = cpu.current[o][1]
             assembly.add_cpu(k, cpu)
-    data, listing, stats = assembly.finish(bytes(consts.data), sram)
+    data, listing, stats = assembly.finish(bytes(consts.data), sram, network_macs)
     stats["stripes"] = striping.chains if striping is not None else []
     if striping is not None:
         stats["halo_macs"] = striping.halo_macs
-    stats["roofline_cycles"] = roofline(network_macs, stats["compulsory_dram_bytes"], assembly.target_fields)
     return data, listing, stats

@@ -124,7 +124,11 @@ class Assembly:
             "bits": t.bits,
         }
 
-    def finish(self, constants: bytes, sram: SramPlan) -> tuple[bytes, str, dict]:
+    def finish(self, constants: bytes, sram: SramPlan, network_macs: int) -> tuple[bytes, str, dict]:
+        """The binary, its listing and its statistics; `network_macs`, the network's own
+        multiply-accumulates (compile.py), make the roofline bound, which counts them once
+        whatever the binary executes (a stripe's halo rows, the input rows two tiles of a
+        transposed convolution share)."""
         program, shapes, target, allocation = self.program, self.shapes, self.target, self.allocation
         tensors = {
             n: {**program.tensors[n].model_dump(), "shape": shapes[n], "dram": allocation.addr[n]}
@@ -189,7 +193,7 @@ class Assembly:
             "mac_utilisation": mac_count / (cycles * target.mac_rows * target.mac_cols) if cycles else 0.0,
             "dram_bytes": sum(r["dram_bytes"] for r in self.layers),
             "compulsory_dram_bytes": compulsory,
-            "roofline_cycles": roofline(mac_count, compulsory, self.target_fields),
+            "roofline_cycles": roofline(network_macs, compulsory, self.target_fields),
             "layers": self.layers,
             "npu_subgraphs": sum(1 for s in self.subgraphs if s["device"] == "npu"),
             "cpu_subgraphs": sum(1 for s in self.subgraphs if s["device"] == "cpu"),

@@ -68,38 +68,51 @@ def batchnorm_to_affine(g: Graph) -> int:
     return changed
 
 
-# an op by a constant as y = x * scale + shift: which operand is the data, and the two terms
-_AFFINE = {
-    "Mul": lambda c: (c, 0.0 * c),
-    "Div": lambda c: (1.0 / c, 0.0 * c),
-    "Add": lambda c: (1.0 + 0.0 * c, c),
-    "Sub": lambda c: (1.0 + 0.0 * c, -c),
-}
+def per_channel(value: np.ndarray | None, channels: int, rank: int) -> np.ndarray | None:
+    """A constant that broadcasts over an NC... output as one value per channel, as a vector."""
+    if value is None:
+        return None
+    if value.size == 1:
+        return np.full(channels, value.reshape(-1)[0], dtype=np.float64)
+    if value.ndim > rank:
+        return None
+    shape = (1,) * (rank - value.ndim) + tuple(value.shape)
+    if shape[1] == channels and all(s == 1 for i, s in enumerate(shape) if i != 1):
+        return value.reshape(-1).astype(np.float64)
+    return None
+
+
+def affine_terms(op_type: str, vector: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A Mul, Div, Add or Sub of a map by a per-channel `vector` as y = x * scale + shift."""
+    ones, zeros = np.ones_like(vector), np.zeros_like(vector)
+    return {
+        "Mul": (vector, zeros),
+        "Div": (1.0 / vector, zeros),
+        "Add": (ones, vector),
+        "Sub": (ones, -vector),
+    }[op_type]
 
 
 def _affine(g: Graph, node: onnx.NodeProto) -> tuple[str, np.ndarray, np.ndarray] | None:
     """(data input, scale, shift per channel, float64) of a Mul, Div, Add or Sub of a float map by
     a constant of one value per channel (or one value), whose output has the map's shape."""
     if (
-        node.op_type not in _AFFINE
+        node.op_type not in ("Mul", "Div", "Add", "Sub")
         or len(node.input) != 2
         or g.elem_type(node.output[0]) != onnx.TensorProto.FLOAT
     ):
         return None
     sides = ((0, 1), (1, 0)) if node.op_type in ("Mul", "Add") else ((0, 1),)
     for data, const in sides:
-        shape, value = g.shape(node.input[data]), g.constant(node.input[const])
-        if value is None or shape is None or len(shape) < 2 or g.shape(node.output[0]) != shape:
+        shape = g.shape(node.input[data])
+        if shape is None or len(shape) < 2 or g.shape(node.output[0]) != shape:
             continue
-        if value.size != 1 and (value.ndim > len(shape) or value.size != shape[1]):
+        vector = per_channel(g.constant(node.input[const]), shape[1], len(shape))
+        if vector is None:
             continue
-        full = (1,) * (len(shape) - value.ndim) + tuple(value.shape)
-        if value.size != 1 and full[1] != shape[1]:
-            continue  # one value per position of another axis
-        vector = np.broadcast_to(value.astype(np.float64).reshape(-1), (shape[1],))
         if node.op_type == "Div" and not np.all(vector):
             return None
-        return (node.input[data], *_AFFINE[node.op_type](vector))
+        return (node.input[data], *affine_terms(node.op_type, vector))
     return None
 
 
@@ -112,9 +125,10 @@ def merge_affines(g: Graph) -> int:
     producers, uses = g.producers(), g.consumers()
     runs = []
     for node in g.nodes:
-        if _affine(g, node) is None:
+        found = _affine(g, node)
+        if found is None:
             continue
-        before = producers.get(_affine(g, node)[0])
+        before = producers.get(found[0])
         if before is not None and _affine(g, before) is not None and _joinable(g, before.output[0], uses):
             continue  # not a run's first op
         run = [node]

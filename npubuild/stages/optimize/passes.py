@@ -11,6 +11,7 @@ from onnx import helper, numpy_helper
 
 from npubuild.stages.optimize.canonical import (
     _single_use,
+    affine_terms,
     batchnorm_to_affine,
     bn_affine,
     clamps_before_moves,
@@ -18,6 +19,7 @@ from npubuild.stages.optimize.canonical import (
     linear_resize_as_matmuls,
     merge_affines,
     merge_untouched_axes,
+    per_channel,
     softmax_to_last_axis,
     squeeze_unit_axes,
     sum_to_add,
@@ -199,20 +201,6 @@ def _conv_channel_axis(conv: onnx.NodeProto) -> int | None:
     return None
 
 
-def _per_channel(value: np.ndarray | None, channels: int, rank: int) -> np.ndarray | None:
-    """A constant that broadcasts over an NC... output as one value per channel, as a vector."""
-    if value is None:
-        return None
-    if value.size == 1:
-        return np.full(channels, value.reshape(-1)[0], dtype=np.float64)
-    if value.ndim > rank:
-        return None
-    shape = (1,) * (rank - value.ndim) + tuple(value.shape)
-    if shape[1] == channels and all(s == 1 for i, s in enumerate(shape) if i != 1):
-        return value.reshape(-1).astype(np.float64)
-    return None
-
-
 def _rescale_conv(g: Graph, conv: onnx.NodeProto, scale: np.ndarray, shift: np.ndarray) -> bool:
     """conv(x) * scale + shift, folded into the conv's weight and bias (new constants)."""
     axis = _conv_channel_axis(conv)
@@ -274,16 +262,10 @@ def fold_scale_into_conv(g: Graph) -> int:
                 or g.shape(node.output[0]) != out_shape
             ):
                 continue
-            vec = _per_channel(value, out_shape[1], len(out_shape))
+            vec = per_channel(value, out_shape[1], len(out_shape))
             if vec is None or (node.op_type == "Div" and np.any(vec == 0)):
                 continue
-            ones, zeros = np.ones_like(vec), np.zeros_like(vec)
-            scale, shift = {
-                "Mul": (vec, zeros),
-                "Div": (1.0 / vec, zeros),
-                "Add": (ones, vec),
-                "Sub": (ones, -vec),
-            }[node.op_type]
+            scale, shift = affine_terms(node.op_type, vec)
             if _rescale_conv(g, conv, scale, shift) and g.bypass(node, node.input[data]):
                 changed += 1
                 producers = g.producers()

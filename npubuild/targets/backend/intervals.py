@@ -31,7 +31,7 @@ def crossing_bytes(program: IntegerModel, shapes: dict, sequence: list[int]) -> 
         op = program.ops[i]
         for n in op.inputs:
             if n in made:
-                last[n] = max(last.get(n, p), p)
+                last[n] = p  # positions only grow
         for n in op.outputs:
             if n and n in program.tensors:
                 made[n] = p

@@ -32,6 +32,7 @@ from npubuild.intmodel.kernels import conv_pads
 from npubuild.intmodel.program import ConcatAttrs, ConcatOp, IntegerModel, MoveOp, Op, Rescale
 from npubuild.targets.backend.fusion import Fusion
 from npubuild.targets.backend.memory import tensor_bytes
+from npubuild.targets.backend.schedule import TransposeRows
 from npubuild.targets.cpu_cost import op_work
 
 MAX_STRIPES = 16
@@ -58,13 +59,10 @@ def _rows_needed(op: Op, shapes: dict, arrays: dict, lo: int, hi: int) -> tuple[
     kh = int(arrays[op.arrays.weight].shape[2])
     at = op.attrs
     if at.transpose:
-        # output row o sums input rows i with o = i s - p + t d for a tap t: [lo, hi) needs i from
-        # ceil((lo + p - (k - 1) d) / s) to floor((hi - 1 + p) / s); the padding returned is the
+        # the input rows its emitter reads for output rows [lo, hi); the padding returned is the
         # rows the stripe's own output crops above them (its pads' top)
-        sh, dh, pt = at.strides[0], at.dilations[0], (at.pads or [0, 0, 0, 0])[0]
-        a = min(max(-(-(lo + pt - (kh - 1) * dh) // sh), 0), h_in - 1)
-        b = min(max((hi - 1 + pt) // sh, a), h_in - 1) + 1
-        return a, b, lo + pt - a * sh, 0
+        a, last = TransposeRows(op, h_in, kh)(lo, hi)
+        return a, last + 1, lo + (at.pads or [0, 0, 0, 0])[0] - a * at.strides[0], 0
     sh, dh, pt = at.strides[0], at.dilations[0], _pads(op, shapes, arrays)[0]
     first = lo * sh - pt
     end = (hi - 1) * sh - pt + (kh - 1) * dh + 1
