@@ -340,6 +340,15 @@ class IntegerModel(_Typed):
     # scale 1, zero point -128, with no quantize op
     pixel_inputs: list[str] = []
 
+    def readers(self) -> dict[str, list[int]]:
+        """Each tensor's readers: the indices of the ops that take it as an input, in order (an op
+        that takes it twice, twice)."""
+        readers: dict[str, list[int]] = {}
+        for i, op in enumerate(self.ops):
+            for n in op.inputs:
+                readers.setdefault(n, []).append(i)
+        return readers
+
     def fine_preactivations(self) -> set[str]:
         """The 16-bit results whose table reads their top bits (the quantizer's
         `preactivation_bits`): part of an int8 model, never stored on the NPU when a convolution

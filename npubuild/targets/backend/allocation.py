@@ -287,10 +287,8 @@ def _resident_candidates(program: IntegerModel, plan: dict, members: dict[str, l
         for i in sg["ops"]:
             device[i], group[i] = sg["device"], k
     writers: dict[str, list[int]] = {}
-    readers: dict[str, list[int]] = {}
+    readers = program.readers()
     for i, op in enumerate(ops):
-        for n in op.inputs:
-            readers.setdefault(n, []).append(i)
         for n in op.outputs:
             writers.setdefault(n, []).append(i)
     boundary = set(program.outputs) | set(program.inputs)

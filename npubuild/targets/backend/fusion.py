@@ -58,10 +58,7 @@ def fuse(program: IntegerModel, plan: dict, shapes: dict | None = None) -> Fusio
     ops, tensors = program.ops, program.tensors
     device = {i: sg["device"] for sg in plan["subgraphs"] for i in sg["ops"]}
     group = {i: k for k, sg in enumerate(plan["subgraphs"]) for i in sg["ops"]}
-    readers: dict[str, list[int]] = {}
-    for i, op in enumerate(ops):
-        for n in op.inputs:
-            readers.setdefault(n, []).append(i)
+    readers = program.readers()
     outputs = set(program.outputs)
     activation: dict[int, int] = {}
     fused_away: set[str] = set()

@@ -17,10 +17,7 @@ def channel_shuffles(program: IntegerModel, shapes: dict, plan: dict) -> dict[in
     """{Transpose op index: {each tensor that is its shuffled result (the Transpose's output and
     the Reshapes of it): g}} for the shuffles on the NPU whose every reader reads whole runs."""
     npu = {i for sg in plan["subgraphs"] if sg["device"] == "npu" for i in sg["ops"]}
-    readers: dict[str, list[int]] = {}
-    for i, op in enumerate(program.ops):
-        for n in op.inputs:
-            readers.setdefault(n, []).append(i)
+    readers = program.readers()
     outputs = set(program.outputs)
     found: dict[int, dict[str, int]] = {}
     for i in sorted(npu):

@@ -102,10 +102,7 @@ def _eligible(op: Op, shapes: dict, arrays: dict) -> bool:
 def _chains(program: IntegerModel, arrays: dict, shapes: dict, plan: dict) -> list[list[int]]:
     """Maximal chains of eligible ops, each on one NPU subgraph, in execution order."""
     ops = program.ops
-    readers: dict[str, list[int]] = {}
-    for i, op in enumerate(ops):
-        for n in op.inputs:
-            readers.setdefault(n, []).append(i)
+    readers = program.readers()
     subgraph = {i: k for k, sg in enumerate(plan["subgraphs"]) if sg["device"] == "npu" for i in sg["ops"]}
     outputs = set(program.outputs)
     ok = {i for i in subgraph if _eligible(ops[i], shapes, arrays)}

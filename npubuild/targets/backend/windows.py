@@ -37,10 +37,7 @@ def row_windows(
     """{Slice op index: (byte offset of its first element in its input, the input's 4-D element
     strides)} for the Slices on the NPU whose outputs are read through."""
     npu = {i for sg in plan["subgraphs"] if sg["device"] == "npu" for i in sg["ops"]}
-    readers: dict[str, list[int]] = {}
-    for i, op in enumerate(program.ops):
-        for n in op.inputs:
-            readers.setdefault(n, []).append(i)
+    readers = program.readers()
     outputs, tensors = set(program.outputs), program.tensors
     found: dict[int, tuple[int, list[int]]] = {}
     for i in sorted(npu):
