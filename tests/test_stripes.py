@@ -111,6 +111,17 @@ def built(tmp_path_factory):
     return model, program, arrays, interpreter, plan
 
 
+def assert_computes_the_codes(data: bytes, interpreter, runs: int = 2) -> None:
+    """The binary's outputs equal the integer model's on `runs` random inputs."""
+    runtime = Runtime(npub.read(data))
+    rng = np.random.default_rng(5)
+    for _ in range(runs):
+        x = rng.normal(size=(1, 3, SIZE, SIZE)).astype(np.float32)
+        got, want = runtime.run({"x": x}), interpreter.run({"x": x})[0]
+        for y in ("y1", "y2", "y3", "y4", "y5"):
+            np.testing.assert_array_equal(got[y], want[y], err_msg=y)
+
+
 def _striping(built, budget: int):
     model, program, arrays, _, plan = built
     shapes = model_shapes(model)
@@ -156,13 +167,7 @@ def test_striped_binary_computes_the_integer_models_codes(built):
     assert binary_hazards(data) == []
     # the Mul-first chains' slices are windows of t their Muls read through (windows.py): no copy
     assert [row["kind"] for row in stats["layers"]].count("move") == 0
-    runtime = Runtime(npub.read(data))
-    rng = np.random.default_rng(5)
-    for _ in range(2):
-        x = rng.normal(size=(1, 3, SIZE, SIZE)).astype(np.float32)
-        got, want = runtime.run({"x": x}), interpreter.run({"x": x})[0]
-        for y in ("y1", "y2", "y3", "y4", "y5"):
-            np.testing.assert_array_equal(got[y], want[y], err_msg=y)
+    assert_computes_the_codes(data, interpreter)
     # the bound counts the network's work once: not the halo's rows, which the stripes execute
     # (and the input rows two tiles of a transposed convolution both read, which any tiling does)
     plain = _compile(program, arrays, model, SMALL, plan, True, True, Grouping(budget, 0.125))[2]

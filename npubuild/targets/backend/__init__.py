@@ -4,7 +4,7 @@ The phases, in the order `targets/compile.py` runs them, each handing the next p
 
 1. `fusion`: which activations run in their convolution's output path (`Fusion`).
 2. `allocation`: where every tensor lives, DRAM by liveness or resident in SRAM (`Allocation`),
-   checked by `verify_allocation`.
+   checked by `verify_allocation`; `pinning`: where tables several ops read stay (a choice).
 3. `schedule`: how each op is cut into tiles that fit SRAM (`OpSchedule`); `pipeline` picks the
    split of the largest fitting tile that the cycle model finds fastest.
 4. `emit_*`: each op's high-level tile commands (`commands`: constant loads; per tile, loads, a

@@ -90,6 +90,11 @@ def const_load(offset: int, addr: int, nbytes: int) -> Step:
     return const_box(offset, addr, [1, 1, 1, nbytes], [0, 0, 0, 1], [0, 0, 0, 0])
 
 
+def pinned_load(sram: int, addr: int, nbytes: int) -> Step:
+    """`nbytes` of constants to an SRAM address of their own (a pinned table: pinning.py)."""
+    return load(sram, addr, 8, [1, 1, 1, nbytes], [0, 0, 0, 1], [0, 0, 0, 0])
+
+
 def const_box(offset: int, addr: int, box, strides, start) -> Step:
     """A strided constant load (a block of a weight matrix's columns)."""
     return load(InConst(offset), addr, 8, box, strides, start)

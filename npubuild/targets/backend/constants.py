@@ -33,15 +33,20 @@ def pack_constants(pool: ConstantPool, commands: list[Command]) -> list[Command]
                 break  # overlapping loads: the order they land in would matter
             hi = offset + box_bytes(load)
         else:
-            command.loads = [_record(pool, [(offset, pool.image(load)) for offset, load in spans])]
+            command.loads = [_record(pool, spans)]
     return commands
 
 
-def _record(pool: ConstantPool, parts: list[tuple[int, np.ndarray]]) -> Step:
-    """One load of the bytes `parts` put at their constant-area offsets (gaps zero)."""
-    lo = min(offset for offset, _ in parts)
-    record = np.zeros(max(offset + len(b) for offset, b in parts) - lo, np.uint8)
-    for offset, data in parts:
-        record[offset - lo : offset - lo + len(data)] = data
-    digest = hashlib.sha256(record.tobytes()).hexdigest()
-    return const_load(lo, pool.add(f"record#{digest}", record), len(record))
+def _record(pool: ConstantPool, spans: list[tuple[int, Step]]) -> Step:
+    """One load of the bytes the loads `spans` put at their constant-area offsets (gaps zero),
+    made once per compile for each set of sources (`ConstantPool.records`)."""
+    lo = spans[0][0]
+    source = tuple((offset, pool.source(load)) for offset, load in spans)
+    if source not in pool.records:
+        parts = [(offset, pool.image(load)) for offset, load in spans]
+        record = np.zeros(max(offset + len(b) for offset, b in parts) - lo, np.uint8)
+        for offset, data in parts:
+            record[offset - lo : offset - lo + len(data)] = data
+        pool.records[source] = (f"record#{hashlib.sha256(record.tobytes()).hexdigest()}", record)
+    key, data = pool.records[source]
+    return const_load(lo, pool.add(key, data), len(data))

@@ -17,48 +17,89 @@ from npubuild.targets.isa import Instruction
 @dataclass
 class ConstantPool:
     """The constants section: arrays the NPU loads (weights, parameters, tables, indices), each
-    stored once per key, aligned, at DRAM addresses after the tensors (`base`)."""
+    stored once per key, aligned, at DRAM addresses after the tensors (`base`).
+
+    The grouping search emits an op several times and forgets each trial (`rollback`), so the
+    pool keeps each entry as the array it was given (the section's bytes are put together once,
+    `data`), and an entry a trial adds again with the same bytes keeps its version: what is worked
+    out from an entry's bytes (a record of several, `records`) is then reused, never from bytes
+    that a key had in another trial (a resize's index array differs with its tile's rows)."""
 
     base: int = 0
-    data: bytearray = field(default_factory=bytearray)
     keys: dict[str, int] = field(default_factory=dict)
+    # (each part's offset and `source`) -> (the record's key, its bytes): constants.pack_constants
+    records: dict[tuple, tuple[str, np.ndarray]] = field(default_factory=dict)
+    _starts: list[int] = field(default_factory=list)  # each entry's address, ascending
+    _entries: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (version, bytes) of each
+    _end: int = 0  # bytes the entries take, each aligned
+    _seen: dict[str, tuple[int, np.ndarray]] = field(default_factory=dict)  # a key's last version
+    _versions: int = 0
 
     def add(self, key: str, array: np.ndarray) -> int:
         """DRAM address of a constant array (deduplicated by key)."""
         if key not in self.keys:
-            data = np.ascontiguousarray(array).tobytes()
-            self.keys[key] = self.base + len(self.data)
-            self.data += data + bytes(align(len(data)) - len(data))
+            data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+            if not data.flags.owndata and data.base is not array:
+                data = data.copy()  # a view of an array somebody may still change
+            seen = self._seen.get(key)
+            if seen is not None and seen[1].shape == data.shape and np.array_equal(seen[1], data):
+                version, data = seen
+            else:
+                self._versions += 1
+                version = self._versions
+                self._seen[key] = (version, data)
+            self.keys[key] = self.base + self._end
+            self._starts.append(self.keys[key])
+            self._entries.append((version, data))
+            self._end += align(len(data))
         return self.keys[key]
 
-    def mark(self) -> tuple[int, dict[str, int]]:
-        return len(self.data), dict(self.keys)
+    @property
+    def data(self) -> bytearray:
+        """The section's bytes: each entry at its address, zeros between."""
+        out = bytearray(self._end)
+        for at, (_, data) in zip(self._starts, self._entries):
+            out[at - self.base : at - self.base + len(data)] = data.tobytes()
+        return out
 
-    def rollback(self, mark: tuple[int, dict[str, int]]) -> None:
+    def mark(self) -> int:
+        return len(self._entries)
+
+    def rollback(self, mark: int) -> None:
         """Forget what was added since `mark` (a trial emission's constants are not kept)."""
-        del self.data[mark[0] :]
-        self.keys = dict(mark[1])
+        if mark < len(self._entries):
+            self._end = self._starts[mark] - self.base
+            dropped = set(self._starts[mark:])
+            self.keys = {key: at for key, at in self.keys.items() if at not in dropped}
+            del self._starts[mark:], self._entries[mark:]
+
+    def source(self, load: Step) -> tuple:
+        """What a constant load reads, named by its entry's version rather than its address (which
+        a rollback may give to other bytes): the version, the offset into the entry and the box."""
+        a = load.args
+        k = bisect.bisect_right(self._starts, a["dram"]) - 1
+        box = tuple(a[f"{n}{i}"] for n in "ds" for i in range(4))
+        return (self._entries[k][0], a["dram"] - self._starts[k], a["esize"], *box)
 
     def image(self, load: Step) -> np.ndarray:
         """The bytes a constant load puts into SRAM, in SRAM order (its box, densely)."""
         a = load.args
+        e = a["esize"]
         dims = [a[f"d{k}"] for k in range(4)]
-        at = (
-            a["dram"]
-            - self.base
-            + sum(
-                np.arange(d).reshape([-1 if k == j else 1 for j in range(4)]) * a[f"s{k}"] * a["esize"]
-                for k, d in enumerate(dims)
-            )
-        )
-        at = (at[..., None] + np.arange(a["esize"])).reshape(-1)
-        return np.frombuffer(self.data, np.uint8)[at]
+        strides = [a[f"s{k}"] * e for k in range(4)]
+        k = bisect.bisect_right(self._starts, a["dram"]) - 1
+        start = a["dram"] - self._starts[k] if k >= 0 else -1
+        last = start + sum((d - 1) * s for d, s in zip(dims, strides)) + e - 1
+        if start < 0 or min(strides) < 0 or last >= len(self._entries[k][1]):
+            raise IndexError(f"constant load at {a['dram']:#x} outside its entry")
+        data = self._entries[k][1]
+        box = np.lib.stride_tricks.as_strided(data[start:], (*dims, e), (*strides, 1), writeable=False)
+        return np.array(box, copy=True).reshape(-1)
 
     def compact(self, programs: list[list[Instruction]]) -> None:
         """Drop the entries no instruction reads (arrays whose every load went into a record) and
         close the gaps, rewriting each load's DRAM address into its entry's new place."""
-        starts = sorted(set(self.keys.values()))
-        ends = starts[1:] + [self.base + len(self.data)]
+        starts = self._starts
         owners = [  # each constant load and the start of the entry it reads
             (i, starts[bisect.bisect_right(starts, i.args["dram"]) - 1])
             for code in programs
@@ -66,15 +107,17 @@ class ConstantPool:
             if i.op == "load" and i.args["space"] == 0 and i.args["dram"] >= self.base
         ]
         read = {start for _, start in owners}
-        data, moved = bytearray(), {}
-        for start, end in zip(starts, ends):
+        kept_starts, kept, moved, end = [], [], {}, 0
+        for start, entry in zip(starts, self._entries):
             if start in read:
-                moved[start] = self.base + len(data)
-                data += self.data[start - self.base : end - self.base]
+                moved[start] = self.base + end
+                kept_starts.append(self.base + end)
+                kept.append(entry)
+                end += align(len(entry[1]))
         for i, start in owners:
             i.args["dram"] += moved[start] - start
         self.keys = {key: moved[at] for key, at in self.keys.items() if at in moved}
-        self.data = data
+        self._starts, self._entries, self._end = kept_starts, kept, end
 
 
 @dataclass
@@ -89,6 +132,10 @@ class OpContext:
     shuffled: dict[str, int] = field(default_factory=dict)
     # tensors that are windows of the tensor their bytes are in (windows.py): its element strides
     windows: dict[str, list[int]] = field(default_factory=dict)
+    # tables loaded once into SRAM kept for them (pinning.py): `table_key` -> SRAM address; the
+    # ops' constants and tiles lie below `tiles_below`
+    pinned: dict[str, int] = field(default_factory=dict)
+    tiles_below: int = 1 << 62
 
     def strides(self, name: str) -> list[int]:
         """The 4-D element strides of a data tensor where it lies: row-major, or for a window read
@@ -142,6 +189,12 @@ class OpContext:
         entries, shifts = self.arrays[lut.arrays.table].size, self.tensors[lut.outputs[0]].channel_shifts
         return 2 * entries + len(shifts) if shifts else entries * (1 if self.bits(lut.outputs[0]) == 8 else 2)
 
+    def table_key(self, lut: Op) -> str:
+        """The constant pool's key of a lookup table as its instruction reads it (`table`)."""
+        if self.tensors[lut.outputs[0]].channel_shifts:
+            return f"{lut.arrays.table}#channels"
+        return f"{lut.arrays.table}#{self.bits(lut.outputs[0])}"
+
     def table(self, lut: Op) -> tuple[int, int, int]:
         """(DRAM address, bytes, offset of the per-channel shifts or -1) of a lookup table as its
         instruction reads it: entries at the result's width, or for a per-channel result (format
@@ -151,10 +204,11 @@ class OpContext:
         shifts = self.tensors[y].channel_shifts
         if not shifts:
             table = entries.astype(np.int8 if self.bits(y) == 8 else np.int16)
-            key, shifts_at = f"{lut.arrays.table}#{self.bits(y)}", -1
+            shifts_at = -1
         else:
             wide = entries.astype("<i2").view(np.uint8)
             table = np.concatenate([wide, np.asarray(shifts, np.int8).view(np.uint8)])
-            key, shifts_at = f"{lut.arrays.table}#channels", wide.nbytes
+            shifts_at = wide.nbytes
+        key = self.table_key(lut)
         assert table.nbytes == self.table_bytes(lut)  # what the schedule reserved
         return self.consts.add(key, table), table.nbytes, shifts_at

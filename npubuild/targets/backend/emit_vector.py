@@ -16,6 +16,7 @@ from npubuild.targets.backend.commands import (
     Tile,
     const_load,
     load,
+    pinned_load,
     store,
 )
 from npubuild.targets.backend.context import OpContext
@@ -108,9 +109,12 @@ def unary(
 def lut(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
     x, y = op.inputs[0], op.outputs[0]
     taddr, table_bytes, shifts_at = ctx.table(op)
+    # a pinned table (pinning.py) loads to its own SRAM address, where the instruction reads it
+    pinned = ctx.pinned.get(ctx.table_key(op))
+    table = InConst(0) if pinned is None else pinned
     operands = dict(
         in_bits=ctx.bits(x),
-        table=InConst(0),
+        table=table,
         offset=op.attrs.offset,
         out_bits=ctx.bits(y),
         shift=op.attrs.index_shift,
@@ -122,10 +126,12 @@ def lut(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
             return {"shifts": -1, "per": 0}
         if size[0] != 1:
             raise ValueError("a per-channel table's tile spans several images")
-        return {"shifts": InConst(shifts_at + start[1]), "per": size[2] * size[3]}
+        at = shifts_at + start[1]
+        return {"shifts": InConst(at) if pinned is None else pinned + at, "per": size[2] * size[3]}
 
     tiles = unary(ctx, op, sched, "lut", per_tile=channel_shifts, **operands)
-    return [ConstLoads([const_load(0, taddr, table_bytes)]), *tiles]
+    loads = [const_load(0, taddr, table_bytes) if pinned is None else pinned_load(pinned, taddr, table_bytes)]
+    return [ConstLoads(loads), *tiles]
 
 
 def clamp(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:

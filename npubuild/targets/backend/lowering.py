@@ -61,12 +61,16 @@ class Lowering:
         self.in_group = False
         self.group_end = 0  # the bytes of its slot the open constant group fills
         self.const_shift = 0  # where this op's constants start in the group they joined
+        self.pinned: set[int] = set()  # SRAM addresses of the pinned tables loaded so far
 
     def trial(self) -> Lowering:
         """An empty stream in this one's constant state: to cost an op's alternatives."""
-        return Lowering(self.sram, self.slot, self.const_token)
+        trial = Lowering(self.sram, self.slot, self.const_token)
+        trial.pinned = set(self.pinned)
+        return trial
 
     def add_op(self, op: Op, commands: list[Command]) -> None:
+        commands = self._unpinned(commands)
         if sum(isinstance(c, Tile) for c in commands) == 1:
             commands = [_in_place(c) if isinstance(c, Tile) else c for c in commands]
         joining = self._joining_offset(commands)
@@ -77,6 +81,19 @@ class Lowering:
         joined._add(op, commands, joining)
         alone._add(op, commands, None)
         self.__dict__.update((joined if joined._cycles() < alone._cycles() else alone).__dict__)
+
+    def _unpinned(self, commands: list[Command]) -> list[Command]:
+        """The commands without the loads of pinned tables (pinning.py) an op before loaded: a
+        pinned table's load names its SRAM address, not a place in the constant area."""
+        kept = []
+        for command in commands:
+            if isinstance(command, ConstLoads) and command.loads:
+                pinned = {s.args["sram"] for s in command.loads if not isinstance(s.args["sram"], InConst)}
+                if pinned and pinned <= self.pinned:
+                    continue
+                self.pinned |= pinned
+            kept.append(command)
+        return kept
 
     def _copy(self) -> Lowering:
         """This stream with its own lists (instructions are not changed once emitted)."""
@@ -124,6 +141,8 @@ class Lowering:
         if len(groups) != 1 or commands[0] is not groups[0]:
             return None
         loads = groups[0].loads
+        if not all(isinstance(step.args["sram"], InConst) for step in loads):
+            return None  # a pinned table's load
         at = align(self.group_end)
         if at + max(step.args["sram"].offset + box_bytes(step) for step in loads) > self.sram.const_slot:
             return None
@@ -138,7 +157,8 @@ class Lowering:
     def _const(self, step: Step, last: bool, join: bool = False) -> None:
         """A constant load waits until the tiles that read the slot's last contents are done
         (without slots, stored too). With slots, each group takes the other slot, unless the op
-        joins the open group (`_joining_offset`)."""
+        joins the open group (`_joining_offset`). A pinned table's load (pinning.py) is a group of
+        its own that writes no slot: no op's tiles or constants lie where it lands."""
         if self.sram.const_slot and not self.in_group and not join:
             self.slot ^= 1
             self.const_token = SLOT_TOKENS[self.slot]
@@ -155,8 +175,9 @@ class Lowering:
         if self.sram.const_slot:
             self.groups[-1].append(at)
             self.in_group = True
-            end = self.const_shift + step.args["sram"].offset + box_bytes(step)
-            self.group_end = max(self.group_end, end)
+            if isinstance(step.args["sram"], InConst):
+                end = self.const_shift + step.args["sram"].offset + box_bytes(step)
+                self.group_end = max(self.group_end, end)
 
     def _tile(self, tile: Tile, b: int, first_two: bool) -> None:
         buffer = tile.buffers[b]

@@ -95,7 +95,9 @@ def lower_subgraph(
     whole = ctx.sram
     for i in indices:
         # an interval that leaves resident tensors less SRAM gives its ops' tiles the rest
-        ctx.sram = SramPlan(allocation.tile_sram_at.get(i, whole.tiles), whole.const_slot)
+        # (below the pinned tables, if any: pinning.py)
+        tiles = min(allocation.tile_sram_at.get(i, whole.tiles), ctx.tiles_below)
+        ctx.sram = SramPlan(tiles, whole.const_slot)
         op = ops[i]
         if i in fusion.absorbed or i in allocation.views:
             lowering.add_op(op, [])  # applied by the convolution before it, or a view of its input

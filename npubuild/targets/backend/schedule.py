@@ -302,7 +302,8 @@ def unary(ctx: OpContext, op: Op, split: int, fixed: int = 0) -> OpSchedule:
 
 
 def lut(ctx: OpContext, op: Op, split: int) -> OpSchedule:
-    return unary(ctx, op, split, fixed=ctx.table_bytes(op))
+    pinned = ctx.table_key(op) in ctx.pinned  # its table is not in the constant area
+    return unary(ctx, op, split, fixed=0 if pinned else ctx.table_bytes(op))
 
 
 def clamp(ctx: OpContext, op: Op, split: int) -> OpSchedule:
