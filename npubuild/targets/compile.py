@@ -353,6 +353,7 @@ def _compile(
         consts,
         allocation.shuffled,
         allocation.windows,
+        upsampled=allocation.upsampled,
     )
     if choice.pin_tables:
         npu_ops = [i for sg in plan["subgraphs"] if sg["device"] == "npu" for i in sg["ops"]]

@@ -133,9 +133,10 @@ class Assembly:
         tensors = {
             n: {**program.tensors[n].model_dump(), "shape": shapes[n], "dram": allocation.addr[n]}
             for n in sorted(allocation.addr)
-            # a window's or a shuffle's bytes are not row-major at its address: only its readers'
-            # strided loads make it (windows.py, shuffles.py)
-            if n not in allocation.resident and n not in allocation.windows and n not in allocation.shuffled
+            # a window's, a shuffle's or an upsample's bytes are not row-major at its address: only
+            # its readers' strided loads make it (windows.py, shuffles.py, upsamples.py)
+            if n not in allocation.resident
+            and not any(n in v for v in (allocation.windows, allocation.shuffled, allocation.upsampled))
         }
         meta = {
             "target": self.target_fields,

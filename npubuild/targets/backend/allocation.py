@@ -5,7 +5,8 @@ Tensors produced and consumed only inside one NPU subgraph may stay resident in 
 becomes one group. The rest get DRAM buffers, reused once dead (first fit). Reshape-like ops alias
 their input, a Split or Slice that cuts contiguous pieces is a view into it, and so is a channel
 shuffle its readers read through (shuffles.py), with its channels permuted, and a Slice its
-readers read as a strided box (windows.py). Constants follow
+readers read as a strided box (windows.py), and so is a nearest upsample its readers read with
+each element repeated (upsamples.py). Constants follow
 the tensors in DRAM (`ConstantPool`). `verify_allocation` checks the result on its own terms.
 """
 
@@ -21,6 +22,7 @@ from npubuild.intmodel.program import IntegerModel, Op
 from npubuild.targets.backend.fusion import Fusion
 from npubuild.targets.backend.memory import ALIGN, SRAM_FLAG, align, esize, tensor_bytes
 from npubuild.targets.backend.shuffles import channel_shuffles
+from npubuild.targets.backend.upsamples import upsample_views
 from npubuild.targets.backend.windows import row_windows, slice_cut
 
 
@@ -57,6 +59,8 @@ class Allocation:
     shuffled: dict[str, int] = field(default_factory=dict)
     # windows read through (windows.py): their input's 4-D element strides
     windows: dict[str, list[int]] = field(default_factory=dict)
+    # upsamples read through (upsamples.py): their input and its (row, column) factors
+    upsampled: dict[str, tuple[str, int, int]] = field(default_factory=dict)
     # ops whose interval leaves resident tensors less than the area (intervals.py): their tile SRAM
     tile_sram_at: dict[int, int] = field(default_factory=dict)
     room: tuple[int, ...] = ()  # per position of the op sequence, the resident bytes it leaves
@@ -126,6 +130,8 @@ def allocate(
     shuffled = {name: g for names in shuffles.values() for name, g in names.items()}
     windows = row_windows(program, shapes, arrays, plan, fusion)
     strides: dict[str, list[int]] = {}
+    upsamples = upsample_views(program, shapes, plan, fusion, sram_total)
+    upsampled: dict[str, tuple[str, int, int]] = {}
 
     def find(n: str) -> str:
         while root.get(n, n) != n:
@@ -144,7 +150,11 @@ def allocate(
         for n in [*op.inputs, *op.outputs]:
             if n and n not in op.constants and n in tensors and n not in fusion.fused_away:
                 touched.add(n)
-        if (op.kind == "move" and op.op_type in ALIASES) or i in shuffles:
+        if i in upsamples:  # its readers repeat its input's elements as they load them
+            root[op.outputs[0]], offset[op.outputs[0]] = op.inputs[0], 0
+            upsampled[op.outputs[0]] = (op.inputs[0], *upsamples[i])
+            views.add(i)
+        elif (op.kind == "move" and op.op_type in ALIASES) or i in shuffles:
             root[op.outputs[0]] = op.inputs[0]
             if i in shuffles:  # its readers load the input's channels permuted
                 views.add(i)
@@ -178,7 +188,8 @@ def allocate(
     extent: dict[str, tuple[str, int, int]] = {}
     for n in touched:
         r = find(n)
-        nbytes = tensor_bytes(n, tensors, shapes)
+        # (an upsample read through takes its input's bytes, not its own)
+        nbytes = tensor_bytes(upsampled[n][0] if n in upsampled else n, tensors, shapes)
         extent[n] = (r, at(n), nbytes)
         if n in outputs or n in program.inputs:
             last[r] = len(sequence)
@@ -220,6 +231,7 @@ def allocate(
         views=frozenset(views),
         shuffled=shuffled,
         windows=strides,
+        upsampled=upsampled,
         tensor_area=align(top),
         tile_sram=sram_total - area,
         tile_sram_at={i: sram_total - c for i, c in zip(sequence, room) if c != area},

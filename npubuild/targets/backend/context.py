@@ -132,6 +132,8 @@ class OpContext:
     shuffled: dict[str, int] = field(default_factory=dict)
     # tensors that are windows of the tensor their bytes are in (windows.py): its element strides
     windows: dict[str, list[int]] = field(default_factory=dict)
+    # upsamples read through (upsamples.py): their input and its (row, column) factors
+    upsampled: dict[str, tuple[str, int, int]] = field(default_factory=dict)
     # tables loaded once into SRAM kept for them (pinning.py): `table_key` -> SRAM address; the
     # ops' constants and tiles lie below `tiles_below`
     pinned: dict[str, int] = field(default_factory=dict)

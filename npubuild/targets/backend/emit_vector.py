@@ -55,7 +55,10 @@ def binary(
             box = broadcast_box(shape, size)
             first = [st if d != 1 else 0 for st, d in zip(start, shape)]
             strides = row_major(shape) if name in op.constants else ctx.strides(name)
-            loads.append(load(InTile(offset), addr, bits, box, strides, first))
+            if name in ctx.upsampled:
+                loads.append(_upsampled(ctx, name, InTile(offset), start, size))
+            else:
+                loads.append(load(InTile(offset), addr, bits, box, strides, first))
             places.append((InTile(offset), box, bits))
             offset += align(int(np.prod(box)) * esize(bits))
         (pa, ba, bita), (pb, bb, bitb) = places
@@ -72,6 +75,17 @@ def binary(
         result = store(InTile(offset), ctx.addr[z], ctx.bits(z), size, row_major(out4), start)
         commands.append(Tile(bufs, loads, Step(op.kind, args), result))
     return commands
+
+
+def _upsampled(ctx: OpContext, name: str, sram: InTile, start: list[int], size: list[int]) -> Step:
+    """The load of a tile of whole maps of an upsample read through (upsamples.py): the input's
+    channels with each row `fh` times and each element `fw` times, densely."""
+    source, fh, fw = ctx.upsampled[name]
+    _, _, h, w = four(ctx.shapes[source])
+    if size[0] != 1 or start[2:] != [0, 0] or size[2:] != [h * fh, w * fw]:
+        raise ValueError(f"a tile of {name} that is not whole maps: {start} + {size}")
+    dims, strides = [size[1] * h, fh, w, fw], [w, 0, 1, 0]  # (channel, row), repeat, column, repeat
+    return load(sram, ctx.addr[source], ctx.bits(source), dims, strides, [start[1] * h, 0, 0, 0])
 
 
 def _chained_add(ctx: OpContext, op: Op, residual: Op | None) -> dict:

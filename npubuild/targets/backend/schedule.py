@@ -288,7 +288,10 @@ def binary(ctx: OpContext, op: Op, split: int, residual: Op | None = None) -> Op
         size = sum(int(np.prod(broadcast_box(shape, blk))) * esize(bits) for shape, bits in operands)
         return 0, size + int(np.prod(blk)) * output_bytes(ctx, y, residual) + 3 * 64
 
-    return blocked(ctx.sram, out4, need, split)
+    sched = blocked(ctx.sram, out4, need, split)
+    if any(name in ctx.upsampled for name in op.inputs) and list(sched.extents[2:]) != out4[2:]:
+        raise DoesNotFit  # an upsample read through loads whole maps (upsamples.py)
+    return sched
 
 
 def unary(ctx: OpContext, op: Op, split: int, fixed: int = 0) -> OpSchedule:
