@@ -130,7 +130,8 @@ def allocate(
     shuffled = {name: g for names in shuffles.values() for name, g in names.items()}
     windows = row_windows(program, shapes, arrays, plan, fusion)
     strides: dict[str, list[int]] = {}
-    upsamples = upsample_views(program, shapes, plan, fusion, sram_total)
+    strided = {ops[i].outputs[0] for i in windows} | set(shuffled)
+    upsamples = upsample_views(program, shapes, plan, fusion, sram_total, strided)
     upsampled: dict[str, tuple[str, int, int]] = {}
 
     def find(n: str) -> str:

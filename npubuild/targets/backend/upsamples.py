@@ -28,11 +28,13 @@ WHOLE_MAP_SHARE = 1 / 8
 
 
 def upsample_views(
-    program: IntegerModel, shapes: dict, plan: dict, fusion: Fusion, sram_bytes: int
+    program: IntegerModel, shapes: dict, plan: dict, fusion: Fusion, sram_bytes: int, strided=frozenset()
 ) -> dict[int, tuple[int, int]]:
     """{Resize op index: (fh, fw)} for the nearest Resizes on the NPU whose results are read
-    through: whole factors, the input's grid, no network output, and every reader an element-wise
-    add or mul on the NPU that runs as its own instruction and reads it as a whole-shaped operand."""
+    through: whole factors, the input's grid, an input whose bytes are row-major (not among
+    `strided`: windows and shuffles read through), no network output, and every reader an
+    element-wise add or mul on the NPU that runs as its own instruction and reads it as a
+    whole-shaped operand."""
     npu = {i for sg in plan["subgraphs"] if sg["device"] == "npu" for i in sg["ops"]}
     readers = program.readers()
     outputs, tensors = set(program.outputs), program.tensors
@@ -44,6 +46,8 @@ def upsample_views(
         x, y = op.inputs[0], op.outputs[0]
         if x not in tensors or y in outputs or tensors.get(y) != tensors[x] or x in fusion.fused_away:
             continue
+        if x in strided:
+            continue  # its readers' loads assume the input row-major
         (n, c, h, w), (n2, c2, h2, w2) = ([int(d) for d in shapes[t]] for t in (x, y))
         if n != 1 or n2 != 1 or c2 != c or h2 % h or w2 % w:
             continue
