@@ -167,6 +167,9 @@ def test_striped_binary_computes_the_integer_models_codes(built):
     assert binary_hazards(data) == []
     # the Mul-first chains' slices are windows of t their Muls read through (windows.py): no copy
     assert [row["kind"] for row in stats["layers"]].count("move") == 0
+    # and each stripe's last op writes its rows at their place in the chain's result, with the
+    # result's strides (allocation._pieces_in_concat): the Concats copy nothing
+    assert [row["kind"] for row in stats["layers"]].count("concat") == 0
     assert_computes_the_codes(data, interpreter)
     # the bound counts the network's work once: not the halo's rows, which the stripes execute
     # (and the input rows two tiles of a transposed convolution both read, which any tiling does)

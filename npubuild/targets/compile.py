@@ -279,11 +279,10 @@ def _interval_choice(
 
 def _between(share: float, grid: tuple[float, ...]) -> list[float]:
     """The shares halfway between `share` and its neighbours on `grid` (above the last: halfway to
-    twice it)."""
-    shares = sorted(grid)
-    k = shares.index(share)
-    above = shares[k + 1] if k + 1 < len(shares) else 2 * share
-    return [(shares[k - 1] + share) / 2] * (k > 0) + [(share + above) / 2] * (above > share)
+    twice it; a share between two grid points, itself a refinement, has those two)."""
+    below = [g for g in sorted(grid) if g < share]
+    above = min((g for g in grid if g > share), default=2 * share)
+    return ([(below[-1] + share) / 2] if below else []) + ([(share + above) / 2] if above > share else [])
 
 
 def stripings(

@@ -20,7 +20,7 @@ import numpy as np
 from npubuild.intmodel.ops import ALIASES
 from npubuild.intmodel.program import IntegerModel, Op
 from npubuild.targets.backend.fusion import Fusion
-from npubuild.targets.backend.memory import ALIGN, SRAM_FLAG, align, esize, tensor_bytes
+from npubuild.targets.backend.memory import ALIGN, SRAM_FLAG, align, esize, four, row_major, tensor_bytes
 from npubuild.targets.backend.shuffles import channel_shuffles
 from npubuild.targets.backend.upsamples import upsample_views
 from npubuild.targets.backend.windows import row_windows, slice_cut
@@ -171,9 +171,15 @@ def allocate(
                 root[out], offset[out] = op.inputs[0], start
     outputs = set(program.outputs)
     boundary = outputs | set(program.inputs)
+    writers = {n: j for j in npu for n in fusion.written(j, ops)}
+    readers = program.readers()
     for i in sequence:
         if i in npu and ops[i].kind == "concat":
             _place_in_concat(ops[i], tensors, shapes, touched, boundary, root, offset, find, at)
+            pieces = _pieces_in_concat(i, ops, tensors, shapes, touched, boundary, root, writers, readers)
+            for x, (start, element_strides) in pieces.items():
+                root[x], offset[x] = ops[i].outputs[0], start
+                strides[x] = element_strides
     first: dict[str, int] = {}
     last: dict[str, int] = {}
     for pos, i in enumerate(sequence):
@@ -242,6 +248,49 @@ def allocate(
         buffers=buffers,
         extent=extent,
     )
+
+
+# the kinds whose emitters store their result with OpContext.strides
+STRIDED_WRITERS = ("conv", "add", "mul", "lut", "clamp")
+
+
+def _pieces_in_concat(i: int, ops, tensors, shapes, touched, boundary, root, writers, readers) -> dict:
+    """The inputs of Concat `i` whose places are not contiguous (rows of a [1, C, H, W] map: the
+    stripes' results, stripes.py) that their producers write at their places with the Concat's
+    strides, as windows of it (windows.py, read the other way): {input: (byte offset of its first
+    element in the Concat's result, the result's 4-D element strides)}. Each must be its own buffer
+    (no view of it, not a view itself), have the Concat's grid, be written by one NPU op whose
+    emitter stores through `OpContext.strides` and be read by the Concat alone."""
+    op = ops[i]
+    y = op.outputs[0]
+    if y not in touched or tensors.get(y) is None or len(shapes[y]) > 4:
+        return {}
+    if any(ops[k].kind == "concat" for k in readers.get(y, [])):
+        return {}  # a Concat may move this one's buffer into its own, whose strides differ
+    shape = four([int(d) for d in shapes[y]])
+    axis = op.attrs.axis % len(shapes[y]) + (4 - len(shapes[y]))
+    if all(d == 1 for d in shape[:axis]):
+        return {}  # contiguous pieces: _place_in_concat's
+    size = esize(tensors[y].bits)
+    strides = row_major(shape)
+    found, start = {}, 0
+    for x in op.inputs:
+        here, start = start, start + int(four([int(d) for d in shapes[x]])[axis])
+        j = writers.get(x)
+        if (
+            x not in touched
+            or x in op.constants
+            or x in boundary
+            or tensors.get(x) != tensors[y]
+            or root.get(x, x) != x
+            or any(root.get(n) == x for n in touched)
+            or j is None
+            or ops[j].kind not in STRIDED_WRITERS
+            or readers.get(x, []) != [i]
+        ):
+            continue
+        found[x] = (here * strides[axis] * size, strides)
+    return found
 
 
 def _place_in_concat(op: Op, tensors, shapes, touched, boundary, root, offset, find, at) -> None:

@@ -26,8 +26,10 @@ def concat(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
     inner = int(np.prod(out4[axis + 1 :])) * esize(ctx.bits(y))
     for name, rescale, part in zip(op.inputs, op.attrs.rescale, sched.parts):
         addr, shape, bits = ctx.operand(op, name, ctx.bits(y))
-        if contiguous and rescale.same and name not in op.constants and addr == ctx.addr[y] + offset * inner:
-            offset += shape[axis]  # written at its place by its producer (allocation.py)
+        # written at its place by its producer (allocation.py), as a contiguous piece or a window
+        placed = contiguous or ctx.windows.get(name) == row_major(out4)
+        if placed and rescale.same and name not in op.constants and addr == ctx.addr[y] + offset * inner:
+            offset += shape[axis]
             continue
         bufs = part.buffers(ctx.sram)
         for start, size in boxes(shape, list(part.extents)):

@@ -77,7 +77,6 @@ def conv(
     paddr = ctx.consts.add(op.arrays.bias + "#params", ctx.mac_params(op))
     ocb, rows, cols = sched.extents
     bufs = sched.buffers(ctx.sram)
-    ys = row_major([1, oc, oh, ow])
     output_path = _residual_operands(ctx, y, residual)
     commands: list[Command] = []
     inside = group > 1 and ocb < og  # chunks of one group's output channels
@@ -134,7 +133,7 @@ def conv(
                         **output_path, **res, **NO_PADS, **sum_clamp,
                     ),
                 )  # fmt: skip
-                result = store(dst, ctx.addr[z], ctx.bits(z), box, ys, start)
+                result = store(dst, ctx.addr[z], ctx.bits(z), box, ctx.strides(z), start)
                 commands.append(Tile(bufs, loads, compute, result))
     return commands
 
@@ -179,7 +178,7 @@ def conv_transpose(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
     input_rows = TransposeRows(op, h, kh)
     ocb, rows = sched.extents
     bufs = sched.buffers(ctx.sram)
-    xs, ys = ctx.strides(x), row_major([1, oc, oh, ow])
+    xs, ys = ctx.strides(x), ctx.strides(y)
     commands: list[Command] = []
     for o0 in range(0, oc, ocb):
         n_out = min(o0 + ocb, oc) - o0

@@ -72,7 +72,7 @@ def binary(
             args.update(ma=at.ma, mb=at.mb, **bounds)
         else:
             args.update(m0=at.m0, shift=at.shift, **_chained_add(ctx, op, residual), **bounds)
-        result = store(InTile(offset), ctx.addr[z], ctx.bits(z), size, row_major(out4), start)
+        result = store(InTile(offset), ctx.addr[z], ctx.bits(z), size, ctx.strides(z), start)
         commands.append(Tile(bufs, loads, Step(op.kind, args), result))
     return commands
 
@@ -106,7 +106,7 @@ def unary(
     x, y = op.inputs[0], op.outputs[0]
     shape = four(ctx.shapes[y])
     bufs = sched.buffers(ctx.sram)
-    strides = row_major(shape)
+    strides = ctx.strides(y)  # (a piece of a Concat written at its place: allocation.py)
     commands: list[Command] = []
     for start, size in boxes(shape, list(sched.extents)):
         n = int(np.prod(size))
