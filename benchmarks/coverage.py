@@ -2,8 +2,9 @@
 table: stages passed, ops on the NPU, NPU/CPU transitions, fallback reasons, int8 accuracy against
 the float model (cos, SQNR: the minimum over outputs), the QDQ export against the integer model
 (QDQ: the minimum output cosine), estimated latency, the NPU cycles against the roofline bound
-(xroof) and the DRAM bytes against the compulsory ones (xDRAM), and whether the simulator was
-bit-exact.
+(xroof) and the DRAM bytes against the compulsory ones (xDRAM), whether the simulator was
+bit-exact, and the schedule checker's hazards in the binary (targets/hazards.py: a wait the
+cycle model's timeline lacks; 0 is right).
 
     python benchmarks/coverage.py                       # the whole corpus (long: a benchmark)
     python benchmarks/coverage.py --only squeezenet_m   # some npu_models, by name
@@ -110,12 +111,16 @@ def row(ws: Path, name: str, errors: list[str]) -> dict:
             result["x_dram"] = codegen["dram_bytes"] / codegen["compulsory_dram_bytes"]
     if (out / "simulate.json").exists():
         result["bit_exact"] = json.loads((out / "simulate.json").read_text())["bit_exact"]["ok"]
+    if (out / "model.npub").exists():
+        from npubuild.targets.hazards import binary_hazards
+
+        result["hazards"] = len(binary_hazards((out / "model.npub").read_bytes()))
     return result
 
 
 def table(rows: list[dict]) -> str:
     head = f"{'model':<18}{'stages':>7}{'NPU ops':>16}{'trans':>6}{'cos':>8}{'SQNR':>7}{'QDQ':>8}{'ms':>8}"
-    head += f"{'xroof':>7}{'xDRAM':>7}  exact"
+    head += f"{'xroof':>7}{'xDRAM':>7}  exact  hazards"
     lines = [head, "-" * len(head)]
     for r in rows:
         ops = f"{r['npu_ops']}/{r['ops']}" if "ops" in r else "-"
@@ -128,7 +133,7 @@ def table(rows: list[dict]) -> str:
             f"{'-' if 'latency_ms' not in r else format(r['latency_ms'], '.2f'):>8}"
             f"{'-' if 'x_roofline' not in r else format(r['x_roofline'], '.2f'):>7}"
             f"{'-' if 'x_dram' not in r else format(r['x_dram'], '.1f'):>7}"
-            f"  {r.get('bit_exact', '-')}"
+            f"  {r.get('bit_exact', '-')!s:<5}  {r.get('hazards', '-')}"
         )
     lines.append("")
     reasons: Counter = Counter()

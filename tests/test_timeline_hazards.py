@@ -100,6 +100,19 @@ def test_constants_wait_for_the_stores_of_the_tiles_they_land_on():
     assert hazards(code, M, SRAM) == []
 
 
+def test_a_tile_that_stores_nothing_holds_its_buffer_until_its_compute_ends():
+    """A global pool's tiles accumulate and only its last stores: the load of the tile after next
+    into the same buffer waits for that tile's compute, as it would for a store (on vnpu-s the
+    on-chip loads of PP-OCRv4 det's pools overwrote a tile its compute still read)."""
+    tile = _tile(4000, buffers=(1000, 9000))  # large tiles: their loads take long
+    code = _lowered([*[dataclasses.replace(tile, store=None)] * 4, tile])
+    loads = [k for k, i in enumerate(code) if i.op == "load"]
+    third = code[loads[2]]
+    assert third.args["sram"] == code[loads[0]].args["sram"]  # buffer A again
+    assert third.wait >> T_DONE[0] & 1
+    assert hazards(code, M, SRAM) == []
+
+
 @pytest.mark.parametrize("target_name", ["vnpu-m", "vnpu-s"])
 def test_real_binaries_have_no_hazard(cls_binary, target_name):
     """The PP-OCR classifier, grouped (resident tensors, in place where they can be) and layer by

@@ -62,6 +62,7 @@ class Lowering:
         self.group_end = 0  # the bytes of its slot the open constant group fills
         self.const_shift = 0  # where this op's constants start in the group they joined
         self.pinned: set[int] = set()  # SRAM addresses of the pinned tables loaded so far
+        self.unstored = [False, False]  # per tile buffer: whether its last tile stored nothing
 
     def trial(self) -> Lowering:
         """An empty stream in this one's constant state: to cost an op's alternatives."""
@@ -101,6 +102,7 @@ class Lowering:
         twin.code, twin.marks, twin.first_input = list(self.code), list(self.marks), list(self.first_input)
         twin.groups = [list(g) for g in self.groups]
         twin.compute_anchors, twin.hoisted_before = set(self.compute_anchors), dict(self.hoisted_before)
+        twin.unstored = list(self.unstored)
         return twin
 
     def _cycles(self) -> int:
@@ -186,6 +188,11 @@ class Lowering:
         # wrote a resident tensor in place)
         before = (1 << T_STORED[0]) | (1 << T_STORED[1]) | (1 << T_DONE[0]) | (1 << T_DONE[1])
         load_wait = before if first_two else 1 << T_STORED[b]
+        if not first_two and self.unstored[b]:
+            # the buffer's previous tile stored nothing (a global pool's tiles accumulate): its
+            # compute is what last read the buffer (hazards.py found the loads of a vnpu-s pool
+            # overwriting a tile its compute still read)
+            load_wait |= 1 << T_DONE[b]
         for k, step in enumerate(tile.loads):
             self._emit(step, buffer, load_wait, T_IN[b] if k == len(tile.loads) - 1 else NO_SIGNAL)
         if tile.compute is not None:
@@ -196,6 +203,7 @@ class Lowering:
                     self.first_input[-1] = len(self.code)
                     self.compute_anchors.add(len(self.code))
             self._emit(tile.compute, buffer, wait, T_DONE[b])
+        self.unstored[b] = tile.compute is not None and tile.store is None
         if tile.store is not None:
             wait = 0
             if "compute" in tile.store_after:
