@@ -359,8 +359,8 @@ def _compile(
         tables = shared_tables(ctx, ops, npu_ops, fusion)
         if not tables:
             raise DoesNotFit  # nothing to pin: the choice is the one without
-        ctx.pinned, ctx.tiles_below = pin(tables, allocation.tile_sram)
-    tiles = min(allocation.tile_sram, ctx.tiles_below)
+        ctx.pinned = pin(tables, allocation.tile_sram)
+    tiles = min([allocation.tile_sram, *ctx.pinned.values()])
     const_slot = int(choice.const_share * tiles) // ALIGN * ALIGN
     sram = ctx.sram = SramPlan(tiles, const_slot)
     dtypes = {**input_dtypes(model), **{n: "uint8" for n in program.pixel_inputs}}

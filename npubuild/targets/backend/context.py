@@ -135,9 +135,8 @@ class OpContext:
     # upsamples read through (upsamples.py): their input and its (row, column) factors
     upsampled: dict[str, tuple[str, int, int]] = field(default_factory=dict)
     # tables loaded once into SRAM kept for them (pinning.py): `table_key` -> SRAM address; the
-    # ops' constants and tiles lie below `tiles_below`
+    # ops' constants and tiles lie below the lowest
     pinned: dict[str, int] = field(default_factory=dict)
-    tiles_below: int = 1 << 62
 
     def strides(self, name: str) -> list[int]:
         """The 4-D element strides of a data tensor where it lies: row-major, or for a window read

@@ -38,11 +38,11 @@ def shared_tables(ctx: OpContext, ops: list[Op], indices: list[int], fusion: Fus
     return {key: sizes[key] for key in sorted(sizes) if readers[key] > 1}
 
 
-def pin(tables: dict[str, int], top: int) -> tuple[dict[str, int], int]:
-    """SRAM addresses for `tables`, packed down from `top`, and the lowest of them (the top of
-    the SRAM left for the ops' constants and tiles)."""
+def pin(tables: dict[str, int], top: int) -> dict[str, int]:
+    """SRAM addresses for `tables`, packed down from `top` (the lowest is the top of the SRAM left
+    for the ops' constants and tiles)."""
     at, pinned = top, {}
     for key, size in tables.items():
         at -= align(size)
         pinned[key] = at
-    return pinned, at
+    return pinned

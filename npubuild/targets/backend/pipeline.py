@@ -96,7 +96,7 @@ def lower_subgraph(
     for i in indices:
         # an interval that leaves resident tensors less SRAM gives its ops' tiles the rest
         # (below the pinned tables, if any: pinning.py)
-        tiles = min(allocation.tile_sram_at.get(i, whole.tiles), ctx.tiles_below)
+        tiles = min([allocation.tile_sram_at.get(i, whole.tiles), *ctx.pinned.values()])
         ctx.sram = SramPlan(tiles, whole.const_slot)
         op = ops[i]
         if i in fusion.absorbed or i in allocation.views:
