@@ -140,10 +140,13 @@ def _plan_chain(
     fused_away: frozenset[str],
     budget: int,
     to_the_end: bool,
+    finer: bool,
 ) -> tuple[list[int], int] | None:
     """The part of the chain worth striping (from its first op whose input and output together
     exceed half the budget to its last such op, or `to_the_end` of the chain) and the stripe
-    count, or None."""
+    count: the fewest stripes that bring each op's input and output under half the budget, or
+    with `finer` under a quarter (what else stays resident while a stripe runs, its other maps
+    and the tensors other layers keep on chip, can leave half too little), or None."""
     ops = program.ops
 
     def live(i: int) -> int:
@@ -161,7 +164,8 @@ def _plan_chain(
     peak = max(live(i) for i in part)
     rows = int(shapes[ops[part[-1]].outputs[0]][2])
     count = 1
-    while count < MAX_STRIPES and peak / count > budget // 2 and rows // (count * 2) >= MIN_STRIPE_ROWS:
+    share = budget // 4 if finer else budget // 2
+    while count < MAX_STRIPES and peak / count > share and rows // (count * 2) >= MIN_STRIPE_ROWS:
         count *= 2
     return (part, count) if count > 1 else None
 
@@ -174,17 +178,19 @@ def stripe(
     fusion: Fusion,
     budget: int,
     to_the_end: bool = False,
+    finer: bool = False,
 ) -> Striping | None:
     """The program with every chain whose maps exceed the resident `budget` striped (module
     docstring), or None when there is none. A chain's stripes end at its last large op, or with
     `to_the_end` at its last op: the smaller maps after a large one then stay in the stripes'
     SRAM too, which saves their DRAM round trip where residency does not hold them (DenseNet's
-    3x3 convolution after a striped 1x1 one), at the cost of their halo rows."""
+    3x3 convolution after a striped 1x1 one), at the cost of their halo rows. With `finer`, each
+    chain runs in twice the stripes where its rows allow (`_plan_chain`)."""
     if budget <= 0:
         return None
     planned = []
     for chain in _chains(program, arrays, shapes, plan):
-        found = _plan_chain(chain, program, shapes, fusion.fused_away, budget, to_the_end)
+        found = _plan_chain(chain, program, shapes, fusion.fused_away, budget, to_the_end, finer)
         if found is not None:
             planned.append(found)
     if not planned:
