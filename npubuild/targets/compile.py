@@ -111,6 +111,7 @@ def compile_npub(
                 "const_slot_bytes": stats["const_slot_bytes"],
                 "striped_chains": len(stats["stripes"]),
                 "stripes": [chain["stripes"] for chain in stats["stripes"]],
+                **({"stripe_spills": stats["stripe_spills"]} if choice.striping else {}),
                 "residency": choice.residency,
                 "join_constants": choice.join_constants,
                 "intervals": len(set(dict(choice.caps).values())),
@@ -129,8 +130,14 @@ def compile_npub(
         # constant slot that was fastest unstriped at that budget
         budgets = [int(share * target.sram_kib * 1024) for share in resident_shares]
         grid = _fastest_by(choices, results, lambda c: c.resident_bytes)
-        for budget, striping in stripings(program, arrays, model, plan, budgets):
-            if budget in grid:
+        budgets = [b for b in budgets if b in grid]
+        for finer in (False, True):
+            if finer:
+                # twice the stripes where the fastest striped program's maps did not all stay
+                # resident (PP-OCRv4 det's stem at 16 bits; at 8 bits no corpus model's)
+                striped = _fastest_by(choices, results, lambda c: c.resident_bytes if c.striping else None)
+                budgets = sorted(b for b, k in striped.items() if results[k][2]["stripe_spills"])
+            for budget, striping in stripings(program, arrays, model, plan, budgets, finer):
                 attempt(dataclasses.replace(choices[grid[budget]], striping=striping))
                 # and in lifetime order at once: a striped program's intermediates live one stripe
                 # each, and whether it beats its budget unstriped (which decides its refinements)
@@ -292,17 +299,23 @@ def _between(share: float, grid: tuple[float, ...]) -> list[float]:
 
 
 def stripings(
-    program: IntegerModel, arrays: dict, model: onnx.ModelProto, plan: dict, budgets: list[int]
+    program: IntegerModel,
+    arrays: dict,
+    model: onnx.ModelProto,
+    plan: dict,
+    budgets: list[int],
+    finer: bool = False,
 ) -> list[tuple[int, Striping]]:
     """For each resident budget, the programs with its chains that do not fit it striped, where
-    there are any: striped up to each chain's last large op, and (where they differ) to its end,
-    and in twice the stripes (docs/npu.md, "Stripes")."""
+    there are any: striped up to each chain's last large op, and (where that differs) to its end;
+    with `finer`, the first of them in twice the stripes (docs/npu.md, "Finer stripes")."""
     shapes = model_shapes(model)
     fusion = fuse(program, plan, shapes)
     found = []
     for budget in budgets:
-        seen = []
-        for to_the_end, finer in ((False, False), (True, False), (False, True)):
+        # (twice the stripes is the same program where the rows per stripe or MAX_STRIPES stop it)
+        seen = [stripe(program, arrays, shapes, plan, fusion, budget).chains] if finer else []
+        for to_the_end in (False,) if finer else (False, True):
             striping = stripe(program, arrays, shapes, plan, fusion, budget, to_the_end, finer)
             if striping is not None and striping.chains not in seen:
                 seen.append(striping.chains)
@@ -335,6 +348,12 @@ def _compile(
     ops = program.ops
     # fused intermediates never exist, so the every-op check compiles without fusion
     fusion = fuse(program, plan, shapes) if fused else Fusion()
+    tables: dict[str, int] = {}
+    if choice.pin_tables:
+        npu_ops = [i for sg in plan["subgraphs"] if sg["device"] == "npu" for i in sg["ops"]]
+        tables = shared_tables(OpContext(program.tensors, shapes, arrays, SramPlan(0)), ops, npu_ops, fusion)
+        if not tables:
+            raise DoesNotFit  # nothing to pin: the choice is the one without (known before allocating)
     allocation = allocate(
         program,
         arrays,
@@ -360,11 +379,7 @@ def _compile(
         allocation.windows,
         upsampled=allocation.upsampled,
     )
-    if choice.pin_tables:
-        npu_ops = [i for sg in plan["subgraphs"] if sg["device"] == "npu" for i in sg["ops"]]
-        tables = shared_tables(ctx, ops, npu_ops, fusion)
-        if not tables:
-            raise DoesNotFit  # nothing to pin: the choice is the one without
+    if tables:
         ctx.pinned = pin(tables, allocation.tile_sram)
     tiles = min([allocation.tile_sram, *ctx.pinned.values()])
     const_slot = int(choice.const_share * tiles) // ALIGN * ALIGN
@@ -396,4 +411,8 @@ def _compile(
         stats["pinned_tables"] = len(ctx.pinned)
     if striping is not None:
         stats["halo_macs"] = striping.halo_macs
+        # the stripes' maps between their ops that did not stay resident (finer stripes' cue)
+        stats["stripe_spills"] = sum(
+            1 for n in striping.intermediates if n in allocation.addr and n not in allocation.resident
+        )
     return data, listing, stats

@@ -273,6 +273,7 @@ def _pieces_in_concat(i: int, ops, tensors, shapes, touched, boundary, root, wri
         return {}  # contiguous pieces: _place_in_concat's
     size = esize(tensors[y].bits)
     strides = row_major(shape)
+    viewed = {root[n] for n in touched if n in root}  # tensors some view reads into
     found, start = {}, 0
     for x in op.inputs:
         here, start = start, start + int(four([int(d) for d in shapes[x]])[axis])
@@ -283,7 +284,7 @@ def _pieces_in_concat(i: int, ops, tensors, shapes, touched, boundary, root, wri
             or x in boundary
             or tensors.get(x) != tensors[y]
             or root.get(x, x) != x
-            or any(root.get(n) == x for n in touched)
+            or x in viewed
             or j is None
             or ops[j].kind not in STRIDED_WRITERS
             or readers.get(x, []) != [i]

@@ -85,14 +85,17 @@ def box_bytes(step: Step) -> int:
     return a["d0"] * a["d1"] * a["d2"] * a["d3"] * a["esize"]
 
 
-def const_load(offset: int, addr: int, nbytes: int) -> Step:
-    """`nbytes` of constants (weights, parameters, tables) to `offset` in the constant area."""
-    return const_box(offset, addr, [1, 1, 1, nbytes], [0, 0, 0, 1], [0, 0, 0, 0])
-
-
-def pinned_load(sram: int, addr: int, nbytes: int) -> Step:
-    """`nbytes` of constants to an SRAM address of their own (a pinned table: pinning.py)."""
+def const_load(offset: int, addr: int, nbytes: int, pinned_at: int | None = None) -> Step:
+    """`nbytes` of constants (weights, parameters, tables) to `offset` in the constant area, or
+    to SRAM address `pinned_at` of their own (a pinned table: pinning.py; `is_pinned`)."""
+    sram = InConst(offset) if pinned_at is None else pinned_at
     return load(sram, addr, 8, [1, 1, 1, nbytes], [0, 0, 0, 1], [0, 0, 0, 0])
+
+
+def is_pinned(step: Step) -> bool:
+    """A constant load to SRAM of its own (a pinned table) rather than to the constant area: its
+    destination is a plain SRAM address, not an `InConst` offset."""
+    return not isinstance(step.args["sram"], InConst)
 
 
 def const_box(offset: int, addr: int, box, strides, start) -> Step:

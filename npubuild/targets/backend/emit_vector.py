@@ -16,7 +16,6 @@ from npubuild.targets.backend.commands import (
     Tile,
     const_load,
     load,
-    pinned_load,
     store,
 )
 from npubuild.targets.backend.context import OpContext
@@ -144,7 +143,7 @@ def lut(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
         return {"shifts": InConst(at) if pinned is None else pinned + at, "per": size[2] * size[3]}
 
     tiles = unary(ctx, op, sched, "lut", per_tile=channel_shifts, **operands)
-    loads = [const_load(0, taddr, table_bytes) if pinned is None else pinned_load(pinned, taddr, table_bytes)]
+    loads = [const_load(0, taddr, table_bytes, pinned_at=pinned)]
     return [ConstLoads(loads), *tiles]
 
 

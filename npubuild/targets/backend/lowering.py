@@ -27,7 +27,16 @@ from __future__ import annotations
 import copy
 
 from npubuild.intmodel.program import Op
-from npubuild.targets.backend.commands import Command, ConstLoads, InConst, InTile, Step, Tile, box_bytes
+from npubuild.targets.backend.commands import (
+    Command,
+    ConstLoads,
+    InConst,
+    InTile,
+    Step,
+    Tile,
+    box_bytes,
+    is_pinned,
+)
 from npubuild.targets.backend.memory import SramPlan, align
 from npubuild.targets.cycles import cost, estimate
 from npubuild.targets.isa import INPUT_PADS, LOAD_PADS, NO_SIGNAL, Instruction, border_code, far_box
@@ -89,7 +98,7 @@ class Lowering:
         kept = []
         for command in commands:
             if isinstance(command, ConstLoads) and command.loads:
-                pinned = {s.args["sram"] for s in command.loads if not isinstance(s.args["sram"], InConst)}
+                pinned = {s.args["sram"] for s in command.loads if is_pinned(s)}
                 if pinned and pinned <= self.pinned:
                     continue
                 self.pinned |= pinned
@@ -143,8 +152,8 @@ class Lowering:
         if len(groups) != 1 or commands[0] is not groups[0]:
             return None
         loads = groups[0].loads
-        if not all(isinstance(step.args["sram"], InConst) for step in loads):
-            return None  # a pinned table's load
+        if any(is_pinned(step) for step in loads):
+            return None  # a pinned table's load writes no slot
         at = align(self.group_end)
         if at + max(step.args["sram"].offset + box_bytes(step) for step in loads) > self.sram.const_slot:
             return None
@@ -177,7 +186,7 @@ class Lowering:
         if self.sram.const_slot:
             self.groups[-1].append(at)
             self.in_group = True
-            if isinstance(step.args["sram"], InConst):
+            if not is_pinned(step):
                 end = self.const_shift + step.args["sram"].offset + box_bytes(step)
                 self.group_end = max(self.group_end, end)
 

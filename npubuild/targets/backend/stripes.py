@@ -47,6 +47,8 @@ class Striping:
     plan: dict
     chains: list[dict]  # per chain striped: its layers and the stripe count, for the stats
     rows: dict[str, tuple[int, int]]  # each stripe tensor -> the rows [a, b) of the map it holds
+    # the maps a stripe passes from one of its ops to the next (to stay resident: `stripe_spills`)
+    intermediates: frozenset[str]
     halo_macs: int  # multiply-accumulates the stripes compute twice (rows at their seams)
 
 
@@ -202,8 +204,9 @@ def stripe(
     replaced: dict[int, list[Op]] = {}
     dropped: set[int] = set()
     rows: dict[str, tuple[int, int]] = {}
+    inner: set[str] = set()
     for part, count in planned:
-        replaced[part[0]] = _striped(part, count, ops, tensors, arrays, shapes, rows, len(replaced))
+        replaced[part[0]] = _striped(part, count, ops, tensors, arrays, shapes, rows, inner, len(replaced))
         dropped.update(part[1:])
     new_ops: list[Op] = []
     index: dict[int, list[int]] = {}
@@ -222,18 +225,28 @@ def stripe(
         plan={**plan, "subgraphs": subgraphs},
         chains=[{"layers": [ops[i].label for i in part], "stripes": count} for part, count in planned],
         rows=rows,
+        intermediates=frozenset(inner),
         halo_macs=sum(op_work(op, shapes, arrays)[0] for op in new_ops)
         - sum(op_work(op, shapes, arrays)[0] for op in ops),
     )
 
 
 def _striped(
-    part: list[int], count: int, ops: list[Op], tensors: dict, arrays: dict, shapes: dict, rows: dict, k: int
+    part: list[int],
+    count: int,
+    ops: list[Op],
+    tensors: dict,
+    arrays: dict,
+    shapes: dict,
+    rows: dict,
+    inner: set,
+    k: int,
 ) -> list[Op]:
     """The ops that compute the chain `part` in `count` stripes: per stripe a Slice of its input
     (unless its first op is a convolution, which crops, or it reads all of it) and the chain's ops
     on their rows; then the Concat. `k` numbers the chain: two chains may read the same input,
-    each through slices of its own."""
+    each through slices of its own. Adds each stripe tensor's rows to `rows`, and to `inner` the
+    stripes' maps between their ops."""
     chain = [ops[i] for i in part]
     x, y = _data(chain[0])[0], chain[-1].outputs[0]
     height = int(shapes[y][2])
@@ -277,6 +290,8 @@ def _striped(
                     update={"pads": [top, pads[1], bottom, pads[3]], "auto_pad": "NOTSET"}
                 )
             out.append(op.model_copy(update=update))
+            if j < len(chain) - 1:
+                inner.add(mine)
             source = mine
         pieces.append(source)
     m0, shift = quantize_multiplier(1.0)
