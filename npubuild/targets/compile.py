@@ -306,20 +306,28 @@ def stripings(
     budgets: list[int],
     finer: bool = False,
 ) -> list[tuple[int, Striping]]:
-    """For each resident budget, the programs with its chains that do not fit it striped, where
-    there are any: striped up to each chain's last large op, and (where that differs) to its end;
-    with `finer`, the first of them in twice the stripes (docs/npu.md, "Finer stripes")."""
+    """For each resident budget, the programs with its regions that do not fit it striped, where
+    there are any: chains alone, then regions that branch and join as well (where that differs:
+    striping a join is not always faster, PP-OCRv4 det's squeeze-excite tails); each striped up
+    to the region's last large op, and (where that differs) to its end; with `finer`, the first
+    of each in twice the stripes (docs/npu.md, "Finer stripes")."""
     shapes = model_shapes(model)
     fusion = fuse(program, plan, shapes)
     found = []
     for budget in budgets:
         # (twice the stripes is the same program where the rows per stripe or MAX_STRIPES stop it)
-        seen = [stripe(program, arrays, shapes, plan, fusion, budget).chains] if finer else []
-        for to_the_end in (False,) if finer else (False, True):
-            striping = stripe(program, arrays, shapes, plan, fusion, budget, to_the_end, finer)
-            if striping is not None and striping.chains not in seen:
-                seen.append(striping.chains)
-                found.append((budget, striping))
+        coarse = (
+            [stripe(program, arrays, shapes, plan, fusion, budget, joins=j) for j in (False, True)]
+            if finer
+            else []
+        )
+        seen = [s.chains for s in coarse if s is not None]
+        for joins in (False, True):
+            for to_the_end in (False,) if finer else (False, True):
+                striping = stripe(program, arrays, shapes, plan, fusion, budget, to_the_end, finer, joins)
+                if striping is not None and striping.chains not in seen:
+                    seen.append(striping.chains)
+                    found.append((budget, striping))
     return found
 
 

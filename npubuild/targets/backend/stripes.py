@@ -1,24 +1,30 @@
-"""Stripes: a chain of layers whose feature maps are too large to stay in SRAM, run as horizontal
-stripes that each go through the whole chain (Vela's cascading, TPU-MLIR's layer groups sliced
+"""Stripes: a region of layers whose feature maps are too large to stay in SRAM, run as horizontal
+stripes that each go through the whole region (Vela's cascading, TPU-MLIR's layer groups sliced
 along H).
 
-A chain is a run of ops on one NPU subgraph where each op's only data input is the op before's
-result and that result has no other reader: convolutions (any group; transposed, of one group), lookup
-tables, clamps, and adds or muls with a constant that is the same on every row. Where the chain's
-maps are large (an op's input and output together over half the resident budget), the chain's last
-result is cut into S row ranges; each range's rows are traced back through the chain (a
+A region is a run of ops on one NPU subgraph that reads one map from outside (its entry) and
+hands one map on (its exit, the last op's result): convolutions (any group; transposed, of one
+group), lookup tables, clamps, adds or muls with a constant that is the same on every row, and
+element-wise adds and muls of two maps of the region (or of a map and a tensor of one row that is
+the same for every row, a squeeze-excite gate). The simplest region is a chain, each op reading
+the one before's result; a region may also branch and join, as a local response normalisation
+(x times a function of the window sum of x squared) or a squeeze-excite block's tail (x + x *
+gate) do, where every op from the branch on keeps rows where they are (element-wise ops, tables,
+1x1 convolutions), so each branch needs the same rows of the map it shares. Where the region's
+maps are large (an op's inputs and output together over half the resident budget), the region's
+exit is cut into S row ranges; each range's rows are traced back through the region (a
 convolution needs (rows - 1) x stride + its kernel's extent rows of its input, less the padding it
-adds), and the chain is written S times over those rows: the chain's ops on stripe-sized tensors
-(a convolution pads only where its stripe meets the map's edge; a first convolution reads its rows
-of the chain's input where it lies, a negative pad cropping the rest; any other first op reads
-them through a Slice), and a Concat of the S results along H. Each stripe's intermediates are
-1/S of the maps and stay resident, so the chain moves only its input and its result through
-DRAM; rows at the seams are computed twice (the halo). Every output code is what the unstriped
-chain computes: the rewrite changes where rows are computed, not how.
+adds), and the region is written S times over those rows: its ops on stripe-sized tensors (a
+convolution pads only where its stripe meets the map's edge; a first convolution that alone reads
+the entry reads its rows where they lie, a negative pad cropping the rest; otherwise the entry's
+rows come through a Slice), and a Concat of the S results along H. Each stripe's intermediates are
+1/S of the maps and stay resident, so the region moves only its entry and its exit through DRAM;
+rows at the seams are computed twice (the halo). Every output code is what the unstriped region
+computes: the rewrite changes where rows are computed, not how.
 
 `stripe` returns the rewritten program (new ops carry their layer's node name, so per-layer
-figures add up by layer) or None when no chain is that large; the code generator compiles both and
-keeps the faster (compile.py).
+figures add up by layer) or None when no region is that large; the code generator compiles both
+and keeps the faster (compile.py).
 """
 
 from __future__ import annotations
@@ -84,49 +90,147 @@ def _data(op: Op) -> list[str]:
 
 
 def _eligible(op: Op, shapes: dict, arrays: dict) -> bool:
-    """An op a stripe can run on a band of rows: the same rule on every row, one data input."""
+    """An op a stripe can run on a band of rows: the same rule on every row, and one data input,
+    or two for an element-wise add or mul (`_joins`)."""
     data = _data(op)
-    if len(data) != 1 or len(op.outputs) != 1 or len(shapes.get(data[0], [])) != 4:
+    if len(op.outputs) != 1 or len(shapes.get(op.outputs[0], [])) != 4:
         return False
-    if len(shapes.get(op.outputs[0], [])) != 4:
+    if op.kind in ("add", "mul"):
+        # a constant operand that varies along H would need its own slice
+        if not all(np.ndim(arrays[k]) < 2 or np.shape(arrays[k])[-2] == 1 for k in op.constants.values()):
+            return False
+        return _joins(op, shapes) if len(data) == 2 else len(data) == 1 and len(shapes.get(data[0], [])) == 4
+    if len(data) != 1 or len(shapes.get(data[0], [])) != 4:
         return False
     if op.kind == "conv":
         # a transposed one of one group (its emitter's): rows of its output need bands of its input
         return len(arrays[op.arrays.weight].shape) == 4 and (not op.attrs.transpose or op.attrs.group == 1)
-    if op.kind in ("lut", "clamp"):
+    return op.kind in ("lut", "clamp")
+
+
+def _joins(op: Op, shapes: dict) -> bool:
+    """An element-wise op of two maps a stripe can run: each operand either a map of the result's
+    shape (the same rows) or one row the same for every row (`_row_invariant`)."""
+    out = [int(d) for d in shapes[op.outputs[0]]]
+    return out[2] > 1 and all(
+        [int(d) for d in shapes.get(n, [])] == out or _row_invariant(n, shapes) for n in _data(op)
+    )
+
+
+def _row_invariant(name: str, shapes: dict) -> bool:
+    """A 4-D tensor of one row (a squeeze-excite gate [1, C, 1, 1]): every stripe reads all of it."""
+    shape = shapes.get(name, [])
+    return len(shape) == 4 and int(shape[2]) == 1
+
+
+def _maps(op: Op, shapes: dict) -> list[str]:
+    """The data inputs of `op` a stripe holds rows of: all of them, but for the one-row operand
+    of an element-wise op of two (`_joins`), which every stripe reads whole."""
+    data = list(dict.fromkeys(_data(op)))
+    return data if len(_data(op)) < 2 else [n for n in data if not _row_invariant(n, shapes)]
+
+
+def _keeps_rows(op: Op, shapes: dict, arrays: dict) -> bool:
+    """Whether output rows [lo, hi) of `op` read input rows [lo, hi) and no padding (element-wise
+    ops, tables, clamps, 1x1 stride-1 convolutions)."""
+    if op.kind != "conv":
         return True
-    if op.kind in ("add", "mul"):
-        # a constant operand that varies along H would need its own slice
-        return all(np.ndim(arrays[k]) < 2 or np.shape(arrays[k])[-2] == 1 for k in op.constants.values())
-    return False
+    height = int(shapes[op.outputs[0]][2])
+    return all(_rows_needed(op, shapes, arrays, lo, hi) == (lo, hi, 0, 0) for lo, hi in ((0, height), (1, 2)))
 
 
-def _chains(program: IntegerModel, arrays: dict, shapes: dict, plan: dict) -> list[list[int]]:
-    """Maximal chains of eligible ops, each on one NPU subgraph, in execution order."""
-    ops = program.ops
-    readers = program.readers()
-    subgraph = {i: k for k, sg in enumerate(plan["subgraphs"]) if sg["device"] == "npu" for i in sg["ops"]}
-    outputs = set(program.outputs)
-    ok = {i for i in subgraph if _eligible(ops[i], shapes, arrays)}
+class _Regions:
+    """The program's regions (module docstring): which runs of ops qualify, found by growing each
+    from an op in execution order."""
 
-    def successor(i: int) -> int | None:
-        y = ops[i].outputs[0]
-        users = readers.get(y, [])
-        if y in outputs or len(users) != 1 or users[0] not in ok or subgraph[users[0]] != subgraph[i]:
-            return None
-        return users[0]
+    def __init__(self, program: IntegerModel, arrays: dict, shapes: dict, plan: dict, joins: bool):
+        self.ops = program.ops
+        self.shapes, self.arrays = shapes, arrays
+        self.readers = program.readers()
+        self.subgraph = {
+            i: k for k, sg in enumerate(plan["subgraphs"]) if sg["device"] == "npu" for i in sg["ops"]
+        }
+        self.outputs = set(program.outputs)
+        self.producer = {o: i for i, op in enumerate(self.ops) for o in op.outputs}
+        self.ok = {
+            i
+            for i in self.subgraph
+            if _eligible(self.ops[i], shapes, arrays) and (joins or len(_data(self.ops[i])) == 1)
+        }
+        self.plan = plan
 
-    followed = {j for i in ok if (j := successor(i)) is not None}
-    chains = []
-    for sg in plan["subgraphs"]:
-        for i in sg["ops"]:
-            if i not in ok or i in followed:
-                continue
-            chain = [i]
-            while (j := successor(chain[-1])) is not None:
-                chain.append(j)
-            chains.append(chain)
-    return chains
+    def entry(self, part: list[int]) -> str | None:
+        """The map `part` reads from outside, where `part` is a region; else None."""
+        x, _ = self._verdict(part)
+        return x
+
+    def _verdict(self, part: list[int]) -> tuple[str | None, bool]:
+        """(the entry or None, whether adding ops after `part` could still make it a region).
+        A region: ops of one subgraph in execution order, reading one map from outside (the first
+        op reads it) besides tensors of one row made before the region starts; its results other
+        than the last are read only inside it and are no network output; and where two of its ops
+        read one map, each op from the first of them on keeps rows where they are. Only results
+        read outside can be mended by adding ops."""
+        ops, inside = self.ops, set(part)
+        made = {ops[i].outputs[0] for i in part}
+        outside = set()
+        for i in part:
+            for n in _data(ops[i]):
+                if n in made:
+                    continue
+                if n not in _maps(ops[i], self.shapes):
+                    if self.producer.get(n, -1) >= part[0]:
+                        return None, False  # made after the region's first op: the stripes run there
+                    continue
+                outside.add(n)
+        if len(outside) != 1 or not outside <= set(_data(ops[part[0]])):
+            return None, False
+        (x,) = outside
+        if any(ops[i].outputs[0] in self.outputs for i in part[:-1]):
+            return None, False
+        for name in (x, *made):
+            users = sorted({j for j in self.readers.get(name, []) if j in inside})
+            if len(users) > 1 and not all(
+                _keeps_rows(ops[j], self.shapes, self.arrays) for j in part if j >= users[0]
+            ):
+                return None, False
+        if any(j not in inside for i in part[:-1] for j in self.readers.get(ops[i].outputs[0], [])):
+            return None, True
+        return x, True
+
+    def all(self) -> list[list[int]]:
+        """Maximal regions, each grown from the first op in execution order no region holds yet."""
+        claimed: set[int] = set()
+        regions = []
+        for sg in self.plan["subgraphs"]:
+            for i in sg["ops"]:
+                if i in self.ok and i not in claimed:
+                    region = self._grow(i)
+                    claimed.update(region)
+                    regions.append(region)
+        return regions
+
+    def _grow(self, start: int) -> list[int]:
+        """The longest region from `start`: add the earliest reader of a result that is read
+        outside while that reader qualifies, keeping the longest run that is a region (a branch
+        is one only once it joins again)."""
+        part, best = [start], [start]
+        while True:
+            inside = set(part)
+            waiting = {
+                j for i in part for j in self.readers.get(self.ops[i].outputs[0], []) if j not in inside
+            }
+            if not waiting:
+                return best
+            j = min(waiting)
+            if j not in self.ok or self.subgraph[j] != self.subgraph[start]:
+                return best
+            part.append(j)
+            x, open_ = self._verdict(part)
+            if x is not None:
+                best = list(part)
+            elif not open_:
+                return best
 
 
 def _stored_bytes(name: str, program: IntegerModel, shapes: dict, fused_away: frozenset[str]) -> int:
@@ -135,8 +239,9 @@ def _stored_bytes(name: str, program: IntegerModel, shapes: dict, fused_away: fr
     return tensor_bytes(name, program.tensors, shapes)
 
 
-def _plan_chain(
-    chain: list[int],
+def _plan_region(
+    region: list[int],
+    regions: _Regions,
     program: IntegerModel,
     shapes: dict,
     fused_away: frozenset[str],
@@ -144,24 +249,32 @@ def _plan_chain(
     to_the_end: bool,
     finer: bool,
 ) -> tuple[list[int], int] | None:
-    """The part of the chain worth striping (from its first op whose input and output together
-    exceed half the budget to its last such op, or `to_the_end` of the chain) and the stripe
-    count: the fewest stripes that bring each op's input and output under half the budget, or
-    with `finer` under a quarter (what else stays resident while a stripe runs, its other maps
-    and the tensors other layers keep on chip, can leave half too little), or None."""
+    """The part of the region worth striping (from its first op whose inputs and output together
+    exceed half the budget to its last such op, or `to_the_end` of the region; widened to the
+    nearest run that is a region itself, where a branch needs its join) and the stripe count: the
+    fewest stripes that bring each op's inputs and output under half the budget, or with `finer`
+    under a quarter (what else stays resident while a stripe runs, its other maps and the tensors
+    other layers keep on chip, can leave half too little), or None."""
     ops = program.ops
 
     def live(i: int) -> int:
         op = ops[i]
-        return _stored_bytes(_data(op)[0], program, shapes, fused_away) + _stored_bytes(
-            op.outputs[0], program, shapes, fused_away
-        )
+        return sum(_stored_bytes(n, program, shapes, fused_away) for n in (*_maps(op, shapes), op.outputs[0]))
 
-    big = [k for k, i in enumerate(chain) if live(i) > budget // 2]
+    big = [k for k, i in enumerate(region) if live(i) > budget // 2]
     if not big:
         return None
-    part = chain[big[0] :] if to_the_end else chain[big[0] : big[-1] + 1]
-    if len(part) < 2:
+    last = len(region) - 1 if to_the_end else big[-1]
+    part = next(
+        (
+            region[first : end + 1]
+            for end in range(last, len(region))
+            for first in range(big[0], -1, -1)
+            if regions.entry(region[first : end + 1]) is not None
+        ),
+        None,
+    )
+    if part is None or len(part) < 2:
         return None
     peak = max(live(i) for i in part)
     rows = int(shapes[ops[part[-1]].outputs[0]][2])
@@ -181,20 +294,24 @@ def stripe(
     budget: int,
     to_the_end: bool = False,
     finer: bool = False,
+    joins: bool = True,
 ) -> Striping | None:
-    """The program with every chain whose maps exceed the resident `budget` striped (module
-    docstring), or None when there is none. A chain's stripes end at its last large op, or with
+    """The program with every region whose maps exceed the resident `budget` striped (module
+    docstring), or None when there is none. A region's stripes end at its last large op, or with
     `to_the_end` at its last op: the smaller maps after a large one then stay in the stripes'
     SRAM too, which saves their DRAM round trip where residency does not hold them (DenseNet's
     3x3 convolution after a striped 1x1 one), at the cost of their halo rows. With `finer`, each
-    chain runs in twice the stripes where its rows allow (`_plan_chain`)."""
+    region runs in twice the stripes where its rows allow (`_plan_region`). Without `joins`, the
+    regions are chains (no op of two maps): the code generator tries both, since striping a
+    branch and its join is not always faster (compile.py)."""
     if budget <= 0:
         return None
+    regions = _Regions(program, arrays, shapes, plan, joins)
     planned = []
-    for chain in _chains(program, arrays, shapes, plan):
-        found = _plan_chain(chain, program, shapes, fusion.fused_away, budget, to_the_end, finer)
+    for region in regions.all():
+        found = _plan_region(region, regions, program, shapes, fusion.fused_away, budget, to_the_end, finer)
         if found is not None:
-            planned.append(found)
+            planned.append((*found, regions.entry(found[0])))
     if not planned:
         return None
     ops = list(program.ops)
@@ -205,8 +322,8 @@ def stripe(
     dropped: set[int] = set()
     rows: dict[str, tuple[int, int]] = {}
     inner: set[str] = set()
-    for part, count in planned:
-        replaced[part[0]] = _striped(part, count, ops, tensors, arrays, shapes, rows, inner, len(replaced))
+    for part, count, x in planned:
+        replaced[part[0]] = _striped(part, count, x, ops, tensors, arrays, shapes, rows, inner, len(replaced))
         dropped.update(part[1:])
     new_ops: list[Op] = []
     index: dict[int, list[int]] = {}
@@ -223,7 +340,7 @@ def stripe(
         arrays=arrays,
         shapes=shapes,
         plan={**plan, "subgraphs": subgraphs},
-        chains=[{"layers": [ops[i].label for i in part], "stripes": count} for part, count in planned],
+        chains=[{"layers": [ops[i].label for i in part], "stripes": count} for part, count, _ in planned],
         rows=rows,
         intermediates=frozenset(inner),
         halo_macs=sum(op_work(op, shapes, arrays)[0] for op in new_ops)
@@ -234,6 +351,7 @@ def stripe(
 def _striped(
     part: list[int],
     count: int,
+    x: str,
     ops: list[Op],
     tensors: dict,
     arrays: dict,
@@ -242,47 +360,58 @@ def _striped(
     inner: set,
     k: int,
 ) -> list[Op]:
-    """The ops that compute the chain `part` in `count` stripes: per stripe a Slice of its input
-    (unless its first op is a convolution, which crops, or it reads all of it) and the chain's ops
-    on their rows; then the Concat. `k` numbers the chain: two chains may read the same input,
-    each through slices of its own. Adds each stripe tensor's rows to `rows`, and to `inner` the
-    stripes' maps between their ops."""
-    chain = [ops[i] for i in part]
-    x, y = _data(chain[0])[0], chain[-1].outputs[0]
+    """The ops that compute the region `part` (entry `x`) in `count` stripes: per stripe a Slice
+    of its entry (unless a convolution that alone reads it crops, or the stripe reads all of
+    it) and the region's ops on their rows; then the Concat. `k` numbers the region: two regions
+    may read the same entry, each through slices of its own. Adds each stripe tensor's rows to
+    `rows`, and to `inner` the stripes' maps between their ops."""
+    region = [ops[i] for i in part]
+    y = region[-1].outputs[0]
     height = int(shapes[y][2])
     cuts = [height * s // count for s in range(count + 1)]
+    first = region[0]
+    # the first op, a convolution that alone reads the entry, reads its rows where they lie
+    crops = (
+        first.kind == "conv"
+        and not first.attrs.transpose
+        and sum(n == x for op in region for n in op.inputs) == 1
+    )
     out: list[Op] = []
     pieces = []
     for s in range(count):
-        # rows each op must produce, from the last op back to the chain's input
-        spans = [(cuts[s], cuts[s + 1])]
-        borders = []
-        for op in reversed(chain):
-            a, b, top, bottom = _rows_needed(op, shapes, arrays, *spans[0])
-            spans.insert(0, (a, b))
-            borders.insert(0, (top, bottom))
-        a, b = spans[0]
+        # the rows each map must hold, from the last op back to the entry (`_Regions`: where two
+        # ops read one map, both need the same rows), and the padding each op adds
+        need = {y: (cuts[s], cuts[s + 1])}
+        borders = {}
+        for j in reversed(range(len(region))):
+            op = region[j]
+            a, b, top, bottom = _rows_needed(op, shapes, arrays, *need[op.outputs[0]])
+            borders[j] = (top, bottom)
+            for n in _maps(op, shapes):
+                assert need.setdefault(n, (a, b)) == (a, b), f"{n}: two spans in one stripe"
+        a, b = need[x]
         source = x
-        if chain[0].kind == "conv" and not chain[0].attrs.transpose:
-            # the first convolution reads its rows of x where x lies: a negative pad crops
+        if crops:
             top, bottom = borders[0]
             borders[0] = (top - a, bottom - (int(shapes[x][2]) - b))
         elif (a, b) != (0, int(shapes[x][2])):
             source = f"{x}@chain{k}.input{s}"
-            out.append(_row_slice(chain[0].node, x, source, a, b, arrays, shapes, tensors))
+            out.append(_row_slice(first.node, x, source, a, b, arrays, shapes, tensors))
             rows[source] = (a, b)
-        for j, op in enumerate(chain):
+        mine = {x: source}
+        for j, op in enumerate(region):
             result = op.outputs[0]
-            mine = f"{result}@stripe{s}"
-            lo, hi = spans[j + 1]
-            shapes[mine] = [*shapes[result][:2], hi - lo, shapes[result][3]]
-            rows[mine] = (lo, hi)
-            tensors[mine] = tensors[result]
-            data = _data(op)[0]
-            inputs = [source if n == data else n for n in op.inputs]
-            update: dict = {"inputs": inputs, "outputs": [mine]}
+            mine[result] = f"{result}@stripe{s}"
+            lo, hi = need[result]
+            shapes[mine[result]] = [*shapes[result][:2], hi - lo, shapes[result][3]]
+            rows[mine[result]] = (lo, hi)
+            tensors[mine[result]] = tensors[result]
+            data = set(_maps(op, shapes))
+            inputs = [mine[n] if n in data else n for n in op.inputs]
+            update: dict = {"inputs": inputs, "outputs": [mine[result]]}
             if op.kind == "conv" and op.attrs.transpose:
-                update["attrs"] = _transposed_band(op, shapes[source][2], hi - lo, borders[j][0], arrays)
+                source_rows = shapes[inputs[0]][2]
+                update["attrs"] = _transposed_band(op, source_rows, hi - lo, borders[j][0], arrays)
             elif op.kind == "conv":
                 pads = _pads(op, shapes, arrays)
                 top, bottom = borders[j]
@@ -290,16 +419,15 @@ def _striped(
                     update={"pads": [top, pads[1], bottom, pads[3]], "auto_pad": "NOTSET"}
                 )
             out.append(op.model_copy(update=update))
-            if j < len(chain) - 1:
-                inner.add(mine)
-            source = mine
-        pieces.append(source)
+            if j < len(region) - 1:
+                inner.add(mine[result])
+        pieces.append(mine[y])
     m0, shift = quantize_multiplier(1.0)
     same = Rescale(m0=m0, shift=shift, zin=tensors[y].zero_point, same=True)
     out.append(
         ConcatOp(
             kind="concat",
-            node=chain[-1].node,
+            node=region[-1].node,
             op_type="Concat",
             inputs=pieces,
             outputs=[y],
