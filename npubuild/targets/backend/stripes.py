@@ -248,13 +248,13 @@ def _plan_region(
     budget: int,
     to_the_end: bool,
     finer: bool,
-) -> tuple[list[int], int] | None:
+) -> tuple[list[int], int, str] | None:
     """The part of the region worth striping (from its first op whose inputs and output together
     exceed half the budget to its last such op, or `to_the_end` of the region; widened to the
     nearest run that is a region itself, where a branch needs its join) and the stripe count: the
     fewest stripes that bring each op's inputs and output under half the budget, or with `finer`
     under a quarter (what else stays resident while a stripe runs, its other maps and the tensors
-    other layers keep on chip, can leave half too little), or None."""
+    other layers keep on chip, can leave half too little), and the part's entry; or None."""
     ops = program.ops
 
     def live(i: int) -> int:
@@ -265,14 +265,14 @@ def _plan_region(
     if not big:
         return None
     last = len(region) - 1 if to_the_end else big[-1]
-    part = next(
+    part, x = next(
         (
-            region[first : end + 1]
+            (region[first : end + 1], x)
             for end in range(last, len(region))
             for first in range(big[0], -1, -1)
-            if regions.entry(region[first : end + 1]) is not None
+            if (x := regions.entry(region[first : end + 1])) is not None
         ),
-        None,
+        (None, None),
     )
     if part is None or len(part) < 2:
         return None
@@ -282,7 +282,7 @@ def _plan_region(
     share = budget // 4 if finer else budget // 2
     while count < MAX_STRIPES and peak / count > share and rows // (count * 2) >= MIN_STRIPE_ROWS:
         count *= 2
-    return (part, count) if count > 1 else None
+    return (part, count, x) if count > 1 else None
 
 
 def stripe(
@@ -311,7 +311,7 @@ def stripe(
     for region in regions.all():
         found = _plan_region(region, regions, program, shapes, fusion.fused_away, budget, to_the_end, finer)
         if found is not None:
-            planned.append((*found, regions.entry(found[0])))
+            planned.append(found)
     if not planned:
         return None
     ops = list(program.ops)
