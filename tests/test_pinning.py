@@ -13,7 +13,7 @@ from npubuild.targets import npub
 from npubuild.targets.backend.context import OpContext
 from npubuild.targets.backend.fusion import fuse
 from npubuild.targets.backend.memory import SramPlan
-from npubuild.targets.backend.pinning import shared_tables
+from npubuild.targets.backend.pinning import pinned_tables
 from npubuild.targets.backend.stripes import stripe
 from npubuild.targets.compile import Grouping, _compile, compile_npub, model_shapes, plan_partition
 from npubuild.targets.hazards import binary_hazards
@@ -42,7 +42,7 @@ def built(tmp_path_factory):
 def _tables(program, arrays, shapes, plan) -> dict[str, int]:
     ctx = OpContext(program.tensors, shapes, arrays, SramPlan(0))
     npu = [i for sg in plan["subgraphs"] if sg["device"] == "npu" for i in sg["ops"]]
-    return shared_tables(ctx, program.ops, npu, fuse(program, plan, shapes))
+    return pinned_tables(ctx, program.ops, npu, fuse(program, plan, shapes))
 
 
 def test_only_a_table_several_ops_read_is_shared(built):
@@ -64,15 +64,15 @@ def test_a_table_the_stripes_share_loads_once(built):
         pin: _compile(
             program, arrays, model, SMALL, plan, True, True, Grouping(BUDGET, 0.25, striping, pin_tables=pin)
         )
-        for pin in (False, True)
+        for pin in ("", "shared")
     }
     stripes = sum(op.node == "hswish1" for op in striping.program.ops)
-    assert len(_table_loads(results[False][0])) == stripes > 1
-    (pinned_load,) = _table_loads(results[True][0])
-    assert results[True][2]["pinned_tables"] == 1
+    assert len(_table_loads(results[""][0])) == stripes > 1
+    (pinned_load,) = _table_loads(results["shared"][0])
+    assert results["shared"][2]["pinned_tables"] == 1
     # the table lies above every op's tiles and constants, just below the resident tensors
     assert pinned_load.args["sram"] == SMALL.sram_kib * 1024 - BUDGET - 2**16
-    saved = results[False][2]["dram_bytes"] - results[True][2]["dram_bytes"]
+    saved = results[""][2]["dram_bytes"] - results["shared"][2]["dram_bytes"]
     assert saved == (stripes - 1) * 2**16
     for pin, (data, _, _) in results.items():
         assert binary_hazards(data) == [], pin

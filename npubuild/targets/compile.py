@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Literal
 
 import onnx
 
@@ -18,7 +19,7 @@ from npubuild.targets.backend.context import ConstantPool, OpContext
 from npubuild.targets.backend.fusion import Fusion, fuse
 from npubuild.targets.backend.intervals import crossing_bytes, interval_budgets
 from npubuild.targets.backend.memory import ALIGN, DoesNotFit, SramPlan
-from npubuild.targets.backend.pinning import pin, shared_tables
+from npubuild.targets.backend.pinning import pin, pinned_tables
 from npubuild.targets.backend.pipeline import fits, lower_subgraph
 from npubuild.targets.backend.stripes import Striping, stripe
 from npubuild.targets.cpu import CpuSubgraph
@@ -145,7 +146,7 @@ def compile_npub(
                 # in definition order, 5.4% ahead in lifetime order)
                 attempt(dataclasses.replace(choices[grid[budget]], striping=striping, residency="lifetime"))
                 # the stripes of a chain reading a table each load it: pinned, once (pinning.py)
-                attempt(dataclasses.replace(choices[grid[budget]], striping=striping, pin_tables=True))
+                attempt(dataclasses.replace(choices[grid[budget]], striping=striping, pin_tables="shared"))
         # each stretch of layers its own budget (intervals.py), from the grid's per-op spans
         intervals = _interval_choice(program, model, plan, target, choices, results)
         if intervals is not None:
@@ -177,6 +178,9 @@ def compile_npub(
     return data, listing, stats
 
 
+PinTables = Literal["", "shared", "every"]
+
+
 @dataclass(frozen=True)
 class Grouping:
     """One choice the grouping search compiles: the resident budget, each constant slot's share of
@@ -191,8 +195,9 @@ class Grouping:
     # (op index, resident bytes it leaves) where intervals of ops have budgets of their own
     # (backend/intervals.py); resident_bytes is then the largest
     caps: tuple[tuple[int, int], ...] = ()
-    # tables several ops read load once into SRAM set aside for them (backend/pinning.py)
-    pin_tables: bool = False
+    # tables several ops read load once into SRAM set aside for them (backend/pinning.py);
+    # "every": the tables one op reads as well, which then load early and take no slot's turn
+    pin_tables: PinTables = ""
 
 
 def _cycles(result: tuple[bytes, str, dict]) -> int:
@@ -241,12 +246,16 @@ def _refine(choices: list[Grouping], results: list, attempt, family: tuple) -> N
     if (base := best()).const_share:
         attempt(dataclasses.replace(base, join_constants=True))
     # tables several ops read pinned (backend/pinning.py), which needs its own constant slots: a
-    # table no longer goes into one (the example's det: 96 KiB slots -> 48 KiB, 969,328 -> 964,137 cycles)
-    pinned = dataclasses.replace(best(), pin_tables=True)
-    attempt(pinned)
-    if any(c.pin_tables and _family(c) == family for c in choices):
-        for finer in _between(pinned.const_share, CONST_SLOT_SHARES):
-            attempt(dataclasses.replace(pinned, const_share=finer))
+    # table no longer goes into one (the example's det: 96 KiB slots -> 48 KiB, 969,328 -> 964,137
+    # cycles); then every table, each loading as early as the estimate finds best and leaving the
+    # slots' turns to weights (Silero VAD: its square root's 16-bit table, and its 8-bit squares'
+    # tables held a slot its encoder's weights waited for)
+    for tables in ("shared", "every"):
+        pinned = dataclasses.replace(best(), pin_tables=tables)
+        attempt(pinned)
+        if any(c.pin_tables == tables and _family(c) == family for c in choices):
+            for finer in _between(pinned.const_share, CONST_SLOT_SHARES):
+                attempt(dataclasses.replace(pinned, const_share=finer))
 
 
 def _identity(choice: Grouping) -> tuple:
@@ -359,9 +368,11 @@ def _compile(
     tables: dict[str, int] = {}
     if choice.pin_tables:
         npu_ops = [i for sg in plan["subgraphs"] if sg["device"] == "npu" for i in sg["ops"]]
-        tables = shared_tables(OpContext(program.tensors, shapes, arrays, SramPlan(0)), ops, npu_ops, fusion)
-        if not tables:
-            raise DoesNotFit  # nothing to pin: the choice is the one without (known before allocating)
+        context = OpContext(program.tensors, shapes, arrays, SramPlan(0))
+        every = choice.pin_tables == "every"
+        tables = pinned_tables(context, ops, npu_ops, fusion, every=every)
+        if not tables or (every and tables == pinned_tables(context, ops, npu_ops, fusion)):
+            raise DoesNotFit  # nothing (more) to pin: a choice compiled already (known before allocating)
     allocation = allocate(
         program,
         arrays,

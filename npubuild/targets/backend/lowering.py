@@ -25,6 +25,7 @@ end sooner with it joined than alone (`add_op`).
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 from npubuild.intmodel.program import Op
 from npubuild.targets.backend.commands import (
@@ -43,6 +44,7 @@ from npubuild.targets.isa import INPUT_PADS, LOAD_PADS, NO_SIGNAL, Instruction, 
 
 T_CONST, T_IN, T_DONE, T_STORED = 0, (1, 2), (3, 4), (5, 6)
 SLOT_TOKENS = (0, 7)  # the token each constant slot's loads signal
+EARLY_GROUPS = 8  # how many groups back a group of pinned tables may be hoisted (`_early_anchors`)
 
 
 class Lowering:
@@ -64,6 +66,8 @@ class Lowering:
         self.slot = slot  # the constant slot the last group used
         self.const_token = const_token
         self.groups: list[list[int]] = []  # instruction indices of each constant group (with slots)
+        self.pinned_groups: set[int] = set()  # the groups that load pinned tables only (pinning.py)
+        self.group_tokens: list[int] = []  # the token each group's loads signal, as emitted
         self.first_input: list[int | None] = []  # the first tile's input load after each group
         self.compute_anchors: set[int] = set()  # first_input entries that are computes (no load)
         self.hoisted_before: dict[int, int] = {}  # such a compute -> the constant loads put before it
@@ -110,14 +114,16 @@ class Lowering:
         twin = copy.copy(self)
         twin.code, twin.marks, twin.first_input = list(self.code), list(self.marks), list(self.first_input)
         twin.groups = [list(g) for g in self.groups]
+        twin.pinned_groups = set(self.pinned_groups)
+        twin.group_tokens = list(self.group_tokens)
         twin.compute_anchors, twin.hoisted_before = set(self.compute_anchors), dict(self.hoisted_before)
         twin.unstored = list(self.unstored)
         return twin
 
     def _cycles(self) -> int:
         """The estimated end of the stream so far, its constant groups hoisted."""
-        order = self._hoisted_order()[0] if self.sram.const_slot else range(len(self.code))
-        return estimate([self.code[i] for i in order], self.target)["cycles"]
+        code = self._arranged({})[0] if self.sram.const_slot else self.code
+        return estimate(code, self.target)["cycles"]
 
     def _add(self, op: Op, commands: list[Command], joining: int | None) -> None:
         self.marks.append((len(self.code), op))
@@ -148,6 +154,8 @@ class Lowering:
         loads cost more cycles than its computes and fit the slot after the group's."""
         if not (self.join and self.sram.const_slot and self.target and self.groups and commands):
             return None
+        if len(self.groups) - 1 in self.pinned_groups:
+            return None  # the open group is a pinned table's: the slot's group is not open
         groups = [c for c in commands if isinstance(c, ConstLoads)]
         if len(groups) != 1 or commands[0] is not groups[0]:
             return None
@@ -168,17 +176,29 @@ class Lowering:
     def _const(self, step: Step, last: bool, join: bool = False) -> None:
         """A constant load waits until the tiles that read the slot's last contents are done
         (without slots, stored too). With slots, each group takes the other slot, unless the op
-        joins the open group (`_joining_offset`). A pinned table's load (pinning.py) is a group of
-        its own that writes no slot: no op's tiles or constants lie where it lands."""
-        if self.sram.const_slot and not self.in_group and not join:
-            self.slot ^= 1
-            self.const_token = SLOT_TOKENS[self.slot]
-            self.groups.append([])
-            self.first_input.append(None)
-            self.group_end = 0
+        joins the open group (`_joining_offset`). A pinned table's load (pinning.py) writes no
+        slot: no op's tiles or constants lie where it lands, so it waits for nothing, and it is a
+        group of its own that takes no turn of the slots (it signals the open slot's token, which
+        its readers wait for: a later load of the same token ends after it, the DMA queue being
+        in order) and may be hoisted further (`_early_anchors`)."""
+        pinned = is_pinned(step)
+        if self.sram.const_slot and not join:
+            open_pinned = self.in_group and len(self.groups) - 1 in self.pinned_groups
+            if not self.in_group or (open_pinned and not pinned):
+                if not pinned:
+                    self.slot ^= 1
+                    self.const_token = SLOT_TOKENS[self.slot]
+                    self.group_end = 0
+                self.groups.append([])
+                self.first_input.append(None)
+                self.group_tokens.append(self.const_token)
+                if pinned:
+                    self.pinned_groups.add(len(self.groups) - 1)
         at = len(self.code)
         wait = (1 << T_DONE[0]) | (1 << T_DONE[1])
-        if not self.sram.const_slot:
+        if pinned:
+            wait = 0  # SRAM no other instruction of the program touches: only the DMA queue orders it
+        elif not self.sram.const_slot:
             # one area for constants and tiles: this op's constants land where the op before kept
             # its tiles, so they also wait for its stores to have read them out (hazards.py)
             wait |= (1 << T_STORED[0]) | (1 << T_STORED[1])
@@ -186,7 +206,7 @@ class Lowering:
         if self.sram.const_slot:
             self.groups[-1].append(at)
             self.in_group = True
-            if not is_pinned(step):
+            if not pinned:
                 end = self.const_shift + step.args["sram"].offset + box_bytes(step)
                 self.group_end = max(self.group_end, end)
 
@@ -258,26 +278,92 @@ class Lowering:
         return self.code, marks
 
     def _hoist_constants(self) -> tuple[list[int], set[int]]:
-        """Move each constant group up (`_hoisted_order`). Returns each old index's new one and
-        the old indices that moved."""
-        order, moved, self.hoisted_before = self._hoisted_order()
-        self.code = [self.code[i] for i in order]
+        """Move each constant group up (`_hoisted_order`, with `_early_anchors`). Returns each old
+        index's new one and the old indices that moved."""
+        self.code, order, moved, self.hoisted_before = self._arranged(self._early_anchors())
         position = [0] * len(order)
         for new, old in enumerate(order):
             position[old] = new
         return position, moved
 
-    def _hoisted_order(self) -> tuple[list[int], set[int], dict[int, int]]:
+    def _early_anchors(self) -> dict[int, int]:
+        """For each group of pinned tables, the group whose first input load it goes after: the
+        one the estimate finds the stream ends soonest with, from the group before it back to
+        `EARLY_GROUPS` before (greedily, in stream order). A 16-bit table takes the DMA thousands
+        of cycles (Silero VAD's square root: 1,794), which the op before it, a short lookup or an
+        Add, cannot hide; its SRAM is its own for the whole program, so it may load while a
+        convolution several ops earlier computes (the DMA queue is in order, so not so early that
+        it holds back the tile loads the array waits for)."""
+        chosen: dict[int, int] = {}
+        if not self.target:
+            return chosen
+        slotted = [k for k in range(len(self.groups)) if k not in self.pinned_groups]
+        for j in sorted(self.pinned_groups):
+            earlier = [k for k in reversed(slotted) if k < j][:EARLY_GROUPS]
+            candidates = [k for k in earlier if self._anchor(k, j)]
+            if len(candidates) < 2:
+                continue
+            chosen[j] = min(candidates, key=lambda k, j=j: (self._ends({**chosen, j: k}), -k))
+        return chosen
+
+    def _ends(self, early: dict[int, int]) -> int:
+        """The estimated end of the stream with its groups hoisted, pinned ones as `early` says."""
+        return estimate(self._arranged(early)[0], self.target)["cycles"]
+
+    def _arranged(
+        self, early: dict[int, int]
+    ) -> tuple[list[Instruction], list[int], set[int], dict[int, int]]:
+        """The instructions in their hoisted order (`_hoisted_order`), with each group of pinned
+        tables moved after group k's first input load signalling the slot token k's op does not
+        wait for (the other one), and its readers waiting for that token as well: signalling
+        k's, it would hold k's computes back by the table's load. A wait names the latest signal
+        of a token before it, which is the table's or a later load's (the DMA queue is in order).
+        Also the order, the moved indices and the compute anchors' counts."""
+        order, moved, before, anchors = self._hoisted_order(early)
+        code = list(self.code)
+        starts = sorted(at for at, _ in self.marks)
+        for j, k in anchors.items():
+            if j not in self.pinned_groups:
+                continue
+            token, other = self.group_tokens[j], SLOT_TOKENS[1 - SLOT_TOKENS.index(self.group_tokens[k])]
+            if token == other:
+                continue
+            group = self.groups[j]
+            end = next((at for at in starts if at > group[-1]), len(code))  # the reader's instructions
+            for i in group:
+                if code[i].signal == token:
+                    code[i] = dataclasses.replace(code[i], signal=other)
+            for i in range(group[-1] + 1, end):
+                if code[i].wait >> token & 1:
+                    code[i] = dataclasses.replace(code[i], wait=code[i].wait | 1 << other)
+        return [code[i] for i in order], order, moved, before
+
+    def _anchor(self, k: int, j: int) -> bool:
+        """Whether group j may go after group k's first input load."""
+        anchor = self.first_input[k] if k >= 0 else None
+        return anchor is not None and anchor < self.groups[j][0]
+
+    def _hoisted_order(
+        self, early: dict[int, int] | None = None
+    ) -> tuple[list[int], set[int], dict[int, int], dict[int, int]]:
         """The stream's order with each constant group moved up to just after the first input
-        load of the group before it, so the DMA fetches the next weights while the MAC array works
-        on the current ones. Safe: a group writes the slot the group two back read, and its wait
-        names the computes before its new place, which include every tile of that group. Also the
-        old indices that moved and, for a compute anchor, how many loads went before it."""
+        load of the slots' group before it (a group of pinned tables: of the group `early` names,
+        else of the slots' group before as well), so the DMA fetches the next weights while the
+        MAC array works on the current ones. Safe: a group writes the slot the slots' group two
+        back read, and its wait names the computes before its new place, which include every tile
+        of that group; a pinned table writes SRAM of its own. Also the old indices that moved,
+        for a compute anchor how many loads went before it, and each moved group's anchor group."""
         moves: dict[int, list[int]] = {}
-        for j in range(1, len(self.groups)):
-            anchor = self.first_input[j - 1]
-            if anchor is not None and anchor < self.groups[j][0]:
-                moves.setdefault(anchor, []).extend(self.groups[j])
+        anchors: dict[int, int] = {}
+        early = early or {}
+        slotted = -1  # the last group that took a turn of the slots
+        for j in range(len(self.groups)):
+            k = early.get(j, slotted) if j in self.pinned_groups else slotted
+            if self._anchor(k, j):
+                moves.setdefault(self.first_input[k], []).extend(self.groups[j])
+                anchors[j] = k
+            if j not in self.pinned_groups:
+                slotted = j
         moved = {i for group in moves.values() for i in group}
         order: list[int] = []
         before: dict[int, int] = dict(self.hoisted_before)
@@ -293,7 +379,7 @@ class Lowering:
             else:
                 order.append(i)
                 order.extend(moves.get(i, []))
-        return order, moved, before
+        return order, moved, before, anchors
 
 
 def _contiguous(step: Step) -> InTile | None:
