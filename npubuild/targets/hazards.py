@@ -21,7 +21,7 @@ from npubuild.targets.isa import (
     Instruction,
     conv_weight_shape,
     entry_bits,
-    far_box,
+    far_span,
     input_box,
     table_entries,
 )
@@ -33,12 +33,7 @@ def _bytes(bits: int) -> int:
 
 def _box(i: Instruction, side: str) -> tuple[int, int]:
     """The bytes a load's source or a store's destination spans in its memory."""
-    a = i.args
-    dims = far_box(a)
-    if min(dims) <= 0:
-        return (a[side], a[side])
-    last = sum((d - 1) * a[f"s{k}"] for k, d in enumerate(dims))
-    return (a[side], a[side] + (last + 1) * a["esize"])
+    return far_span(i.args, side)
 
 
 def footprint(i: Instruction) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:

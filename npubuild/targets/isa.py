@@ -245,6 +245,16 @@ def far_box(a: dict) -> list[int]:
     return [a["d0"], a["d1"], a["d2"] - top - bottom, a["d3"] - left - right]
 
 
+def far_span(a: dict, side: str) -> tuple[int, int]:
+    """The bytes [start, end) a load's source or a store's destination (`side`: "dram", an SRAM
+    address where `space` is 1) spans: a strided box counts from its first element to its last."""
+    dims = far_box(a)
+    if min(dims) <= 0:
+        return (a[side], a[side])
+    last = sum((d - 1) * a[f"s{k}"] for k, d in enumerate(dims))
+    return (a[side], a[side] + (last + 1) * a["esize"])
+
+
 def input_box(op: str, a: dict) -> tuple[int, int, int]:
     """The box a conv or pool reads at `src`: [channels, in_h, in_w] less its borders (format 5.0)."""
     channels = a["in_c"] if op == "conv" else a["c"]

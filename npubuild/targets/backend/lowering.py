@@ -40,7 +40,15 @@ from npubuild.targets.backend.commands import (
 )
 from npubuild.targets.backend.memory import SramPlan, align
 from npubuild.targets.cycles import cost, estimate
-from npubuild.targets.isa import INPUT_PADS, LOAD_PADS, NO_SIGNAL, Instruction, border_code, far_box
+from npubuild.targets.isa import (
+    INPUT_PADS,
+    LOAD_PADS,
+    NO_SIGNAL,
+    Instruction,
+    border_code,
+    far_box,
+    far_span,
+)
 
 T_CONST, T_IN, T_DONE, T_STORED = 0, (1, 2), (3, 4), (5, 6)
 SLOT_TOKENS = (0, 7)  # the token each constant slot's loads signal
@@ -85,8 +93,15 @@ class Lowering:
 
     def add_op(self, op: Op, commands: list[Command]) -> None:
         commands = self._unpinned(commands)
-        if sum(isinstance(c, Tile) for c in commands) == 1:
+        tiles = [c for c in commands if isinstance(c, Tile)]
+        if len(tiles) == 1:
             commands = [_in_place(c) if isinstance(c, Tile) else c for c in commands]
+        elif tiles:
+            # resident bytes a tile of the op stores (space 1): no tile reads those in place
+            written = [
+                far_span(t.store.args, "dram") for t in tiles if t.store and t.store.args["space"] == 1
+            ]
+            commands = [_in_place(c, written) if isinstance(c, Tile) else c for c in commands]
         joining = self._joining_offset(commands)
         if joining is None:
             self._add(op, commands, None)
@@ -399,7 +414,7 @@ def _contiguous(step: Step) -> InTile | None:
     return a["sram"]
 
 
-def _in_place(tile: Tile) -> Tile:
+def _in_place(tile: Tile, written: list[tuple[int, int]] | None = None) -> Tile:
     """The tile with its on-chip copies of contiguous resident bytes dropped and its compute's operands
     pointing at the resident tensors (module docstring). Only where the operands are unambiguous:
     each dropped copy's buffer offset is a compute operand exactly, no other operand points into
@@ -424,11 +439,15 @@ def _in_place(tile: Tile) -> Tile:
                 offset = None  # the copy stays: not the op's input, or padded with another code
             else:
                 borders = dict(zip(INPUT_PADS, pads))
+        if offset is not None and written is not None:
+            start, end = far_span(load.args, "dram")
+            if any(s < end and start < e for s, e in written):
+                offset = None  # a tile of the op writes those bytes: read a copy
         if offset is None or offset in where:
             kept.append(load)
         else:
             where[offset] = load.args["dram"]
-    out = _contiguous(tile.store) if tile.store is not None else None
+    out = _contiguous(tile.store) if tile.store is not None and written is None else None
     if out is not None and out in where:
         return tile
     operands = [v for v in tile.compute.args.values() if isinstance(v, InTile)]
