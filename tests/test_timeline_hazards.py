@@ -70,34 +70,25 @@ def test_an_op_of_one_tile_reads_and_writes_resident_tensors_in_place():
     assert hazards(code, M, SRAM) == []
 
 
-def test_an_op_of_several_tiles_reads_resident_inputs_in_place_and_keeps_its_stores():
-    code = _lowered([_tile()], [_resident_tile(), _resident_tile()], [_tile()])
+def test_an_op_of_several_tiles_reads_and_writes_resident_tensors_in_place():
+    halves = [_resident_tile(), _resident_tile()]
+    halves[1].loads[0].args["dram"] += 64  # each tile reads and writes its own 64 bytes
+    halves[1].store.args["dram"] += 64
+    code = _lowered([_tile()], halves, [_tile()])
     ops = [i.op for i in code]
-    assert ops == [
-        "load",
-        "clamp",
-        "store",
-        "clamp",
-        "store",
-        "clamp",
-        "store",
-        "load",
-        "clamp",
-        "store",
-        "end",
-    ]
-    first, second = code[3], code[5]
-    # each tile computes from the resident input into its own buffer, and stores from there
-    assert first.args["src"] == second.args["src"] == 40000
-    assert (first.args["dst"], second.args["dst"]) == (1064, 2064)
+    assert ops == ["load", "clamp", "store", "clamp", "clamp", "load", "clamp", "store", "end"]
+    first, second = code[3], code[4]
+    assert [(c.args["src"], c.args["dst"]) for c in (first, second)] == [(40000, 50000), (40064, 50064)]
     # the first waits for everything before the op, the second for the store that last used its
-    # buffer (the op before's, here)
+    # buffer (the op before's, here); the op after waits for both computes
     assert first.wait & BOTH_STORED == BOTH_STORED and second.wait >> T_STORED[1] & 1
+    assert code[5].wait >> T_DONE[0] & 1 and code[5].wait >> T_DONE[1] & 1
     assert hazards(code, M, SRAM) == []
     # a tile that stores onto bytes the op reads: its tiles read copies
     onto = [_resident_tile(), _resident_tile()]
     onto[1].store.args["dram"] = 40000 + 32  # (space 1: an SRAM address)
-    assert [i.op for i in _lowered(onto)].count("load") == 2
+    code = _lowered(onto)
+    assert [i.op for i in code].count("load") == 2 and hazards(code, M, SRAM) == []
 
 
 def test_a_padded_or_strided_copy_stays():
