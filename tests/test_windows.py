@@ -23,15 +23,16 @@ C, H, W = 8, 12, 10
 
 def _model(rng: np.random.Generator, exposed: bool):
     """A 3x3 conv and ReLU make r; rows 3..9 of r times a per-channel gain (y1), rows 2..12 into a
-    3x3 conv (y2), columns 1..7 through a sigmoid's table, times the gain (y3); with `exposed`,
-    rows 3..9 are a network output too."""
+    3x3 conv (y2), columns 1..7 through a sigmoid's table, times the gain (y3), columns 2..8 of
+    rows 2..10 times the gain (y4); with `exposed`, rows 3..9 are a network output too."""
     weights = {
         "w1": rng.normal(size=(C, 4, 3, 3)) * 0.4,
         "w2": rng.normal(size=(4, C, 3, 3)) * 0.3,
         "k": rng.uniform(0.5, 1.5, size=(1, C, 1, 1)),
         "b": rng.normal(size=(1, C, 1, 1)) * 0.2,
     }
-    for name, (start, end, axis) in {"r1": (3, 9, 2), "r2": (2, 12, 2), "c3": (1, 7, 3)}.items():
+    cuts = {"r1": (3, 9, 2), "r2": (2, 12, 2), "c3": (1, 7, 3), "r4": (2, 10, 2), "c4": (2, 8, 3)}
+    for name, (start, end, axis) in cuts.items():
         weights[f"{name}_s"] = np.array([start], np.int64)
         weights[f"{name}_e"] = np.array([end], np.int64)
         weights[f"{name}_a"] = np.array([axis], np.int64)
@@ -47,8 +48,12 @@ def _model(rng: np.random.Generator, exposed: bool):
         helper.make_node("Conv", ["s_r2", "w2"], ["y2"], name="conv2"),
         helper.make_node("Sigmoid", ["s_c3"], ["g"], name="sigmoid"),
         helper.make_node("Mul", ["g", "k"], ["y3"], name="gain3"),
+        # a window of a window: rows 2..10 of r, then columns 2..8 of those
+        helper.make_node("Slice", ["r", "r4_s", "r4_e", "r4_a"], ["s_r4"], name="slice_r4"),
+        helper.make_node("Slice", ["s_r4", "c4_s", "c4_e", "c4_a"], ["s_c4"], name="slice_c4"),
+        helper.make_node("Mul", ["s_c4", "k"], ["y4"], name="gain4"),
     ]
-    outputs = {"y1": [1, C, 6, W], "y2": [1, 4, 8, 8], "y3": [1, C, H, 6]}
+    outputs = {"y1": [1, C, 6, W], "y2": [1, 4, 8, 8], "y3": [1, C, H, 6], "y4": [1, C, 8, 6]}
     if exposed:
         outputs["s_r1"] = [1, C, 6, W]
     return small_model(nodes, "windows", {"x": [1, 4, H, W]}, outputs, weights)
@@ -86,9 +91,9 @@ def test_a_window_read_through_computes_the_integer_models_codes(built, exposed,
         binary = npub.read(data)
         loads = [i.args for i in npu_instructions(binary) if i.op == "load"]
         # boxes of fewer rows or columns than r, with r's strides: the gain's rows (exposed: the
-        # copy's) and the table's columns
+        # copy's), the table's columns, and the window of a window's rows and columns
         strided = {(a["d2"], a["d3"]) for a in loads if a["s1"] == H * W and a["s2"] == W}
-        assert {(6, W), (H, 6)} <= strided, strided
+        assert {(6, W), (H, 6), (8, 6)} <= strided, strided
         # exposed, the gain reads the copy where it lies; read through, no copy has an address
         copy = binary.meta["tensors"].get("s_r1")
         assert (copy is not None) == exposed

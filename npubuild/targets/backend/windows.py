@@ -34,12 +34,15 @@ def slice_cut(op: Op, arrays: dict, shape: list[int]) -> tuple[int, int, int] | 
 def row_windows(
     program: IntegerModel, shapes: dict, arrays: dict, plan: dict, fusion: Fusion
 ) -> dict[int, tuple[int, list[int]]]:
-    """{Slice op index: (byte offset of its first element in its input, the input's 4-D element
-    strides)} for the Slices on the NPU whose outputs are read through."""
+    """{Slice op index: (byte offset of its first element in the tensor it is a window of, that
+    tensor's 4-D element strides)} for the Slices on the NPU whose outputs are read through: by
+    box readers, or by Slices read through in turn (a window of a window: Silero VAD's STFT
+    takes channels, then columns, of its convolution's result), whose offsets and strides are then
+    those of the first Slice's input."""
     npu = {i for sg in plan["subgraphs"] if sg["device"] == "npu" for i in sg["ops"]}
     readers = program.readers()
     outputs, tensors = set(program.outputs), program.tensors
-    found: dict[int, tuple[int, list[int]]] = {}
+    cuts: dict[int, tuple[int, int, list[int]]] = {}  # Slice -> (axis, first, its input's shape)
     for i in sorted(npu):
         op = program.ops[i]
         if op.kind != "move" or op.op_type != "Slice" or len(op.outputs) != 1:
@@ -49,16 +52,26 @@ def row_windows(
             continue
         shape = [int(d) for d in shapes[x]]
         cut = slice_cut(op, arrays, shape)
-        users = readers.get(y, [])
-        if cut is None or len(shape) > 4 or not users:
-            continue
-        if not all(j in npu and reads_boxes(program.ops[j], y) for j in users):
-            continue
-        axis, first, _ = cut
-        inner = 1
-        for d in shape[axis + 1 :]:
-            inner *= d
-        found[i] = (first * inner * esize(tensors[x].bits), row_major(four(shape)))
+        if cut is not None and len(shape) <= 4 and readers.get(y) and all(j in npu for j in readers[y]):
+            cuts[i] = (cut[0], cut[1], shape)
+    # a Slice read by Slices is a window only where those are too: drop until nothing changes
+    windowed = set(cuts)
+    changed = True
+    while changed:
+        changed = False
+        for i in sorted(windowed):
+            y = program.ops[i].outputs[0]
+            if not all(reads_boxes(program.ops[j], y) or j in windowed for j in readers[y]):
+                windowed.discard(i)
+                changed = True
+    by_output = {program.ops[i].outputs[0]: i for i in windowed}
+    found: dict[int, tuple[int, list[int]]] = {}
+    for i in sorted(windowed):  # program order: a window's window comes after it
+        x = program.ops[i].inputs[0]
+        axis, first, shape = cuts[i]
+        outer = found.get(by_output.get(x, -1))
+        strides = outer[1] if outer else row_major(four(shape))
+        found[i] = (first * strides[axis + 4 - len(shape)] * esize(tensors[x].bits), strides)
     return found
 
 
