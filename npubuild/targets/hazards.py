@@ -31,17 +31,12 @@ def _bytes(bits: int) -> int:
     return 1 if bits == 8 else 2
 
 
-def _box(i: Instruction, side: str) -> tuple[int, int]:
-    """The bytes a load's source or a store's destination spans in its memory."""
-    return far_span(i.args, side)
-
-
 def footprint(i: Instruction) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """(SRAM ranges read, SRAM ranges written) by one instruction, as [start, end) byte pairs."""
     a, op = i.args, i.op
     if op in ("load", "store"):
         tile = (a["sram"], a["sram"] + a["d0"] * a["d1"] * a["d2"] * a["d3"] * a["esize"])
-        far = [_box(i, "dram")] if a["space"] == 1 else []
+        far = [far_span(a, "dram")] if a["space"] == 1 else []
         return ([], [tile]) if op == "load" and not far else (far, [tile]) if op == "load" else ([tile], far)
 
     def span(at: str, count: int, bits: int) -> tuple[int, int]:

@@ -364,7 +364,7 @@ class Lowering:
         return anchor is not None and anchor < self.groups[j][0]
 
     def _hoisted_order(
-        self, early: dict[int, int] | None = None
+        self, early: dict[int, int]
     ) -> tuple[list[int], set[int], dict[int, int], dict[int, int]]:
         """The stream's order with each constant group moved up to just after the first input
         load of the slots' group before it (a group of pinned tables: of the group `early` names,
@@ -375,7 +375,6 @@ class Lowering:
         for a compute anchor how many loads went before it, and each moved group's anchor group."""
         moves: dict[int, list[int]] = {}
         anchors: dict[int, int] = {}
-        early = early or {}
         slotted = -1  # the last group that took a turn of the slots
         for j in range(len(self.groups)):
             k = early.get(j, slotted) if j in self.pinned_groups else slotted

@@ -126,8 +126,9 @@ def _row_invariant(name: str, shapes: dict) -> bool:
 def _maps(op: Op, shapes: dict) -> list[str]:
     """The data inputs of `op` a stripe holds rows of: all of them, but for the one-row operand
     of an element-wise op of two (`_joins`), which every stripe reads whole."""
-    data = list(dict.fromkeys(_data(op)))
-    return data if len(_data(op)) < 2 else [n for n in data if not _row_invariant(n, shapes)]
+    data = _data(op)
+    distinct = list(dict.fromkeys(data))
+    return distinct if len(data) < 2 else [n for n in distinct if not _row_invariant(n, shapes)]
 
 
 def _keeps_rows(op: Op, shapes: dict, arrays: dict) -> bool:
