@@ -317,23 +317,29 @@ def stripings(
 ) -> list[tuple[int, Striping]]:
     """For each resident budget, the programs with its regions that do not fit it striped, where
     there are any: chains alone, then regions that branch and join as well (where that differs:
-    striping a join is not always faster, PP-OCRv4 det's squeeze-excite tails); each striped up
-    to the region's last large op, and (where that differs) to its end; with `finer`, the first
-    of each in twice the stripes (docs/npu.md, "Finer stripes")."""
+    striping a join is not always faster, PP-OCRv4 det's squeeze-excite tails), then regions
+    through max pools as well (stripes.py); each striped up to the region's last large op, and
+    (where that differs) to its end; with `finer`, the first of each in twice the stripes
+    (docs/npu.md, "Finer stripes")."""
     shapes = model_shapes(model)
     fusion = fuse(program, plan, shapes)
     found = []
     for budget in budgets:
         # (twice the stripes is the same program where the rows per stripe or MAX_STRIPES stop it)
+        # (joins, pools); chains through pools are not tried (compile time; no corpus model's
+        # fastest was one)
+        kinds = [(False, False), (True, False), (True, True)]
         coarse = (
-            [stripe(program, arrays, shapes, plan, fusion, budget, joins=j) for j in (False, True)]
+            [stripe(program, arrays, shapes, plan, fusion, budget, joins=j, pools=p) for j, p in kinds]
             if finer
             else []
         )
         seen = [s.chains for s in coarse if s is not None]
-        for joins in (False, True):
+        for joins, pools in kinds:
             for to_the_end in (False,) if finer else (False, True):
-                striping = stripe(program, arrays, shapes, plan, fusion, budget, to_the_end, finer, joins)
+                striping = stripe(
+                    program, arrays, shapes, plan, fusion, budget, to_the_end, finer, joins, pools
+                )
                 if striping is not None and striping.chains not in seen:
                     seen.append(striping.chains)
                     found.append((budget, striping))

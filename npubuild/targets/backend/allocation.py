@@ -251,7 +251,7 @@ def allocate(
 
 
 # the kinds whose emitters store their result with OpContext.strides
-STRIDED_WRITERS = ("conv", "add", "mul", "lut", "clamp")
+STRIDED_WRITERS = ("conv", "add", "mul", "lut", "clamp", "avgpool")  # and MaxPool (a "move")
 
 
 def _pieces_in_concat(i: int, ops, tensors, shapes, touched, boundary, root, writers, readers) -> dict:
@@ -286,7 +286,7 @@ def _pieces_in_concat(i: int, ops, tensors, shapes, touched, boundary, root, wri
             or root.get(x, x) != x
             or x in viewed
             or j is None
-            or ops[j].kind not in STRIDED_WRITERS
+            or not (ops[j].kind in STRIDED_WRITERS or ops[j].op_type == "MaxPool")
             or readers.get(x, []) != [i]
         ):
             continue

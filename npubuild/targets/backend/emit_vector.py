@@ -200,7 +200,8 @@ def pool(ctx: OpContext, op: Op, sched: OpSchedule, maxpool: bool = False) -> li
     cb, rows, cols = sched.extents
     bufs = sched.buffers(ctx.sram)
     pad_value = qrange(ctx.bits(x))[0] if maxpool else ctx.zero_point(x)
-    xs, ys = row_major([1, c, h, w]), row_major([1, c, oh, ow])
+    # a window read through, a piece of a Concat written at its place (windows.py, allocation.py)
+    xs, ys = ctx.strides(x), ctx.strides(y)
     commands: list[Command] = []
     for c0 in range(0, c, cb):
         c1 = min(c0 + cb, c)

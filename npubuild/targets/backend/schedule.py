@@ -361,7 +361,7 @@ def pool(ctx: OpContext, op: Op, split: int, maxpool: bool = False) -> OpSchedul
         # an average pool also loads its per-position (M0, shift), 16 bytes each
         return 0, align(tile) + align(cb * rows * cols * yb) + (0 if maxpool else rows * cols * 16)
 
-    cb, rows, cols = shrink(ctx.sram, sizes, (c, oh, ow), order=(1, 0, 2))
+    cb, rows, cols = shrink(ctx.sram, sizes, (c, oh, ow), order=(0, 1, 2))
     rows = -(-rows // split)
     return OpSchedule((cb, rows, cols), *sizes(cb, rows, cols))
 

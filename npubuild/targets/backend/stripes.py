@@ -2,24 +2,24 @@
 stripes that each go through the whole region (Vela's cascading, TPU-MLIR's layer groups sliced
 along H).
 
-A region is a run of ops on one NPU subgraph that reads one map from outside (its entry) and
-hands one map on (its exit, the last op's result): convolutions (any group; transposed, of one
-group), lookup tables, clamps, adds or muls with a constant that is the same on every row, and
+A region is a run of ops on one NPU subgraph that reads one map from outside (its entry) and hands
+one map on (its exit, the last op's result): convolutions (any group; transposed, of one group),
+max pools, lookup tables, clamps, adds or muls with a constant that is the same on every row, and
 element-wise adds and muls of two maps of the region (or of a map and a tensor of one row that is
-the same for every row, a squeeze-excite gate). The simplest region is a chain, each op reading
-the one before's result; a region may also branch and join, as a local response normalisation
-(x times a function of the window sum of x squared) or a squeeze-excite block's tail (x + x *
-gate) do, where every op from the branch on keeps rows where they are (element-wise ops, tables,
-1x1 convolutions), so each branch needs the same rows of the map it shares. Where the region's
-maps are large (an op's inputs and output together over half the resident budget), the region's
-exit is cut into S row ranges; each range's rows are traced back through the region (a
-convolution needs (rows - 1) x stride + its kernel's extent rows of its input, less the padding it
-adds), and the region is written S times over those rows: its ops on stripe-sized tensors (a
-convolution pads only where its stripe meets the map's edge; a first convolution that alone reads
-the entry reads its rows where they lie, a negative pad cropping the rest; otherwise the entry's
-rows come through a Slice), and a Concat of the S results along H. Each stripe's intermediates are
-1/S of the maps and stay resident, so the region moves only its entry and its exit through DRAM;
-rows at the seams are computed twice (the halo). Every output code is what the unstriped region
+the same for every row, a squeeze-excite gate). The simplest region is a chain, each op reading the
+one before's result; a region may also branch and join, as a local response normalisation (x times
+a function of the window sum of x squared) or a squeeze-excite block's tail (x + x * gate) do,
+where every op from the branch to the join keeps rows where they are (element-wise ops, tables, 1x1
+convolutions), so each branch needs the same rows of the map it shares. Where the region's maps are
+large (an op's inputs and output together over half the resident budget), the region's exit is cut
+into S row ranges; each range's rows are traced back through the region (a convolution or a max
+pool needs (rows - 1) x stride + its kernel's extent rows of its input, less the padding it adds),
+and the region is written S times over those rows: its ops on stripe-sized tensors (a convolution
+or a pool pads only where its stripe meets the map's edge; a first convolution that alone reads the
+entry reads its rows where they lie, a negative pad cropping the rest; otherwise the entry's rows
+come through a Slice), and a Concat of the S results along H. Each stripe's intermediates are 1/S
+of the maps and stay resident, so the region moves only its entry and its exit through DRAM; rows
+at the seams are computed twice (the halo). Every output code is what the unstriped region
 computes: the rewrite changes where rows are computed, not how.
 
 `stripe` returns the rewritten program (new ops carry their layer's node name, so per-layer
@@ -34,8 +34,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from npubuild.intmodel.fixedpoint import quantize_multiplier
-from npubuild.intmodel.kernels import conv_pads
-from npubuild.intmodel.program import ConcatAttrs, ConcatOp, IntegerModel, MoveOp, Op, Rescale
+from npubuild.intmodel.kernels import conv_pads, pool_pads
+from npubuild.intmodel.program import ConcatAttrs, ConcatOp, IntegerModel, MoveOp, Op, Rescale, maxpool_attrs
 from npubuild.targets.backend.fusion import Fusion
 from npubuild.targets.backend.memory import tensor_bytes
 from npubuild.targets.backend.schedule import TransposeRows
@@ -61,17 +61,21 @@ class Striping:
 def _rows_needed(op: Op, shapes: dict, arrays: dict, lo: int, hi: int) -> tuple[int, int, int, int]:
     """The input rows [a, b) that output rows [lo, hi) of `op` read, and the padding rows the op
     adds above and below them."""
-    if op.kind != "conv":
-        return lo, hi, 0, 0
     h_in = int(shapes[op.inputs[0]][2])
-    kh = int(arrays[op.arrays.weight].shape[2])
-    at = op.attrs
-    if at.transpose:
-        # the input rows its emitter reads for output rows [lo, hi); the padding returned is the
-        # rows the stripe's own output crops above them (its pads' top)
-        a, last = TransposeRows(op, h_in, kh)(lo, hi)
-        return a, last + 1, lo + (at.pads or [0, 0, 0, 0])[0] - a * at.strides[0], 0
-    sh, dh, pt = at.strides[0], at.dilations[0], _pads(op, shapes, arrays)[0]
+    if _is_maxpool(op):
+        at = maxpool_attrs(op)
+        kh, sh, dh, pt = at.kernel_shape[0], at.strides[0], at.dilations[0], _pool_pads(op, shapes)[0]
+    elif op.kind == "conv":
+        kh = int(arrays[op.arrays.weight].shape[2])
+        at = op.attrs
+        if at.transpose:
+            # the input rows its emitter reads for output rows [lo, hi); the padding returned is
+            # the rows the stripe's own output crops above them (its pads' top)
+            a, last = TransposeRows(op, h_in, kh)(lo, hi)
+            return a, last + 1, lo + (at.pads or [0, 0, 0, 0])[0] - a * at.strides[0], 0
+        sh, dh, pt = at.strides[0], at.dilations[0], _pads(op, shapes, arrays)[0]
+    else:
+        return lo, hi, 0, 0
     first = lo * sh - pt
     end = (hi - 1) * sh - pt + (kh - 1) * dh + 1
     a, b = max(first, 0), min(end, h_in)
@@ -83,6 +87,16 @@ def _pads(op: Op, shapes: dict, arrays: dict) -> list[int]:
     return conv_pads(
         op.attrs, [int(d) for d in shapes[op.inputs[0]][2:]], list(arrays[op.arrays.weight].shape[2:])
     )
+
+
+def _is_maxpool(op: Op) -> bool:
+    return op.kind == "move" and op.op_type == "MaxPool"
+
+
+def _pool_pads(op: Op, shapes: dict) -> list[int]:
+    """A max pool's pads [top, left, bottom, right] on its whole input, what ceil_mode adds
+    included (a stripe states them all explicitly, ceil_mode off)."""
+    return pool_pads([int(d) for d in shapes[op.inputs[0]][2:]], maxpool_attrs(op))
 
 
 def _data(op: Op) -> list[str]:
@@ -105,7 +119,7 @@ def _eligible(op: Op, shapes: dict, arrays: dict) -> bool:
     if op.kind == "conv":
         # a transposed one of one group (its emitter's): rows of its output need bands of its input
         return len(arrays[op.arrays.weight].shape) == 4 and (not op.attrs.transpose or op.attrs.group == 1)
-    return op.kind in ("lut", "clamp")
+    return op.kind in ("lut", "clamp") or _is_maxpool(op) and len(maxpool_attrs(op).kernel_shape) == 2
 
 
 def _joins(op: Op, shapes: dict) -> bool:
@@ -133,8 +147,8 @@ def _maps(op: Op, shapes: dict) -> list[str]:
 
 def _keeps_rows(op: Op, shapes: dict, arrays: dict) -> bool:
     """Whether output rows [lo, hi) of `op` read input rows [lo, hi) and no padding (element-wise
-    ops, tables, clamps, 1x1 stride-1 convolutions)."""
-    if op.kind != "conv":
+    ops, tables, clamps, 1x1 stride-1 convolutions and pools)."""
+    if op.kind != "conv" and not _is_maxpool(op):
         return True
     height = int(shapes[op.outputs[0]][2])
     return all(_rows_needed(op, shapes, arrays, lo, hi) == (lo, hi, 0, 0) for lo, hi in ((0, height), (1, 2)))
@@ -144,7 +158,9 @@ class _Regions:
     """The program's regions (module docstring): which runs of ops qualify, found by growing each
     from an op in execution order."""
 
-    def __init__(self, program: IntegerModel, arrays: dict, shapes: dict, plan: dict, joins: bool):
+    def __init__(
+        self, program: IntegerModel, arrays: dict, shapes: dict, plan: dict, joins: bool, pools: bool
+    ):
         self.ops = program.ops
         self.shapes, self.arrays = shapes, arrays
         self.readers = program.readers()
@@ -156,7 +172,9 @@ class _Regions:
         self.ok = {
             i
             for i in self.subgraph
-            if _eligible(self.ops[i], shapes, arrays) and (joins or len(_data(self.ops[i])) == 1)
+            if _eligible(self.ops[i], shapes, arrays)
+            and (joins or len(_data(self.ops[i])) == 1)
+            and (pools or not _is_maxpool(self.ops[i]))
         }
         self.plan = plan
 
@@ -170,7 +188,8 @@ class _Regions:
         A region: ops of one subgraph in execution order, reading one map from outside (the first
         op reads it) besides tensors of one row made before the region starts; its results other
         than the last are read only inside it and are no network output; and where two of its ops
-        read one map, each op from the first of them on keeps rows where they are. Only results
+        read one map, each op from the first of them to the last keeps rows where they are (after the
+        join, an op may need more rows: both branches then run on those). Only results
         read outside can be mended by adding ops."""
         ops, inside = self.ops, set(part)
         made = {ops[i].outputs[0] for i in part}
@@ -192,7 +211,7 @@ class _Regions:
         for name in (x, *made):
             users = sorted({j for j in self.readers.get(name, []) if j in inside})
             if len(users) > 1 and not all(
-                _keeps_rows(ops[j], self.shapes, self.arrays) for j in part if j >= users[0]
+                _keeps_rows(ops[j], self.shapes, self.arrays) for j in part if users[0] <= j <= users[-1]
             ):
                 return None, False
         if any(j not in inside for i in part[:-1] for j in self.readers.get(ops[i].outputs[0], [])):
@@ -296,6 +315,7 @@ def stripe(
     to_the_end: bool = False,
     finer: bool = False,
     joins: bool = True,
+    pools: bool = True,
 ) -> Striping | None:
     """The program with every region whose maps exceed the resident `budget` striped (module
     docstring), or None when there is none. A region's stripes end at its last large op, or with
@@ -304,10 +324,13 @@ def stripe(
     3x3 convolution after a striped 1x1 one), at the cost of their halo rows. With `finer`, each
     region runs in twice the stripes where its rows allow (`_plan_region`). Without `joins`, the
     regions are chains (no op of two maps): the code generator tries both, since striping a
-    branch and its join is not always faster (compile.py)."""
+    branch and its join is not always faster (compile.py). Without `pools`, a max pool ends a
+    region: one stripe's pool needs rows of the map before it that the next one needs as well, so
+    a region through a pool computes those halo rows twice (Inception v1's stem is faster cut at
+    its pools, ZFNet's first layer faster through its pool)."""
     if budget <= 0:
         return None
-    regions = _Regions(program, arrays, shapes, plan, joins)
+    regions = _Regions(program, arrays, shapes, plan, joins, pools)
     planned = []
     for region in regions.all():
         found = _plan_region(region, regions, program, shapes, fusion.fused_away, budget, to_the_end, finer)
@@ -419,6 +442,15 @@ def _striped(
                 update["attrs"] = op.attrs.model_copy(
                     update={"pads": [top, pads[1], bottom, pads[3]], "auto_pad": "NOTSET"}
                 )
+            elif _is_maxpool(op):
+                pads = _pool_pads(op, shapes)
+                top, bottom = borders[j]
+                update["attrs"] = {
+                    **op.attrs,
+                    "pads": [top, pads[1], bottom, pads[3]],
+                    "ceil_mode": 0,
+                    "auto_pad": "NOTSET",
+                }
             out.append(op.model_copy(update=update))
             if j < len(region) - 1:
                 inner.add(mine[result])

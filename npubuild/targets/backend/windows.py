@@ -15,7 +15,7 @@ from npubuild.targets.backend.memory import esize, four, row_major
 from npubuild.targets.support import slice_steps
 
 # the kinds whose emitters load a data input as boxes with OpContext.strides
-WINDOW_READERS = ("add", "mul", "lut", "clamp", "conv")
+WINDOW_READERS = ("add", "mul", "lut", "clamp", "conv", "avgpool")
 
 
 def slice_cut(op: Op, arrays: dict, shape: list[int]) -> tuple[int, int, int] | None:
@@ -77,7 +77,9 @@ def row_windows(
 
 def reads_boxes(op: Op, name: str) -> bool:
     """Whether `op` loads `name` only as boxes its emitter addresses with OpContext.strides: an
-    element-wise add or mul (either operand), a table or clamp, or a convolution's input."""
+    element-wise add or mul (either operand), a table or clamp, a pool, or a convolution's input."""
+    if op.kind == "move" and op.op_type == "MaxPool":
+        return True
     if op.kind not in WINDOW_READERS:
         return False
     if op.kind == "conv":

@@ -1,0 +1,107 @@
+"""Max pools in stripes (targets/backend/stripes.py): a max pool after a large map (AlexNet's and
+ZFNet's first layers, ResNet's stem) runs inside the region's stripes like a convolution, each
+stripe reading the rows its windows need (halo rows at the seams, padding only at the map's
+edges, what ceil_mode adds written out), so the large map before it never goes to DRAM. The
+striped binary computes the integer model's codes."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+from test_quantize import SETTINGS
+from test_stripes import SMALL
+
+from conftest import integer_variants, small_model
+from npubuild.targets import npub
+from npubuild.targets.backend.fusion import fuse
+from npubuild.targets.backend.stripes import stripe
+from npubuild.targets.compile import Grouping, _compile, model_shapes, plan_partition
+from npubuild.targets.hazards import binary_hazards
+from npubuild.targets.runtime import Runtime
+
+SIZE = 98  # ceil_mode adds a window at the bottom and right edges (49 rows, not 48)
+BUDGET = 64 * 1024
+
+
+def _model(rng: np.random.Generator) -> onnx.ModelProto:
+    """A stem as the classic CNNs have it: a convolution, a 3x3 stride-2 max pool with ceil_mode,
+    a 3x3 convolution, a padded 2x2 max pool; and a second stem whose pool has pads on top and
+    left only."""
+    weights = {
+        "w0": rng.normal(size=(16, 3, 3, 3)) * 0.4,
+        "w1": rng.normal(size=(16, 16, 3, 3)) * 0.1,
+        "w2": rng.normal(size=(16, 3, 3, 3)) * 0.4,
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["a0"], pads=[1, 1, 1, 1], name="conv_a"),
+        helper.make_node("Relu", ["a0"], ["a1"], name="relu_a"),
+        helper.make_node("MaxPool", ["a1"], ["a2"], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1, name="pool_a"),
+        helper.make_node("Conv", ["a2", "w1"], ["a3"], pads=[1, 1, 1, 1], name="conv_a2"),
+        helper.make_node("MaxPool", ["a3"], ["y1"], kernel_shape=[2, 2], strides=[2, 2], pads=[1, 1, 1, 1], name="pool_a2"),
+        helper.make_node("Conv", ["x", "w2"], ["b0"], pads=[1, 1, 1, 1], strides=[1, 1], name="conv_b"),
+        helper.make_node("MaxPool", ["b0"], ["y2"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 0, 0], name="pool_b"),
+    ]  # fmt: skip
+    return small_model(
+        nodes, "pools", {"x": [1, 3, SIZE, SIZE]}, {"y1": [1, 16, 25, 25], "y2": [1, 16, 49, 49]}, weights
+    )
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    rng = np.random.default_rng(6)
+    model = _model(rng)
+    samples = rng.normal(size=(6, 3, SIZE, SIZE)).astype(np.float32)
+    program, arrays, interpreter = integer_variants(
+        model, tmp_path_factory.mktemp("pools"), samples, {"int8": SETTINGS}
+    )["int8"]
+    return model, program, arrays, interpreter, plan_partition(program, arrays, model, SMALL)
+
+
+def _striping(built):
+    model, program, arrays, _, plan = built
+    shapes = model_shapes(model)
+    return stripe(program, arrays, shapes, plan, fuse(program, plan, shapes), BUDGET, to_the_end=True)
+
+
+def test_the_pools_run_inside_the_stripes(built):
+    model, *_ = built
+    striping = _striping(built)
+    regions = sorted(c["layers"] for c in striping.chains)
+    assert ["conv_a", "pool_a", "conv_a2", "pool_a2"] in regions
+    assert ["conv_b", "pool_b"] in regions
+    # no map before a pool leaves the stripes whole: each pool reads a stripe's rows
+    pools = [op for op in striping.program.ops if op.op_type == "MaxPool"]
+    assert len(pools) > 3 and all(op.inputs[0] in striping.intermediates for op in pools)
+    # the stripes of each pool cover its output exactly, seams meeting
+    shapes = model_shapes(model)
+    for y in ("y1", "y2"):
+        spans = sorted(striping.rows[op.outputs[0]] for op in pools if op.outputs[0].startswith(f"{y}@"))
+        assert spans[0][0] == 0 and spans[-1][1] == shapes[y][2] and len(spans) > 1
+        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    # padding only where a stripe meets the map's edge; ceil_mode written out
+    for op in pools:
+        lo, hi = striping.rows[op.outputs[0]]
+        top, _, bottom, _ = op.attrs["pads"]
+        assert op.attrs["ceil_mode"] == 0
+        assert lo == 0 or top == 0
+        assert hi == shapes[op.outputs[0].split("@")[0]][2] or bottom == 0
+
+
+def test_the_striped_pools_compute_the_codes_and_move_fewer_bytes(built):
+    model, program, arrays, interpreter, plan = built
+    striping = _striping(built)
+    results = {}
+    for name, grouping in (("striped", striping), ("whole", None)):
+        data, _, stats = _compile(program, arrays, model, SMALL, plan, True, True, Grouping(BUDGET, 0.125, grouping))
+        assert binary_hazards(data) == []
+        runtime = Runtime(npub.read(data))
+        rng = np.random.default_rng(5)
+        for _ in range(2):
+            x = rng.normal(size=(1, 3, SIZE, SIZE)).astype(np.float32)
+            got, want = runtime.run({"x": x}), interpreter.run({"x": x})[0]
+            for y in ("y1", "y2"):
+                np.testing.assert_array_equal(got[y], want[y], err_msg=f"{name} {y}")
+        results[name] = stats
+    assert results["striped"]["dram_bytes"] < results["whole"]["dram_bytes"]
