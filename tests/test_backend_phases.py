@@ -25,7 +25,7 @@ from npubuild.targets.backend.constants import pack_constants
 from npubuild.targets.backend.context import ConstantPool, OpContext
 from npubuild.targets.backend.fusion import Fusion, fuse
 from npubuild.targets.backend.lowering import SLOT_TOKENS, T_CONST, T_DONE, T_IN, T_STORED, Lowering
-from npubuild.targets.backend.memory import DoesNotFit, SramPlan
+from npubuild.targets.backend.memory import CHANNEL_PARAM_BYTES, DoesNotFit, SramPlan
 from npubuild.targets.backend.schedule import schedule
 from npubuild.targets.cycles import Timeline
 from npubuild.targets.isa import NO_SIGNAL, Instruction
@@ -117,6 +117,40 @@ def test_schedule_shrinks_outer_axes_first_and_splits_for_pipelining():
     assert 2 * small.per_tile <= 16 * 1024
     split = schedule(_ctx(program, shapes, 16 * 1024), op, split=2)
     assert split.extents[1] == -(-small.extents[1] // 2)
+
+
+def test_a_fully_connected_layer_streams_weight_chunks_as_wide_as_fit():
+    """Halving 4,096 outputs stops at 16 per chunk where 21 fit the slot: the weights go in 196
+    equal chunks of 21 (each a DMA latency), not 256 of 16 (ZFNet-512's FC6)."""
+    k, n = 18432, 4096
+    tensors = {t: {"bits": 8, "zero_point": 0, "scale": 1.0} for t in ("x", "y")}
+    names = {f: f"fc.{f}" for f in ("weight", "bias", "m0", "shift", "weight_scale")}
+    program = IntegerModel.model_validate(
+        {
+            "ops": [
+                {
+                    "kind": "matmul",
+                    "op_type": "Gemm",
+                    "inputs": ["x", names["weight"]],
+                    "outputs": ["y"],
+                    "attrs": {"min": -128, "max": 127},
+                    "arrays": names,
+                }
+            ],
+            "tensors": tensors,
+            "inputs": ["x"],
+            "outputs": ["y"],
+        }
+    )
+    arrays = {names["weight"]: np.zeros((k, n), np.int8)}
+    slot = 384 * 1024
+    ctx = OpContext(program.tensors, {"x": [1, k], "y": [1, n]}, arrays, SramPlan(1 << 20, slot))
+    sched = schedule(ctx, program.ops[0])
+    _, width = sched.extents
+    per_output = k + CHANNEL_PARAM_BYTES
+    assert width * per_output <= slot < (width + 1) * per_output  # as wide as fits
+    assert -(-n // width) == -(-n // (slot // per_output))  # the fewest chunks
+    assert -(-n // width) * width - n < -(-n // width)  # equal chunks: the last short by < 1 each
 
 
 def test_an_op_that_cannot_be_tiled_does_not_fit():

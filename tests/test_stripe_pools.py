@@ -37,12 +37,18 @@ def _model(rng: np.random.Generator) -> onnx.ModelProto:
     nodes = [
         helper.make_node("Conv", ["x", "w0"], ["a0"], pads=[1, 1, 1, 1], name="conv_a"),
         helper.make_node("Relu", ["a0"], ["a1"], name="relu_a"),
-        helper.make_node("MaxPool", ["a1"], ["a2"], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1, name="pool_a"),
+        helper.make_node(
+            "MaxPool", ["a1"], ["a2"], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1, name="pool_a"
+        ),
         helper.make_node("Conv", ["a2", "w1"], ["a3"], pads=[1, 1, 1, 1], name="conv_a2"),
-        helper.make_node("MaxPool", ["a3"], ["y1"], kernel_shape=[2, 2], strides=[2, 2], pads=[1, 1, 1, 1], name="pool_a2"),
+        helper.make_node(
+            "MaxPool", ["a3"], ["y1"], kernel_shape=[2, 2], strides=[2, 2], pads=[1, 1, 1, 1], name="pool_a2"
+        ),
         helper.make_node("Conv", ["x", "w2"], ["b0"], pads=[1, 1, 1, 1], strides=[1, 1], name="conv_b"),
-        helper.make_node("MaxPool", ["b0"], ["y2"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 0, 0], name="pool_b"),
-    ]  # fmt: skip
+        helper.make_node(
+            "MaxPool", ["b0"], ["y2"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 0, 0], name="pool_b"
+        ),
+    ]
     return small_model(
         nodes, "pools", {"x": [1, 3, SIZE, SIZE]}, {"y1": [1, 16, 25, 25], "y2": [1, 16, 49, 49]}, weights
     )
@@ -94,7 +100,9 @@ def test_the_striped_pools_compute_the_codes_and_move_fewer_bytes(built):
     striping = _striping(built)
     results = {}
     for name, grouping in (("striped", striping), ("whole", None)):
-        data, _, stats = _compile(program, arrays, model, SMALL, plan, True, True, Grouping(BUDGET, 0.125, grouping))
+        data, _, stats = _compile(
+            program, arrays, model, SMALL, plan, True, True, Grouping(BUDGET, 0.125, grouping)
+        )
         assert binary_hazards(data) == []
         runtime = Runtime(npub.read(data))
         rng = np.random.default_rng(5)
