@@ -82,6 +82,12 @@ def _workspace():
 
 
 def _store():
+    """The command's cache, closed as the process exits: a cache that could not be written was
+    replaced by a private one (cache/store.py), which closing deletes."""
+    import atexit
+
     from npubuild.cache.store import Store, default_cache_dir
 
-    return Store(options.cache_dir or default_cache_dir())
+    store = Store(options.cache_dir or default_cache_dir())
+    atexit.register(store.close)
+    return store

@@ -184,10 +184,15 @@ def tmpfs(path: Path, size: str):
 
 
 def test_a_read_only_cache_builds_without_caching(small_ws, tmp_path):
+    temp = tmp_path / "temp"  # where the private cache goes (and must not stay)
+    temp.mkdir()
     with tmpfs(tmp_path / "ro", "64m") as cache:
         assert cli(["build", "//models:cls_npu", "--until", "import"], small_ws, cache).returncode == 0
         subprocess.run(["mount", "-o", "remount,ro", str(cache)], check=True)
-        proc = cli(["build", "//models:cls_npu", "--until", "optimize"], small_ws, cache)
+        proc = cli(
+            ["build", "//models:cls_npu", "--until", "optimize"], small_ws, cache, env={"TMPDIR": str(temp)}
+        )
+        assert not [p.name for p in temp.iterdir() if p.name.startswith("npubuild-nocache-")]
         assert proc.returncode == 0, proc.stderr
         warnings = [ln for ln in proc.stderr.splitlines() if ln.startswith("warning:")]
         assert len(warnings) == 1 and "building without a cache" in warnings[0], proc.stderr
