@@ -209,13 +209,15 @@ def shared(tmp_path_factory, cls_model):
         yield {"ws": ws, "dav": dav, "outcome": outcome, "outputs": out_digests(ws), "remote": remote}
 
 
-def cli_build(ws: Path, cache: Path, *args: str, new_session: bool = False) -> subprocess.Popen:
+def cli_build(
+    ws: Path, cache: Path, *args: str, new_session: bool = False, env: dict | None = None
+) -> subprocess.Popen:
     """A build running in the background; with new_session in its own process group, as a
     shell runs a foreground job (so a test can send the group Ctrl-C), and with Ctrl-C's default
     handling: a test suite started in the background by a shell without job control inherits
     SIGINT ignored, and so would the build (a clean-clone CI run so started saw the build ignore
     the test's Ctrl-C and finish)."""
-    env = {**os.environ, "NPUBUILD_CACHE": str(cache), "COLUMNS": "200"}
+    env = {**os.environ, "NPUBUILD_CACHE": str(cache), "COLUMNS": "200", **(env or {})}
 
     def default_ctrl_c() -> None:
         signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -35,8 +35,8 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _start_build(ws: Path, cache: Path) -> tuple[subprocess.Popen, set[int]]:
-    proc = cli_build(ws, cache, "-j", "2", new_session=True)
+def _start_build(ws: Path, cache: Path, temp: Path | None = None) -> tuple[subprocess.Popen, set[int]]:
+    proc = cli_build(ws, cache, "-j", "2", new_session=True, env={"TMPDIR": str(temp)} if temp else None)
     deadline = time.monotonic() + 60
     workers: set[int] = set()
     while time.monotonic() < deadline and len(workers) < 2:
@@ -45,6 +45,10 @@ def _start_build(ws: Path, cache: Path) -> tuple[subprocess.Popen, set[int]]:
     assert len(workers) >= 2, "the build never started its two workers"
     time.sleep(1.0)  # let them take actions
     return proc, workers
+
+
+def _ours(temp: Path) -> list[str]:
+    return [p.name for p in temp.iterdir() if p.name.startswith("npubuild-")]
 
 
 def _cmdline(pid: int) -> str:
@@ -65,7 +69,9 @@ def _gone_within(pids: set[int], seconds: float) -> bool:
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_workers_die_with_the_build(small_ws, tmp_path, sig):
-    proc, workers = _start_build(small_ws, tmp_path / "cache")
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    proc, workers = _start_build(small_ws, tmp_path / "cache", temp)
     os.kill(proc.pid, sig)
     proc.wait(timeout=30)
     try:
@@ -74,12 +80,16 @@ def test_workers_die_with_the_build(small_ws, tmp_path, sig):
         for w in workers:
             if _alive(w):
                 os.kill(w, signal.SIGKILL)
+    if sig == signal.SIGTERM:  # (a build killed outright cannot clean up after its workers)
+        assert _ours(temp) == [], "the workers' temporary directories outlived the build"
 
 
 # slow tier: real processes killed or racing, seconds each (CI runs every tier)
 @pytest.mark.slow
 def test_ctrl_c_is_quiet_and_exits_130(small_ws, tmp_path):
-    proc, workers = _start_build(small_ws, tmp_path / "cache")
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    proc, workers = _start_build(small_ws, tmp_path / "cache", temp)
     assert proc.poll() is None, "the build ended before it could be interrupted"
     os.killpg(proc.pid, signal.SIGINT)  # the terminal sends it to the whole foreground group
     _, stderr = proc.communicate(timeout=60)
@@ -87,6 +97,7 @@ def test_ctrl_c_is_quiet_and_exits_130(small_ws, tmp_path):
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
     assert stderr.strip().splitlines()[-1] == "interrupted", stderr
     assert _gone_within(workers, 10)
+    assert _ours(temp) == [], "the killed workers' temporary directories outlived the build"
     # What the interrupted build left in the cache is sound: the next build finishes.
     again = cli(["build", "//...", "-j", "2"], small_ws, tmp_path / "cache")
     assert again.returncode == 0, again.stderr

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+import tempfile
 from concurrent.futures import Future
 
 from npubuild.cache.store import default_cache_dir
@@ -25,6 +27,9 @@ class LocalExecutor:
         self.store_dir = store_dir
         self.slots = max(1, jobs)
         self._pool = None
+        # the workers' temporary directories go in one of the pool's own, deleted with the pool:
+        # a worker killed mid-action (abort) cannot delete its own
+        self._temp: str | None = None
 
     def submit(self, desc: dict, remote_config: dict | None) -> Future:
         from npubuild.engine.worker import execute
@@ -37,11 +42,12 @@ class LocalExecutor:
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor
 
+            self._temp = tempfile.mkdtemp(prefix="npubuild-workers-")
             self._pool = ProcessPoolExecutor(
                 self.slots,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=_bind_to_parent,
-                initargs=(os.getpid(),),
+                initargs=(os.getpid(), self._temp),
             )
         return self._pool.submit(execute, self.store_dir, desc, remote_config)
 
@@ -49,24 +55,37 @@ class LocalExecutor:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        self._remove_temp()
 
     def abort(self) -> None:
         """Stop now (Ctrl-C, an error escaping the build): kill the workers rather than wait for
         their actions. A killed action never wrote its cache entry, so the cache stays right."""
         if self._pool is not None:
-            for process in list(getattr(self._pool, "_processes", {}).values()):
+            processes = list(getattr(self._pool, "_processes", {}).values())
+            for process in processes:
                 process.kill()
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+            for process in processes:
+                process.join(5)  # dead before its directory goes
+        self._remove_temp()
+
+    def _remove_temp(self) -> None:
+        if self._temp is not None:
+            shutil.rmtree(self._temp, ignore_errors=True)
+            self._temp = None
 
 
-def _bind_to_parent(parent: int) -> None:
+def _bind_to_parent(parent: int, temp: str) -> None:
     """A pool worker lives only as long as the build that started it. Ctrl-C reaches the whole
     process group: the parent handles it, the worker ignores it. If the parent dies (SIGTERM,
-    kill -9) the kernel kills the worker (Linux), and a watcher thread exits it everywhere else."""
+    kill -9) the kernel kills the worker (Linux), and a watcher thread exits it everywhere else.
+    Its temporary directories go in `temp`, which the parent deletes."""
     import signal
     import threading
     import time
+
+    tempfile.tempdir = temp
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if sys.platform.startswith("linux"):
