@@ -376,7 +376,10 @@ def pool(ctx: OpContext, op: Op, split: int, maxpool: bool = False) -> OpSchedul
         # an average pool also loads its per-position (M0, shift), 16 bytes each
         return 0, align(tile) + align(cb * rows * cols * yb) + (0 if maxpool else rows * cols * 16)
 
-    cb, rows, cols = shrink(ctx.sram, sizes, (c, oh, ow), order=(0, 1, 2))
+    # a max pool's tiles are whole channels first (a resident map's channels are dense boxes, read
+    # in place: lowering._in_place); an average pool's rows first, since each tile loads its
+    # positions' (M0, shift) and tiles of channels would load all of them each
+    cb, rows, cols = shrink(ctx.sram, sizes, (c, oh, ow), order=(0, 1, 2) if maxpool else (1, 0, 2))
     rows = -(-rows // split)
     return OpSchedule((cb, rows, cols), *sizes(cb, rows, cols))
 
