@@ -147,7 +147,7 @@ def _maps(op: Op, shapes: dict) -> list[str]:
 
 def _keeps_rows(op: Op, shapes: dict, arrays: dict) -> bool:
     """Whether output rows [lo, hi) of `op` read input rows [lo, hi) and no padding (element-wise
-    ops, tables, clamps, 1x1 stride-1 convolutions and pools)."""
+    ops, tables, clamps, 1x1 stride-1 convolutions and max pools)."""
     if op.kind != "conv" and not _is_maxpool(op):
         return True
     height = int(shapes[op.outputs[0]][2])
@@ -216,7 +216,21 @@ class _Regions:
                 return None, False
         if any(j not in inside for i in part[:-1] for j in self.readers.get(ops[i].outputs[0], [])):
             return None, True
+        if not self._one_span_each(part):
+            return None, False
         return x, True
+
+    def _one_span_each(self, part: list[int]) -> bool:
+        """Whether every map the region's ops read is needed in one span of rows for a stripe: rows
+        at the exit's edges and in its middle traced back (`_traced`). Where two ops read one map,
+        the ops from the first to the last keep rows (`_verdict`), but a branch may still widen
+        its rows after the last reader (a 3x3 convolution before the join), and then the two
+        readers would need different rows of the one map."""
+        region = [self.ops[i] for i in part]
+        height = int(self.shapes[region[-1].outputs[0]][2])
+        middle = height // 2
+        probes = {(0, height), (0, 1), (middle, middle + 1), (height - 1, height)}
+        return all(_traced(region, self.shapes, self.arrays, lo, hi)[0] is not None for lo, hi in probes)
 
     def all(self) -> list[list[int]]:
         """Maximal regions, each grown from the first op in execution order no region holds yet."""
@@ -403,16 +417,8 @@ def _striped(
     out: list[Op] = []
     pieces = []
     for s in range(count):
-        # the rows each map must hold, from the last op back to the entry (`_Regions`: where two
-        # ops read one map, both need the same rows), and the padding each op adds
-        need = {y: (cuts[s], cuts[s + 1])}
-        borders = {}
-        for j in reversed(range(len(region))):
-            op = region[j]
-            a, b, top, bottom = _rows_needed(op, shapes, arrays, *need[op.outputs[0]])
-            borders[j] = (top, bottom)
-            for n in _maps(op, shapes):
-                assert need.setdefault(n, (a, b)) == (a, b), f"{n}: two spans in one stripe"
+        need, borders = _traced(region, shapes, arrays, cuts[s], cuts[s + 1])
+        assert need is not None, "two spans of one map in a stripe (`_Regions` lets none through)"
         a, b = need[x]
         source = x
         if crops:
@@ -469,6 +475,24 @@ def _striped(
         )
     )
     return out
+
+
+def _traced(
+    region: list[Op], shapes: dict, arrays: dict, lo: int, hi: int
+) -> tuple[dict[str, tuple[int, int]] | None, dict[int, tuple[int, int]]]:
+    """The rows [a, b) each map of the region must hold for rows [lo, hi) of its exit, traced from
+    the last op back to the entry, and the padding rows (top, bottom) each op adds; None for the
+    rows where two ops that read one map need different rows of it."""
+    need: dict[str, tuple[int, int]] = {region[-1].outputs[0]: (lo, hi)}
+    borders = {}
+    for j in reversed(range(len(region))):
+        op = region[j]
+        a, b, top, bottom = _rows_needed(op, shapes, arrays, *need[op.outputs[0]])
+        borders[j] = (top, bottom)
+        for n in _maps(op, shapes):
+            if need.setdefault(n, (a, b)) != (a, b):
+                return None, borders
+    return need, borders
 
 
 def _transposed_band(op: Op, rows_in: int, rows_out: int, crop: int, arrays: dict):
