@@ -153,3 +153,33 @@ def test_a_branch_that_widens_before_its_join_is_no_region(tmp_path):
         np.testing.assert_array_equal(
             Runtime(npub.read(data)).run({"x": x})["y"], interpreter.run({"x": x})[0]["y"]
         )
+
+
+def test_a_constant_first_operand_is_traced_as_an_element_wise_op(tmp_path):
+    """A Mul whose first input is a scalar constant (as exporters write `2 * x`): a region traces
+    it as keeping rows, without reading the constant's shape as a map's (an IndexError on the
+    example's det with its precision table at goal 0.999, 2026-11-28)."""
+    rng = np.random.default_rng(8)
+    weights = {
+        "w0": rng.normal(size=(16, 3, 3, 3)) * 0.4,
+        "k": np.array(1.7),
+        "w1": rng.normal(size=(16, 16, 3, 3)) * 0.1,
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["a"], pads=[1, 1, 1, 1], name="conv_a"),
+        helper.make_node("Mul", ["k", "a"], ["b"], name="scaled"),
+        helper.make_node("Conv", ["b", "w1"], ["y"], pads=[1, 1, 1, 1], name="conv_b"),
+    ]
+    model = small_model(nodes, "scaled", {"x": [1, 3, SIZE, SIZE]}, {"y": [1, 16, SIZE, SIZE]}, weights)
+    samples = rng.normal(size=(4, 3, SIZE, SIZE)).astype(np.float32)
+    program, arrays, interpreter = integer_variants(model, tmp_path, samples, {"int8": SETTINGS})["int8"]
+    assert any(op.node == "scaled" and op.inputs[0] in op.constants for op in program.ops)
+    plan = plan_partition(program, arrays, model, SMALL)
+    shapes = model_shapes(model)
+    striping = stripe(program, arrays, shapes, plan, fuse(program, plan, shapes), BUDGET, to_the_end=True)
+    assert striping is not None and ["conv_a", "scaled", "conv_b"] in [c["layers"] for c in striping.chains]
+    data, _, _ = _compile(program, arrays, model, SMALL, plan, True, True, Grouping(BUDGET, 0.125, striping))
+    x = rng.normal(size=(1, 3, SIZE, SIZE)).astype(np.float32)
+    np.testing.assert_array_equal(
+        Runtime(npub.read(data)).run({"x": x})["y"], interpreter.run({"x": x})[0]["y"]
+    )

@@ -61,11 +61,13 @@ class Striping:
 def _rows_needed(op: Op, shapes: dict, arrays: dict, lo: int, hi: int) -> tuple[int, int, int, int]:
     """The input rows [a, b) that output rows [lo, hi) of `op` read, and the padding rows the op
     adds above and below them."""
+    if op.kind != "conv" and not _is_maxpool(op):
+        return lo, hi, 0, 0  # element-wise: the same rows (its first input may be a constant)
     h_in = int(shapes[op.inputs[0]][2])
     if _is_maxpool(op):
         at = maxpool_attrs(op)
         kh, sh, dh, pt = at.kernel_shape[0], at.strides[0], at.dilations[0], _pool_pads(op, shapes)[0]
-    elif op.kind == "conv":
+    else:
         kh = int(arrays[op.arrays.weight].shape[2])
         at = op.attrs
         if at.transpose:
@@ -74,8 +76,6 @@ def _rows_needed(op: Op, shapes: dict, arrays: dict, lo: int, hi: int) -> tuple[
             a, last = TransposeRows(op, h_in, kh)(lo, hi)
             return a, last + 1, lo + (at.pads or [0, 0, 0, 0])[0] - a * at.strides[0], 0
         sh, dh, pt = at.strides[0], at.dilations[0], _pads(op, shapes, arrays)[0]
-    else:
-        return lo, hi, 0, 0
     first = lo * sh - pt
     end = (hi - 1) * sh - pt + (kh - 1) * dh + 1
     a, b = max(first, 0), min(end, h_in)
