@@ -308,6 +308,11 @@ Op = Annotated[
 ]
 
 
+def is_maxpool(op: Op) -> bool:
+    """A MaxPool: an op that moves codes (`MoveOp`), with a window of its own."""
+    return op.kind == "move" and op.op_type == "MaxPool"
+
+
 def maxpool_attrs(op: MoveOp) -> PoolAttrs:
     """A MaxPool's window from its ONNX attributes (strides and dilations default to 1)."""
     at = op.attrs

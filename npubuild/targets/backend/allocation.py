@@ -23,7 +23,7 @@ from npubuild.targets.backend.fusion import Fusion
 from npubuild.targets.backend.memory import ALIGN, SRAM_FLAG, align, esize, four, row_major, tensor_bytes
 from npubuild.targets.backend.shuffles import channel_shuffles
 from npubuild.targets.backend.upsamples import upsample_views
-from npubuild.targets.backend.windows import row_windows, slice_cut
+from npubuild.targets.backend.windows import addresses_by_strides, row_windows, slice_cut
 
 
 class AllocationError(Exception):
@@ -250,10 +250,6 @@ def allocate(
     )
 
 
-# the kinds whose emitters store their result with OpContext.strides
-STRIDED_WRITERS = ("conv", "add", "mul", "lut", "clamp", "avgpool")  # and MaxPool (a "move")
-
-
 def _pieces_in_concat(i: int, ops, tensors, shapes, touched, boundary, root, writers, readers) -> dict:
     """The inputs of Concat `i` whose places are not contiguous (rows of a [1, C, H, W] map: the
     stripes' results, stripes.py) that their producers write at their places with the Concat's
@@ -286,7 +282,7 @@ def _pieces_in_concat(i: int, ops, tensors, shapes, touched, boundary, root, wri
             or root.get(x, x) != x
             or x in viewed
             or j is None
-            or not (ops[j].kind in STRIDED_WRITERS or ops[j].op_type == "MaxPool")
+            or not addresses_by_strides(ops[j])
             or readers.get(x, []) != [i]
         ):
             continue

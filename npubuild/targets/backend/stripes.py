@@ -35,7 +35,16 @@ import numpy as np
 
 from npubuild.intmodel.fixedpoint import quantize_multiplier
 from npubuild.intmodel.kernels import conv_pads, pool_pads
-from npubuild.intmodel.program import ConcatAttrs, ConcatOp, IntegerModel, MoveOp, Op, Rescale, maxpool_attrs
+from npubuild.intmodel.program import (
+    ConcatAttrs,
+    ConcatOp,
+    IntegerModel,
+    MoveOp,
+    Op,
+    Rescale,
+    is_maxpool,
+    maxpool_attrs,
+)
 from npubuild.targets.backend.fusion import Fusion
 from npubuild.targets.backend.memory import tensor_bytes
 from npubuild.targets.backend.schedule import TransposeRows
@@ -61,10 +70,10 @@ class Striping:
 def _rows_needed(op: Op, shapes: dict, arrays: dict, lo: int, hi: int) -> tuple[int, int, int, int]:
     """The input rows [a, b) that output rows [lo, hi) of `op` read, and the padding rows the op
     adds above and below them."""
-    if op.kind != "conv" and not _is_maxpool(op):
+    if op.kind != "conv" and not is_maxpool(op):
         return lo, hi, 0, 0  # element-wise: the same rows (its first input may be a constant)
     h_in = int(shapes[op.inputs[0]][2])
-    if _is_maxpool(op):
+    if is_maxpool(op):
         at = maxpool_attrs(op)
         kh, sh, dh, pt = at.kernel_shape[0], at.strides[0], at.dilations[0], _pool_pads(op, shapes)[0]
     else:
@@ -87,10 +96,6 @@ def _pads(op: Op, shapes: dict, arrays: dict) -> list[int]:
     return conv_pads(
         op.attrs, [int(d) for d in shapes[op.inputs[0]][2:]], list(arrays[op.arrays.weight].shape[2:])
     )
-
-
-def _is_maxpool(op: Op) -> bool:
-    return op.kind == "move" and op.op_type == "MaxPool"
 
 
 def _pool_pads(op: Op, shapes: dict) -> list[int]:
@@ -119,7 +124,7 @@ def _eligible(op: Op, shapes: dict, arrays: dict) -> bool:
     if op.kind == "conv":
         # a transposed one of one group (its emitter's): rows of its output need bands of its input
         return len(arrays[op.arrays.weight].shape) == 4 and (not op.attrs.transpose or op.attrs.group == 1)
-    return op.kind in ("lut", "clamp") or _is_maxpool(op) and len(maxpool_attrs(op).kernel_shape) == 2
+    return op.kind in ("lut", "clamp") or is_maxpool(op) and len(maxpool_attrs(op).kernel_shape) == 2
 
 
 def _joins(op: Op, shapes: dict) -> bool:
@@ -148,7 +153,7 @@ def _maps(op: Op, shapes: dict) -> list[str]:
 def _keeps_rows(op: Op, shapes: dict, arrays: dict) -> bool:
     """Whether output rows [lo, hi) of `op` read input rows [lo, hi) and no padding (element-wise
     ops, tables, clamps, 1x1 stride-1 convolutions and max pools)."""
-    if op.kind != "conv" and not _is_maxpool(op):
+    if op.kind != "conv" and not is_maxpool(op):
         return True
     height = int(shapes[op.outputs[0]][2])
     return all(_rows_needed(op, shapes, arrays, lo, hi) == (lo, hi, 0, 0) for lo, hi in ((0, height), (1, 2)))
@@ -174,7 +179,7 @@ class _Regions:
             for i in self.subgraph
             if _eligible(self.ops[i], shapes, arrays)
             and (joins or len(_data(self.ops[i])) == 1)
-            and (pools or not _is_maxpool(self.ops[i]))
+            and (pools or not is_maxpool(self.ops[i]))
         }
         self.plan = plan
 
@@ -448,7 +453,7 @@ def _striped(
                 update["attrs"] = op.attrs.model_copy(
                     update={"pads": [top, pads[1], bottom, pads[3]], "auto_pad": "NOTSET"}
                 )
-            elif _is_maxpool(op):
+            elif is_maxpool(op):
                 pads = _pool_pads(op, shapes)
                 top, bottom = borders[j]
                 update["attrs"] = {

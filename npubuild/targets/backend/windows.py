@@ -9,13 +9,14 @@ are what this is for: each was a DRAM round trip of its rows."""
 
 from __future__ import annotations
 
-from npubuild.intmodel.program import IntegerModel, Op
+from npubuild.intmodel.program import IntegerModel, Op, is_maxpool
 from npubuild.targets.backend.fusion import Fusion
 from npubuild.targets.backend.memory import esize, four, row_major
 from npubuild.targets.support import slice_steps
 
-# the kinds whose emitters load a data input as boxes with OpContext.strides
-WINDOW_READERS = ("add", "mul", "lut", "clamp", "conv", "avgpool")
+# the kinds whose emitters load their data inputs and store their result as boxes addressed with
+# OpContext.strides (and max pools: `addresses_by_strides`)
+STRIDED_KINDS = ("add", "mul", "lut", "clamp", "conv", "avgpool")
 
 
 def slice_cut(op: Op, arrays: dict, shape: list[int]) -> tuple[int, int, int] | None:
@@ -75,12 +76,17 @@ def row_windows(
     return found
 
 
+def addresses_by_strides(op: Op) -> bool:
+    """Whether `op`'s emitter loads its data inputs and stores its result as boxes addressed with
+    OpContext.strides (so they may be windows of larger tensors): element-wise adds and muls,
+    tables, clamps, convolutions and pools."""
+    return op.kind in STRIDED_KINDS or is_maxpool(op)
+
+
 def reads_boxes(op: Op, name: str) -> bool:
     """Whether `op` loads `name` only as boxes its emitter addresses with OpContext.strides: an
     element-wise add or mul (either operand), a table or clamp, a pool, or a convolution's input."""
-    if op.kind == "move" and op.op_type == "MaxPool":
-        return True
-    if op.kind not in WINDOW_READERS:
+    if not addresses_by_strides(op):
         return False
     if op.kind == "conv":
         return op.inputs[0] == name and name not in op.inputs[1:]
