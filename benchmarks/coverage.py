@@ -62,7 +62,8 @@ def assemble(dest: Path, speech: bool = True) -> Path:
 def speech_feeds(ws: Path, validation: bool = False) -> None:
     """The audio model's feeds (benchmarks/speech.py): its states come from the float model, so
     the model is fetched here the way the build fetches it."""
-    from speech import default_cache, write_feeds
+    from _sdist import default_cache
+    from speech import write_feeds
 
     from npubuild.stages import fetch
 

@@ -9,16 +9,13 @@ Calibration and evaluation come from different recordings (corpus/README.md list
 
 from __future__ import annotations
 
-import hashlib
 import io
-import json
-import os
 import tarfile
-import urllib.request
 import wave
 from pathlib import Path
 
 import numpy as np
+from _sdist import fetch_sdist
 
 SDIST = {
     "package": "pocketsphinx",
@@ -53,24 +50,6 @@ VALIDATION = {
 }
 
 
-def fetch_sdist(cache: Path) -> Path:
-    """The pinned source archive, downloaded once from PyPI and checked against its sha256."""
-    path = cache / f"{SDIST['package']}-{SDIST['version']}.tar.gz"
-    if not path.exists() or hashlib.sha256(path.read_bytes()).hexdigest() != SDIST["sha256"]:
-        index = f"https://pypi.org/pypi/{SDIST['package']}/json"
-        with urllib.request.urlopen(index, timeout=60) as reply:
-            files = json.load(reply)["releases"][SDIST["version"]]
-        urls = [u["url"] for u in files if u["packagetype"] == "sdist"]
-        with urllib.request.urlopen(urls[0], timeout=600) as reply:
-            data = reply.read()
-        digest = hashlib.sha256(data).hexdigest()
-        if digest != SDIST["sha256"]:
-            raise SystemExit(f"{urls[0]}: sha256 {digest}, pinned {SDIST['sha256']}")
-        cache.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-    return path
-
-
 def recordings(archive: Path, names: list[str]) -> dict[str, np.ndarray]:
     """Each recording as float32 samples in [-1, 1)."""
     out = {}
@@ -97,7 +76,7 @@ def write_feeds(model_path: Path, dest: Path, cache: Path, validation: bool = Fa
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
-    archive = fetch_sdist(cache)
+    archive = fetch_sdist(SDIST, cache)
     counts = {}
     split = VALIDATION if validation else {"calib": CALIBRATION, "eval": EVALUATION}
     for role, names in split.items():
@@ -113,7 +92,3 @@ def write_feeds(model_path: Path, dest: Path, cache: Path, validation: bool = Fa
                 count += 1
         counts[role] = count
     return counts
-
-
-def default_cache() -> Path:
-    return Path(os.environ.get("NPUBUILD_BENCH_CACHE", Path.home() / ".cache" / "npubuild-bench"))
