@@ -80,8 +80,17 @@ def test_workers_die_with_the_build(small_ws, tmp_path, sig):
         for w in workers:
             if _alive(w):
                 os.kill(w, signal.SIGKILL)
-    if sig == signal.SIGTERM:  # (a build killed outright cannot clean up after its workers)
+    if sig == signal.SIGTERM:
         assert _ours(temp) == [], "the workers' temporary directories outlived the build"
+        return
+    # A build killed outright cannot clean up after its workers: the next build with workers does.
+    left = _ours(temp)
+    assert [name for name in left if name.startswith("npubuild-workers-")], left
+    live = temp / f"npubuild-workers-{left[0].split('-')[2]}-{os.getpid()}-live"
+    live.mkdir()  # a running build's (this process is alive): kept
+    again = cli(["build", "//...", "-j", "2"], small_ws, tmp_path / "cache2", env={"TMPDIR": str(temp)})
+    assert again.returncode == 0, again.stderr
+    assert _ours(temp) == [live.name], "the killed build's directory outlived the next build"
 
 
 # slow tier: real processes killed or racing, seconds each (CI runs every tier)

@@ -26,6 +26,7 @@ from typing import Any, BinaryIO
 import diskcache
 
 from npubuild.cache.digest import CHUNK, SHA256_HEX, canonical_json, sha256_file
+from npubuild.tempdirs import owned_tempdir
 
 
 def _read_umask() -> int:
@@ -175,7 +176,7 @@ class Store:
 
     def _without_cache(self, why: str) -> diskcache.Cache:
         """The cache directory cannot be written: build in a private one, deleted on close."""
-        self._temporary = tempfile.mkdtemp(prefix="npubuild-nocache-")
+        self._temporary = owned_tempdir("nocache")
         self.warnings.append(f"cannot use the cache {self.directory} ({why}); building without a cache")
         self.directory = Path(self._temporary)  # what workers open too
         return self._diskcache(self.directory)

@@ -16,6 +16,7 @@ from concurrent.futures import Future
 
 from npubuild.cache.store import default_cache_dir
 from npubuild.errors import UserError
+from npubuild.tempdirs import owned_tempdir
 
 
 class LocalExecutor:
@@ -28,7 +29,8 @@ class LocalExecutor:
         self.slots = max(1, jobs)
         self._pool = None
         # the workers' temporary directories go in one of the pool's own, deleted with the pool:
-        # a worker killed mid-action (abort) cannot delete its own
+        # a worker killed mid-action (abort) cannot delete its own; a build killed outright leaves
+        # it to the next build (tempdirs.py)
         self._temp: str | None = None
 
     def submit(self, desc: dict, remote_config: dict | None) -> Future:
@@ -42,7 +44,7 @@ class LocalExecutor:
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor
 
-            self._temp = tempfile.mkdtemp(prefix="npubuild-workers-")
+            self._temp = owned_tempdir("workers")
             self._pool = ProcessPoolExecutor(
                 self.slots,
                 mp_context=multiprocessing.get_context("spawn"),
