@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from stripe_kit import SMALL, assert_computes_the_codes, build_int8, striping_of
 from test_quantize import SETTINGS
-from test_stripes import SIZE, SMALL, _model, assert_computes_the_codes
+from test_stripes import SIZE, _model
 
-from conftest import integer_variants, npu_instructions
+from conftest import npu_instructions
 from npubuild.targets import npub
 from npubuild.targets.backend.context import OpContext
 from npubuild.targets.backend.fusion import fuse
 from npubuild.targets.backend.memory import SramPlan
 from npubuild.targets.backend.pinning import pinned_tables
-from npubuild.targets.backend.stripes import stripe
-from npubuild.targets.compile import Grouping, _compile, compile_npub, model_shapes, plan_partition
+from npubuild.targets.compile import Grouping, _compile, compile_npub, model_shapes
 from npubuild.targets.hazards import binary_hazards
 
 BUDGET = 64 * 1024
@@ -30,13 +30,8 @@ def built(tmp_path_factory):
     model = _model(rng)
     samples = rng.normal(size=(6, 3, SIZE, SIZE)).astype(np.float32)
     settings = {**SETTINGS, "overrides": [{"match": "conv1", "bits": 16}]}
-    program, arrays, interpreter = integer_variants(
-        model, tmp_path_factory.mktemp("pinning"), samples, {"wide": settings}
-    )["wide"]
-    plan = plan_partition(program, arrays, model, SMALL)
-    shapes = model_shapes(model)
-    striping = stripe(program, arrays, shapes, plan, fuse(program, plan, shapes), BUDGET)
-    return model, program, arrays, interpreter, plan, striping
+    built = build_int8(model, tmp_path_factory.mktemp("pinning"), samples, settings)
+    return built, striping_of(built, BUDGET)
 
 
 def _tables(program, arrays, shapes, plan) -> dict[str, int]:
@@ -46,7 +41,7 @@ def _tables(program, arrays, shapes, plan) -> dict[str, int]:
 
 
 def test_only_a_table_several_ops_read_is_shared(built):
-    model, program, arrays, _, plan, striping = built
+    (model, program, arrays, _, plan), striping = built
     assert _tables(program, arrays, model_shapes(model), plan) == {}  # one HardSwish, one reader
     tables = _tables(striping.program, striping.arrays, striping.shapes, striping.plan)
     readers = [op for op in striping.program.ops if op.kind == "lut"]
@@ -59,7 +54,7 @@ def _table_loads(data: bytes) -> list:
 
 
 def test_a_table_the_stripes_share_loads_once(built):
-    model, program, arrays, interpreter, plan, striping = built
+    (model, program, arrays, _, plan), striping = built
     results = {
         pin: _compile(
             program, arrays, model, SMALL, plan, True, True, Grouping(BUDGET, 0.25, striping, pin_tables=pin)
@@ -76,11 +71,11 @@ def test_a_table_the_stripes_share_loads_once(built):
     assert saved == (stripes - 1) * 2**16
     for pin, (data, _, _) in results.items():
         assert binary_hazards(data) == [], pin
-        assert_computes_the_codes(data, interpreter)
+        assert_computes_the_codes(data, built[0])
 
 
 def test_the_grouping_search_tries_pinned_tables(built):
-    model, program, arrays, _, plan, _ = built
+    (model, program, arrays, _, plan), _ = built
     _, _, stats = compile_npub(program, arrays, model, SMALL, plan)
     rows = [r for r in stats["grouping_search"] if "pinned_tables" in r]
     assert rows and all(r["pinned_tables"] == 1 and r["striped_chains"] for r in rows)

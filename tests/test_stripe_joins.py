@@ -10,24 +10,18 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper
-from test_quantize import SETTINGS
-from test_stripes import SMALL
+from stripe_kit import SMALL, assert_computes_the_codes, build_int8, striping_of
 
-from conftest import integer_variants, small_model
-from npubuild.targets import npub
-from npubuild.targets.backend.fusion import fuse
-from npubuild.targets.backend.stripes import stripe
+from conftest import small_model
 from npubuild.targets.compile import (
     RESIDENT_SHARES,
     Grouping,
     _compile,
     compile_npub,
     model_shapes,
-    plan_partition,
     stripings,
 )
 from npubuild.targets.hazards import binary_hazards
-from npubuild.targets.runtime import Runtime
 
 SIZE = 96
 BUDGET = 64 * 1024
@@ -75,26 +69,11 @@ def built(tmp_path_factory):
     rng = np.random.default_rng(4)
     model = _model(rng)
     samples = rng.normal(size=(6, 3, SIZE, SIZE)).astype(np.float32)
-    program, arrays, interpreter = integer_variants(
-        model, tmp_path_factory.mktemp("joins"), samples, {"int8": SETTINGS}
-    )["int8"]
-    return model, program, arrays, interpreter, plan_partition(program, arrays, model, SMALL)
+    return build_int8(model, tmp_path_factory.mktemp("joins"), samples)
 
 
 def _striping(built, joins: bool):
-    model, program, arrays, _, plan = built
-    shapes = model_shapes(model)
-    return stripe(program, arrays, shapes, plan, fuse(program, plan, shapes), BUDGET, joins=joins)
-
-
-def _assert_computes_the_codes(data: bytes, interpreter) -> None:
-    runtime = Runtime(npub.read(data))
-    rng = np.random.default_rng(5)
-    for _ in range(2):
-        x = rng.normal(size=(1, 3, SIZE, SIZE)).astype(np.float32)
-        got, want = runtime.run({"x": x}), interpreter.run({"x": x})[0]
-        for y in OUTPUTS:
-            np.testing.assert_array_equal(got[y], want[y], err_msg=y)
+    return striping_of(built, BUDGET, joins=joins)
 
 
 def _labels(striping) -> list[list[str]]:
@@ -145,7 +124,7 @@ def test_the_striped_regions_compute_the_codes_and_move_fewer_bytes(built):
             program, arrays, model, SMALL, plan, True, True, Grouping(BUDGET, 0.125, striping)
         )
         assert binary_hazards(data) == []
-        _assert_computes_the_codes(data, interpreter)
+        assert_computes_the_codes(data, built)
         results[len(striping.chains)] = stats
     assert results[2]["dram_bytes"] < results[1]["dram_bytes"]
 
@@ -161,4 +140,4 @@ def test_the_code_generator_tries_chains_and_regions_and_keeps_the_fastest(built
     assert {tuple(c["stripes"] for c in p.chains) for p in programs} <= tried
     assert stats["estimated_cycles"] <= min(r["estimated_cycles"] for r in stats["grouping_search"]) * 1.01
     assert binary_hazards(data) == []
-    _assert_computes_the_codes(data, interpreter)
+    assert_computes_the_codes(data, built)

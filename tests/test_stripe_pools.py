@@ -10,16 +10,11 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper
-from test_quantize import SETTINGS
-from test_stripes import SMALL
+from stripe_kit import SMALL, assert_computes_the_codes, build_int8, striping_of
 
-from conftest import integer_variants, small_model
-from npubuild.targets import npub
-from npubuild.targets.backend.fusion import fuse
-from npubuild.targets.backend.stripes import stripe
-from npubuild.targets.compile import Grouping, _compile, model_shapes, plan_partition
+from conftest import small_model
+from npubuild.targets.compile import Grouping, _compile, model_shapes
 from npubuild.targets.hazards import binary_hazards
-from npubuild.targets.runtime import Runtime
 
 SIZE = 98  # ceil_mode adds a window at the bottom and right edges (49 rows, not 48)
 BUDGET = 64 * 1024
@@ -59,16 +54,22 @@ def built(tmp_path_factory):
     rng = np.random.default_rng(6)
     model = _model(rng)
     samples = rng.normal(size=(6, 3, SIZE, SIZE)).astype(np.float32)
-    program, arrays, interpreter = integer_variants(
-        model, tmp_path_factory.mktemp("pools"), samples, {"int8": SETTINGS}
-    )["int8"]
-    return model, program, arrays, interpreter, plan_partition(program, arrays, model, SMALL)
+    return build_int8(model, tmp_path_factory.mktemp("pools"), samples)
 
 
 def _striping(built):
+    return striping_of(built, BUDGET, to_the_end=True)
+
+
+def _compile_striped(built, striping) -> tuple[bytes, dict]:
+    """The binary with `striping` (None: no stripes) at the test's budget, checked hazard-free and
+    against the integer model's codes."""
     model, program, arrays, _, plan = built
-    shapes = model_shapes(model)
-    return stripe(program, arrays, shapes, plan, fuse(program, plan, shapes), BUDGET, to_the_end=True)
+    grouping = Grouping(BUDGET, 0.125, striping)
+    data, _, stats = _compile(program, arrays, model, SMALL, plan, True, True, grouping)
+    assert binary_hazards(data) == []
+    assert_computes_the_codes(data, built)
+    return data, stats
 
 
 def test_the_pools_run_inside_the_stripes(built):
@@ -96,23 +97,9 @@ def test_the_pools_run_inside_the_stripes(built):
 
 
 def test_the_striped_pools_compute_the_codes_and_move_fewer_bytes(built):
-    model, program, arrays, interpreter, plan = built
-    striping = _striping(built)
-    results = {}
-    for name, grouping in (("striped", striping), ("whole", None)):
-        data, _, stats = _compile(
-            program, arrays, model, SMALL, plan, True, True, Grouping(BUDGET, 0.125, grouping)
-        )
-        assert binary_hazards(data) == []
-        runtime = Runtime(npub.read(data))
-        rng = np.random.default_rng(5)
-        for _ in range(2):
-            x = rng.normal(size=(1, 3, SIZE, SIZE)).astype(np.float32)
-            got, want = runtime.run({"x": x}), interpreter.run({"x": x})[0]
-            for y in ("y1", "y2"):
-                np.testing.assert_array_equal(got[y], want[y], err_msg=f"{name} {y}")
-        results[name] = stats
-    assert results["striped"]["dram_bytes"] < results["whole"]["dram_bytes"]
+    striped = _compile_striped(built, _striping(built))[1]
+    whole = _compile_striped(built, None)[1]
+    assert striped["dram_bytes"] < whole["dram_bytes"]
 
 
 def _widening_diamond(rng: np.random.Generator) -> onnx.ModelProto:
@@ -137,22 +124,12 @@ def _widening_diamond(rng: np.random.Generator) -> onnx.ModelProto:
 def test_a_branch_that_widens_before_its_join_is_no_region(tmp_path):
     rng = np.random.default_rng(7)
     model = _widening_diamond(rng)
-    samples = rng.normal(size=(4, 3, SIZE, SIZE)).astype(np.float32)
-    program, arrays, interpreter = integer_variants(model, tmp_path, samples, {"int8": SETTINGS})["int8"]
-    plan = plan_partition(program, arrays, model, SMALL)
-    shapes = model_shapes(model)
-    striping = stripe(program, arrays, shapes, plan, fuse(program, plan, shapes), BUDGET, to_the_end=True)
+    built = build_int8(model, tmp_path, rng.normal(size=(4, 3, SIZE, SIZE)).astype(np.float32))
+    striping = _striping(built)
     regions = [c["layers"] for c in striping.chains] if striping is not None else []
     assert not any("join" in r and "pointwise" in r for r in regions), regions
-    # what is striped still computes the codes
-    if striping is not None:
-        data, _, _ = _compile(
-            program, arrays, model, SMALL, plan, True, True, Grouping(BUDGET, 0.125, striping)
-        )
-        x = rng.normal(size=(1, 3, SIZE, SIZE)).astype(np.float32)
-        np.testing.assert_array_equal(
-            Runtime(npub.read(data)).run({"x": x})["y"], interpreter.run({"x": x})[0]["y"]
-        )
+    if striping is not None:  # what is striped still computes the codes
+        _compile_striped(built, striping)
 
 
 def test_a_constant_first_operand_is_traced_as_an_element_wise_op(tmp_path):
@@ -171,15 +148,8 @@ def test_a_constant_first_operand_is_traced_as_an_element_wise_op(tmp_path):
         helper.make_node("Conv", ["b", "w1"], ["y"], pads=[1, 1, 1, 1], name="conv_b"),
     ]
     model = small_model(nodes, "scaled", {"x": [1, 3, SIZE, SIZE]}, {"y": [1, 16, SIZE, SIZE]}, weights)
-    samples = rng.normal(size=(4, 3, SIZE, SIZE)).astype(np.float32)
-    program, arrays, interpreter = integer_variants(model, tmp_path, samples, {"int8": SETTINGS})["int8"]
-    assert any(op.node == "scaled" and op.inputs[0] in op.constants for op in program.ops)
-    plan = plan_partition(program, arrays, model, SMALL)
-    shapes = model_shapes(model)
-    striping = stripe(program, arrays, shapes, plan, fuse(program, plan, shapes), BUDGET, to_the_end=True)
+    built = build_int8(model, tmp_path, rng.normal(size=(4, 3, SIZE, SIZE)).astype(np.float32))
+    assert any(op.node == "scaled" and op.inputs[0] in op.constants for op in built.program.ops)
+    striping = _striping(built)
     assert striping is not None and ["conv_a", "scaled", "conv_b"] in [c["layers"] for c in striping.chains]
-    data, _, _ = _compile(program, arrays, model, SMALL, plan, True, True, Grouping(BUDGET, 0.125, striping))
-    x = rng.normal(size=(1, 3, SIZE, SIZE)).astype(np.float32)
-    np.testing.assert_array_equal(
-        Runtime(npub.read(data)).run({"x": x})["y"], interpreter.run({"x": x})[0]["y"]
-    )
+    _compile_striped(built, striping)

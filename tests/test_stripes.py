@@ -8,9 +8,10 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper
+from stripe_kit import SMALL, assert_computes_the_codes, build_int8, striping_of
 from test_quantize import SETTINGS
 
-from conftest import integer_variants, small_model
+from conftest import small_model
 from npubuild.targets import npub
 from npubuild.targets.backend.fusion import fuse
 from npubuild.targets.backend.stripes import MAX_STRIPES, MIN_STRIPE_ROWS, stripe
@@ -21,18 +22,14 @@ from npubuild.targets.compile import (
     _compile,
     compile_npub,
     model_shapes,
-    plan_partition,
     stripings,
 )
 from npubuild.targets.cpu_cost import op_work
 from npubuild.targets.cycles import roofline
 from npubuild.targets.hazards import binary_hazards
 from npubuild.targets.runtime import Runtime
-from npubuild.targets.spec import BUILTIN_TARGETS
 
-# vnpu-m with a quarter of its SRAM: the test model's 96 x 96 maps do not stay resident whole
-SMALL = BUILTIN_TARGETS["vnpu-m"].model_copy(update={"name": "vnpu-m-512k", "sram_kib": 512})
-SIZE = 96
+SIZE = 96  # SMALL (stripe_kit): the test model's 96 x 96 maps do not stay resident whole
 
 
 def _model(rng: np.random.Generator) -> onnx.ModelProto:
@@ -113,33 +110,12 @@ def built(tmp_path_factory):
     rng = np.random.default_rng(3)
     model = _model(rng)
     samples = rng.normal(size=(6, 3, SIZE, SIZE)).astype(np.float32)
-    (program, arrays, interpreter) = integer_variants(
-        model, tmp_path_factory.mktemp("stripes"), samples, {"int8": SETTINGS}
-    )["int8"]
-    plan = plan_partition(program, arrays, model, SMALL)
-    return model, program, arrays, interpreter, plan
-
-
-def assert_computes_the_codes(data: bytes, interpreter, runs: int = 2) -> None:
-    """The binary's outputs equal the integer model's on `runs` random inputs."""
-    runtime = Runtime(npub.read(data))
-    rng = np.random.default_rng(5)
-    for _ in range(runs):
-        x = rng.normal(size=(1, 3, SIZE, SIZE)).astype(np.float32)
-        got, want = runtime.run({"x": x}), interpreter.run({"x": x})[0]
-        for y in ("y1", "y2", "y3", "y4", "y5"):
-            np.testing.assert_array_equal(got[y], want[y], err_msg=y)
-
-
-def _striping(built, budget: int):
-    model, program, arrays, _, plan = built
-    shapes = model_shapes(model)
-    return stripe(program, arrays, shapes, plan, fuse(program, plan, shapes), budget)
+    return build_int8(model, tmp_path_factory.mktemp("stripes"), samples)
 
 
 def test_both_chains_are_cut_into_stripes_that_cover_their_result(built):
     model, program, _, _, _ = built
-    striping = _striping(built, 64 * 1024)
+    striping = striping_of(built, 64 * 1024)
     assert striping is not None
     layers = [c["layers"] for c in striping.chains]
     # conv0 + relu0 make t, which both chains read (a ReLU is its convolution's clamp)
@@ -168,7 +144,7 @@ def test_both_chains_are_cut_into_stripes_that_cover_their_result(built):
 def test_striped_binary_computes_the_integer_models_codes(built):
     model, program, arrays, interpreter, plan = built
     budget = 64 * 1024
-    striping = _striping(built, budget)
+    striping = striping_of(built, budget)
     data, _, stats = _compile(
         program, arrays, model, SMALL, plan, True, True, Grouping(budget, 0.125, striping)
     )
@@ -179,7 +155,7 @@ def test_striped_binary_computes_the_integer_models_codes(built):
     # and each stripe's last op writes its rows at their place in the chain's result, with the
     # result's strides (allocation._pieces_in_concat): the Concats copy nothing
     assert [row["kind"] for row in stats["layers"]].count("concat") == 0
-    assert_computes_the_codes(data, interpreter)
+    assert_computes_the_codes(data, built)
     # the bound counts the network's work once: not the halo's rows, which the stripes execute
     # (and the input rows two tiles of a transposed convolution both read, which any tiling does)
     plain = _compile(program, arrays, model, SMALL, plan, True, True, Grouping(budget, 0.125))[2]
@@ -246,7 +222,7 @@ def test_finer_stripes_are_twice_as_many_and_compute_the_same_codes(built):
     assert finer.chains != coarse.chains
     data, _, stats = _compile(program, arrays, model, SMALL, plan, True, True, Grouping(budget, 0.125, finer))
     assert stats["stripes"] == finer.chains and binary_hazards(data) == []
-    assert_computes_the_codes(data, interpreter)
+    assert_computes_the_codes(data, built)
 
 
 @pytest.fixture(scope="module")
@@ -258,10 +234,7 @@ def wide(tmp_path_factory):
     model = _model(rng)
     samples = rng.normal(size=(6, 3, SIZE, SIZE)).astype(np.float32)
     settings = {**SETTINGS, "overrides": [{"match": "conv1", "bits": 16}]}
-    program, arrays, interpreter = integer_variants(
-        model, tmp_path_factory.mktemp("wide"), samples, {"w": settings}
-    )["w"]
-    return model, program, arrays, interpreter, plan_partition(program, arrays, model, SMALL)
+    return build_int8(model, tmp_path_factory.mktemp("wide"), samples, settings)
 
 
 def _finer_tried_where_the_fastest_striping_spilled(model, program, arrays, plan) -> tuple[bytes, dict, dict]:
@@ -303,7 +276,7 @@ def test_finer_stripes_are_tried_where_the_fastest_striping_spilled_and_win_ther
     assert coarse and stats["stripe_spills"] == 0
     assert stats["estimated_cycles"] < min(r["estimated_cycles"] for r in coarse)
     assert binary_hazards(data) == []
-    assert_computes_the_codes(data, interpreter)
+    assert_computes_the_codes(data, wide)
 
 
 def test_at_8_bits_the_same_rule_holds(built):
