@@ -7,10 +7,9 @@ and Silero VAD (real speech, corpus/README.md; three inputs, three outputs).
 `--validation` runs the split defaults are tuned on instead: calibration crops from four of the
 calibration photographs, "evaluation" crops from the other two; the evaluation photographs are not
 read. The text detector's tuning split calibrates on the even crops of a scanned brochure page
-and judges on the odd ones (benchmarks/text_scans.py). The direction classifier is left out
-there: it is evaluated on lines of the printed page, which is evaluation data. Silero VAD's
-validation split is five of its calibration recordings against the other three
-(benchmarks/speech.py, VALIDATION).
+and judges on the odd ones; the direction classifier's judges on 16 text lines of that brochure
+(benchmarks/text_scans.py). Silero VAD's validation split is five of its calibration recordings
+against the other three (benchmarks/speech.py, VALIDATION).
 
 Same calibration crops (>= 32) and evaluation crops (>= 16, from other photographs) for every
 tool; the text models keep the example's text images (detector: the two halves of the printed
@@ -109,30 +108,35 @@ def add_corpus_models(ws: Path, validation: bool) -> None:
 
 
 def add_text_scans(ws: Path, validation: bool) -> dict[str, int]:
-    """Printed text for the text detector (benchmarks/text_scans.py). The scanned brochure's crops
-    join its calibration set, and `ocr_det_scan`, the same model and calibration, is judged on the
-    typewritten page's crops: a second held-out text set beside the photographed page. The tuning
-    split reads neither page: it calibrates on the even brochure crops and judges on the odd ones.
-    Returns the number of crops in each new folder."""
+    """Printed text for the text models (benchmarks/text_scans.py). The scanned brochure's crops
+    join the detector's calibration set, and `ocr_det_scan`, the same model and calibration, is
+    judged on the typewritten page's crops: a second held-out text set beside the photographed
+    page. The tuning split reads neither evaluation page: the detector calibrates on the even
+    brochure crops and is judged on the odd ones; the direction classifier is judged on 16 text
+    lines of the brochure's body (8 lines, upright and turned). Returns the number of images in
+    each new folder."""
     from _sdist import default_cache
-    from text_scans import write_crops
+    from text_scans import write_crops, write_lines
 
     build = ws / "data" / "BUILD"
     text = build.read_text()
     entry = '("ocr_det", TEXT_CALIBRATION, TEXT_EVALUATION, OCR_DET)'
     assert entry in text, "the example's data/BUILD no longer lists the detector's sets as expected"
     scans = ws / "data" / "scans"
-    counts = {"brochure": write_crops("linn", scans / "brochure", default_cache())}
+    write_crops("linn", scans / "brochure", default_cache())
     calibration = 'TEXT_CALIBRATION + glob(["scans/brochure/*.png"])'
     if validation:
         (scans / "brochure_odd").mkdir()
         for crop in sorted((scans / "brochure").glob("*.png")):
             if int(crop.stem.rsplit("_", 1)[1]) % 2:
                 crop.rename(scans / "brochure_odd" / crop.name)
-        counts = {folder.name: len(list(folder.glob("*.png"))) for folder in sorted(scans.iterdir())}
         sets = f'("ocr_det", {calibration}, glob(["scans/brochure_odd/*.png"]), OCR_DET)'
+        write_lines("linn", scans / "lines", default_cache())
+        lines = '("ocr_cls", TEXT_CALIBRATION, TEXT_LINES, OCR_CLS)'
+        assert lines in text, "the example's data/BUILD no longer lists the classifier's sets as expected"
+        text = text.replace(lines, '("ocr_cls", TEXT_CALIBRATION, glob(["scans/lines/*.png"]), OCR_CLS)')
     else:
-        counts["typewriter"] = write_crops("typewriter", scans / "typewriter", default_cache())
+        write_crops("typewriter", scans / "typewriter", default_cache())
         sets = (
             f'("ocr_det", {calibration}, TEXT_EVALUATION, OCR_DET),\n'
             f'        ("ocr_det_scan", {calibration}, glob(["scans/typewriter/*.png"]), OCR_DET)'
@@ -143,7 +147,7 @@ def add_text_scans(ws: Path, validation: bool) -> dict[str, int]:
                 'calibration = "//data:ocr_det_scan_calib", evaluation = "//data:ocr_det_scan_eval")\n'
             )
     build.write_text(text.replace(entry, sets))
-    return counts
+    return {folder.name: len(list(folder.glob("*.png"))) for folder in sorted(scans.iterdir())}
 
 
 def session(model) -> ort.InferenceSession:
@@ -257,7 +261,7 @@ def main() -> None:
     parser.add_argument("--validation", action="store_true", help="the tuning split (see the docstring)")
     parser.add_argument("models", nargs="*", choices=[[], *MODELS], help="default: all")
     args = parser.parse_args()
-    unsplit = ("ocr_cls", "ocr_det_scan")  # no validation split: see the docstring
+    unsplit = ("ocr_det_scan",)  # the typewritten page is evaluation data only
     models = {m: MODELS[m] for m in (args.models or MODELS) if not (args.validation and m in unsplit)}
 
     logging.getLogger().setLevel(logging.ERROR)  # onnxruntime.quantization warns per tensor
@@ -270,8 +274,8 @@ def main() -> None:
         ws = tmp / "ws"
         n_calib, n_eval = crop_workspace(ws, validation=args.validation)
         add_corpus_models(ws, args.validation)
-        if {"ocr_det", "ocr_det_scan"} & set(models):
-            print(f"text detector, crops of scanned pages: {add_text_scans(ws, args.validation)}")
+        if {"ocr_det", "ocr_det_scan", "ocr_cls"} & set(models):
+            print(f"text models, images from scanned pages: {add_text_scans(ws, args.validation)}")
         print(f"calibration crops: {n_calib}, evaluation crops: {n_eval} (from disjoint photographs)")
         from importlib.metadata import PackageNotFoundError, version
 

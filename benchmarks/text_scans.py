@@ -7,9 +7,9 @@ OCRmyPDF's source distribution on PyPI, fetched by pinned version and sha256 (ne
   GFDL-1.2-or-later or CC-BY-SA).
 
 Cut into square crops whose text lines come out about as tall, at the detector's input size, as
-those of the evaluation page (scikit-image's page.png halves): the brochure calibrates, the
-typewriter page is the tuning split's "evaluation" (it never calibrates), so neither touches the
-evaluation images.
+those of the evaluation page (scikit-image's page.png halves), for the text detector; and into
+single text lines as a detector hands them to the direction classifier (`write_lines`), for the
+classifier's tuning split. Neither page is evaluation data (benchmarks/ptq_vs_ort.py).
 """
 
 from __future__ import annotations
@@ -77,3 +77,43 @@ def write_crops(name: str, dest: Path, cache: Path) -> int:
             crop.save(dest / f"{name}_{k}.png")
             k += 1
     return k
+
+
+# Where the brochure's left column of body text lies (x from, x to, y from, y to), at 300 dpi
+LINES_AREA = {"linn": (400, 1200, 1330, 2250)}
+LINE_INK = 0.02  # a row of the area is in a text line when this share of its pixels is dark
+
+
+def write_lines(name: str, dest: Path, cache: Path, count: int = 8) -> int:
+    """`count` text lines of the scan's body text, spread down its column, each cut as a text
+    detector's box would be (the line with a sixth of its height above and below, four times as
+    wide as high) and saved at the direction classifier's 48 x 192, upright (<name>_line<k>_up)
+    and turned 180 degrees (<name>_line<k>_down); returns how many images. Lines are found from
+    the rows' ink (a horizontal projection), so no coordinates of single lines are kept here."""
+    import numpy as np
+    from PIL import Image
+
+    image = scan(fetch_sdist(SDIST, cache), name)
+    x0, x1, y0, y1 = LINES_AREA[name]
+    gray = np.asarray(image.convert("L"))[y0:y1, x0:x1]
+    inked = (gray < 128).mean(axis=1) > LINE_INK
+    lines, start = [], None
+    for y, row in enumerate([*inked, False]):
+        if row and start is None:
+            start = y
+        elif not row and start is not None:
+            if y - start >= 20:  # a line, not a speck or a descender's tail
+                lines.append((y0 + start, y0 + y))
+            start = None
+    if len(lines) < count:
+        raise SystemExit(f"{name}: {len(lines)} text lines found, {count} wanted")
+    dest.mkdir(parents=True, exist_ok=True)
+    picked = [lines[k * len(lines) // count] for k in range(count)]
+    for k, (top, bottom) in enumerate(picked):
+        margin = (bottom - top) // 6
+        height = bottom - top + 2 * margin
+        box = (x0, top - margin, x0 + 4 * height, bottom + margin)
+        line = image.crop(box).resize((192, 48), Image.BILINEAR)
+        line.save(dest / f"{name}_line{k}_up.png")
+        line.transpose(Image.ROTATE_180).save(dest / f"{name}_line{k}_down.png")
+    return 2 * count
