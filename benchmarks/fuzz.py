@@ -1,6 +1,6 @@
-"""Fuzzers for the two kinds of untrusted file npubuild reads itself: BUILD files and .npub binaries.
+"""Fuzzers for the untrusted files npubuild reads itself: BUILD files, .npub binaries and models.
 
-    python benchmarks/fuzz.py [--cases 2000] [--seed 0] [--which build,npub]
+    python benchmarks/fuzz.py [--cases 2000] [--seed 0] [--which build,npub,model]
 
 BUILD cases are mutations of the example workspace's BUILD files (byte flips, cut and doubled
 spans, inserted tokens and hostile snippets, splices), evaluated with the real rules. `.npub`
@@ -9,8 +9,15 @@ section CRCs and the SHA-256 trailer are right and only the loader's own checks 
 bytes and the simulator: raw bytes of any section, or the metadata JSON edited structurally. Each
 case is loaded and, when it loads, run on one input.
 
-A case passes when it evaluates (or runs), or fails with the project's own error type
-(UserError, NpubError). Anything else is a crash; a case past its deadline is a hang; the address
+Model cases mutate the real PP-OCR classifier as a protobuf (attributes set to extremes or
+dropped, initializers given other dims or element types or external data that points anywhere,
+nodes dropped, rewired, retyped, the opset changed, outputs dropped or added) and build it in the
+tests' small workspace, every stage to the simulator and the evaluation (`--cases` of these take
+seconds each: a few hundred is a run).
+
+A case passes when it evaluates (or runs, or builds), or fails with the project's own error type
+(UserError, NpubError; for a model, the build's error lines, none of them an internal error).
+Anything else is a crash; a case past its deadline is a hang; the address
 space is capped so that memory use is bounded too. Prints the tally; exit 1 on any crash or hang.
 """
 
@@ -379,14 +386,10 @@ def fuzz_npub(original: bytes, cases: int, seed: int, deadline_s: float = 30.0) 
 
 def build_cls_binary(tmp: Path) -> bytes:
     """The small PP-OCR classifier workspace of the tests, built once: its model.npub."""
-    sys.path.insert(0, str(REPO / "tests"))
-    from conftest import CLS, make_small_ws
     from npubuild.cache.store import Store
     from npubuild.engine.run import build
-    from npubuild.stages import fetch
 
-    model = fetch.run(CLS, {}, tmp)["model"]
-    ws = make_small_ws(tmp / "ws", model)
+    ws = _small_workspace(tmp)
     store = Store(tmp / "cache")
     try:
         outcome = build(ws, store, ["//models:cls_npu"])
@@ -394,6 +397,135 @@ def build_cls_binary(tmp: Path) -> bytes:
     finally:
         store.close()
     return (ws / "npubuild-out" / "models" / "cls_npu" / "model.npub").read_bytes()
+
+
+# Models -------------------------------------------------------------------------------------
+
+ONNX_OPS = ["Conv", "Relu", "Add", "Mul", "Reshape", "Transpose", "Concat", "Softmax", "MaxPool", "Gemm", "X"]
+EXTERNAL_LOCATIONS = ["missing.bin", "../../../../etc/hostname", "/etc/hostname", "cls.onnx", "", "a\x00b"]
+
+
+def _extreme_attribute(rng: random.Random, attribute) -> None:
+    from onnx import AttributeProto
+
+    if attribute.type == AttributeProto.INT:
+        attribute.i = rng.choice([0, -1, 1 << 31, -(1 << 40), 3, 1 << 62])
+    elif attribute.type == AttributeProto.INTS:
+        values = list(attribute.ints) or [1]
+        k = rng.randrange(len(values))
+        values[k] = rng.choice([0, -1, 1 << 31, 10**6, 7])
+        if rng.random() < 0.3:
+            values = values[: rng.randrange(len(values) + 1)] + [rng.choice([0, 1, 5])] * rng.randint(0, 3)
+        del attribute.ints[:]
+        attribute.ints.extend(values)
+    elif attribute.type == AttributeProto.FLOAT:
+        attribute.f = rng.choice([float("nan"), float("inf"), -float("inf"), 0.0, 1e38, -1.0])
+    elif attribute.type == AttributeProto.STRING:
+        attribute.s = rng.choice([b"", b"NOTSET", b"\xff\xfe", b"SAME_UPPER" * 100])
+
+
+def _mutate_model(rng: random.Random, original):
+    """One to three mutations of a copy of `original` (an onnx.ModelProto)."""
+    import onnx
+    from onnx import TensorProto
+
+    model = onnx.ModelProto()
+    model.CopyFrom(original)
+    graph = model.graph
+    names = sorted({n for node in graph.node for n in (*node.input, *node.output) if n})
+    for _ in range(rng.randint(1, 3)):
+        kind = rng.randrange(10)
+        node = graph.node[rng.randrange(len(graph.node))] if len(graph.node) else None
+        if kind == 0 and node is not None and node.attribute:
+            attribute = node.attribute[rng.randrange(len(node.attribute))]
+            if rng.random() < 0.2:
+                node.attribute.remove(attribute)
+            else:
+                _extreme_attribute(rng, attribute)
+        elif kind == 1 and graph.initializer:
+            tensor = graph.initializer[rng.randrange(len(graph.initializer))]
+            if tensor.dims:
+                k = rng.randrange(len(tensor.dims))
+                tensor.dims[k] = rng.choice([0, 1, tensor.dims[k] * 2, tensor.dims[k] + 1, 1 << 40])
+            else:
+                tensor.dims.append(rng.choice([0, 2, 1 << 30]))
+        elif kind == 2 and graph.initializer:
+            tensor = graph.initializer[rng.randrange(len(graph.initializer))]
+            tensor.data_type = rng.choice(
+                [TensorProto.INT64, TensorProto.FLOAT16, TensorProto.STRING, TensorProto.UNDEFINED, 99]
+            )
+        elif kind == 3 and graph.initializer:
+            tensor = graph.initializer[rng.randrange(len(graph.initializer))]
+            tensor.data_location = TensorProto.EXTERNAL
+            del tensor.external_data[:]
+            entry = tensor.external_data.add()
+            entry.key, entry.value = "location", rng.choice(EXTERNAL_LOCATIONS)
+            if rng.random() < 0.5:
+                entry = tensor.external_data.add()
+                entry.key, entry.value = rng.choice(["offset", "length"]), str(rng.choice([-1, 0, 1 << 62]))
+        elif kind == 4 and node is not None:
+            graph.node.remove(node)
+        elif kind == 5 and node is not None and node.input:
+            k = rng.randrange(len(node.input))
+            node.input[k] = rng.choice([*names, "no_such_tensor", ""])
+        elif kind == 6 and node is not None:
+            node.op_type = rng.choice(ONNX_OPS)
+        elif kind == 7:
+            model.opset_import[0].version = rng.choice([1, 6, 9, 11, 13, 17, 21, 99, -1])
+        elif kind == 8 and graph.output:
+            if rng.random() < 0.5:
+                graph.output.remove(graph.output[rng.randrange(len(graph.output))])
+            else:
+                graph.output.add().name = rng.choice(names)
+        elif kind == 9 and node is not None:
+            node.output[0] = rng.choice([*names, node.input[0] if node.input else "x", ""])
+    return model
+
+
+class _BuildError(Exception):
+    pass
+
+
+def fuzz_model(tmp: Path, cases: int, seed: int, deadline_s: float = 120.0) -> Tally:
+    """Mutated models built in the tests' small workspace; a case crashes when an error line
+    says "internal error" or an exception escapes the build."""
+    import onnx
+
+    from npubuild.cache.store import Store
+    from npubuild.engine.run import build
+
+    ws = _small_workspace(tmp)
+    path = ws / "models" / "cls.onnx"
+    original = onnx.load(str(path))
+    rng = random.Random(seed)
+    tally = Tally()
+    store = Store(tmp / "cache")
+    try:
+        build(ws, store, ["//models:cls_npu"])  # the data sets, once
+        for case in range(cases):
+            path.write_bytes(_mutate_model(rng, original).SerializeToString())
+
+            def body() -> None:
+                outcome = build(ws, store, ["//models:cls_npu"])
+                if outcome.ok:
+                    return
+                internal = [e for e in outcome.errors if "internal error" in e]
+                if internal:
+                    raise RuntimeError(internal[0][:300])
+                raise _BuildError(outcome.errors[0].replace(": ", " ", 2))  # keep the reason in the tally
+
+            _run_case(tally, case, deadline_s, (_BuildError,), body)
+    finally:
+        store.close()
+    return tally
+
+
+def _small_workspace(tmp: Path) -> Path:
+    sys.path.insert(0, str(REPO / "tests"))
+    from conftest import CLS, make_small_ws
+    from npubuild.stages import fetch
+
+    return make_small_ws(tmp / "ws", fetch.run(CLS, {}, tmp)["model"])
 
 
 def main() -> int:
@@ -408,6 +540,9 @@ def main() -> int:
         started = time.perf_counter()
         if which == "build":
             tally = fuzz_build(args.cases, args.seed)
+        elif which == "model":
+            with tempfile.TemporaryDirectory(prefix="npubuild-fuzz-model-") as tmp:
+                tally = fuzz_model(Path(tmp), args.cases, args.seed)
         else:
             with tempfile.TemporaryDirectory(prefix="npubuild-fuzz-npub-") as tmp:
                 original = build_cls_binary(Path(tmp))

@@ -27,3 +27,11 @@ class UserError(Exception):
 
     def __str__(self) -> str:
         return f"{self.location}: {self.message}" if self.location else self.message
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """Another library's exception (onnx's checker, onnxruntime) as one line: its lines joined (a
+    checker message breaks lines inside its sentence), at most `limit` characters, or the type's
+    name when it says nothing."""
+    text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    return text[:limit] if text else type(exc).__name__

@@ -81,6 +81,14 @@ def _execute(store: Store, desc: dict, remote: RemoteCache | None) -> dict:
             produced = module.run(desc["params"], inputs, outdir)
         except UserError as exc:
             return {"status": "failed", "message": str(exc)}
+        except MemoryError:
+            # the model's tensors (times the samples a stage holds) outgrew what this process may
+            # have: the input's size, said as such, not a bug of ours
+            return {
+                "status": "failed",
+                "message": f"stage '{stage.name}' ran out of memory: the model's tensors need more than "
+                "this machine (or its memory limit) allows",
+            }
         except Exception as exc:  # a bug of ours: say so in one line, keep the trace for --verbose
             return {
                 "status": "failed",

@@ -28,7 +28,9 @@ def session(model: onnx.ModelProto):
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3  # unused initializers in imported models are not worth a warning
+    # no log lines of its own: unused initializers in imported models are not worth a warning, and
+    # a model it cannot load raises, which the caller says in one line
+    options.log_severity_level = 4
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from npubuild.errors import UserError
+from npubuild.errors import UserError, one_line
 from npubuild.stages.onnx_utils import (
     default_opset,
     describe_values,
@@ -100,21 +100,7 @@ def _complete_shapes_by_execution(model: onnx.ModelProto) -> int:
             f"'{first.name or first.output[0]}' makes shapes depend on data (control flow or "
             "data-dependent sizes have no fixed NPU schedule)"
         )
-    import onnxruntime as ort
-
-    probe = with_outputs(model, missing)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    feeds = {}
-    for value in graph.input:
-        if value.name in initializers:
-            continue
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
-        feeds[value.name] = np.zeros([int(d) for d in dims(value)], dtype=dtype)
-    names = [o.name for o in session.get_outputs()]
-    results = dict(zip(names, session.run(names, feeds)))
+    results = _run_on_zeros(with_outputs(model, missing))
     by_output = {o.name: o for o in graph.output}
     for name in missing:
         array = np.asarray(results[name])
@@ -133,6 +119,88 @@ def _complete_shapes_by_execution(model: onnx.ModelProto) -> int:
 
 # Protocol buffers cannot hold more; a larger model has to stay in external data, which we refuse.
 _MAX_EMBEDDED = (2 << 30) - (64 << 20)
+
+
+def _run_on_zeros(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Every output of `model` for all-zero inputs, computed by onnxruntime. onnxruntime is the
+    float reference of every later stage (optimize's check, calibration, evaluation), so a model
+    it cannot load or run is the model's problem, said here in one line, not a later crash."""
+    from npubuild.stages.feeds import session
+
+    initializers = {t.name for t in model.graph.initializer}
+    feeds = {}
+    for value in model.graph.input:
+        if value.name not in initializers:
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+            feeds[value.name] = np.zeros([int(d) for d in dims(value)], dtype=dtype)
+    try:
+        reference = session(model)
+        names = [o.name for o in reference.get_outputs()]
+        return dict(zip(names, reference.run(names, feeds)))
+    except Exception as exc:  # onnxruntime's own types (Fail, InvalidGraph, NotImplemented, ...)
+        raise UserError(f"onnxruntime (the float reference) cannot run the model: {one_line(exc)}") from None
+
+
+def _refuse_empty_maps(model: onnx.ModelProto) -> None:
+    """A floating-point tensor with a dimension of 0 (a window larger than its padded input, a
+    stride past the map's end) holds no values: every op after it computes nothing, and no later
+    stage has a schedule for it. Integer tensors (shape arithmetic) and 1-D ones (an empty Resize
+    scales or roi) may be empty on purpose."""
+    floats = {
+        onnx.TensorProto.FLOAT,
+        onnx.TensorProto.FLOAT16,
+        onnx.TensorProto.DOUBLE,
+        onnx.TensorProto.BFLOAT16,
+    }
+    values = {v.name: v for v in [*model.graph.value_info, *model.graph.output]}
+    for node in model.graph.node:
+        for name in node.output:
+            value = values.get(name)
+            if value is None or value.type.tensor_type.elem_type not in floats:
+                continue
+            shape = dims(value)
+            if len(shape) >= 2 and 0 in shape:  # (1-D: an empty Resize scales or roi, on purpose)
+                raise UserError(
+                    f"{node.op_type} '{node.name or name}' makes '{name}' of shape {shape}, which holds no "
+                    "values: nothing after it can be computed"
+                )
+
+
+_WINDOWED = {"Conv", "MaxPool", "AveragePool", "LpPool"}
+
+
+def _refuse_windows_past_their_input(model: onnx.ModelProto) -> None:
+    """A convolution or pool whose window (dilated) is larger than its padded input along an axis
+    has no output position by ONNX's formula, yet onnx's shape inference and onnxruntime round
+    the negative quotient towards zero and make one; what that position holds is not defined, so
+    the model is refused rather than computed one way here and another there."""
+    from onnx import helper
+
+    values = {v.name: v for v in [*model.graph.input, *model.graph.value_info, *model.graph.output]}
+    weights = {t.name: list(t.dims) for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type not in _WINDOWED or not node.input or node.input[0] not in values:
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+            continue  # SAME_* pads to fit; VALID of a window past the input is caught by inference
+        spatial = dims(values[node.input[0]])[2:]
+        kernel = attrs.get("kernel_shape") or (
+            weights.get(node.input[1], [])[2:] if len(node.input) > 1 else []
+        )
+        if not spatial or len(kernel) != len(spatial) or not all(isinstance(d, int) for d in spatial):
+            continue
+        nd = len(kernel)
+        pads = list(attrs.get("pads") or [0] * 2 * nd)
+        dilations = list(attrs.get("dilations") or [1] * nd)
+        for i in range(nd):
+            padded = spatial[i] + pads[i] + pads[i + nd]
+            span = (kernel[i] - 1) * dilations[i] + 1
+            if padded < span:
+                raise UserError(
+                    f"{node.op_type} '{node.name or node.output[0]}': its window spans {span} along axis "
+                    f"{2 + i}, more than its padded input's {padded}: no output position is defined"
+                )
 
 
 def _tensors_of(graph: onnx.GraphProto):
@@ -196,6 +264,8 @@ def _embed_external_data(model: onnx.ModelProto, files: dict[str, Path]) -> int:
 
 def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     model = load_model(inputs["model"], "the model file")
+    if not model.graph.output:
+        raise UserError("the model has no outputs: nothing to compute")
     data = {name.removeprefix("data/"): path for name, path in inputs.items() if name.startswith("data/")}
     _embed_external_data(model, data)
     opset_before = default_opset(model)
@@ -203,8 +273,7 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"the model fails the ONNX checker: {first}") from None
+        raise UserError(f"the model fails the ONNX checker: {one_line(exc)}") from None
     warnings: list[str] = []
     # Convert the model as it was written: before IR version 4 initializers had to be listed as
     # graph inputs too, and the converter checks the model by its own IR version's rules.
@@ -212,9 +281,8 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
         try:
             model = onnx.version_converter.convert_version(model, params["opset"])
         except Exception as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise UserError(
-                f"cannot upgrade the model from opset {opset_before} to {params['opset']}: {first}"
+                f"cannot upgrade the model from opset {opset_before} to {params['opset']}: {one_line(exc)}"
             ) from None
     if model.ir_version < 7:
         model.ir_version = 7
@@ -223,16 +291,17 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     try:
         model = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0]
-        raise UserError(f"shape inference failed: {first}") from None
+        raise UserError(f"shape inference failed: {one_line(exc)}") from None
     # Tensors whose static shape onnx's inference could not derive; read from one run instead.
     shapes_from_execution = _complete_shapes_by_execution(model)
     try:
         onnx.checker.check_model(model, full_check=True)
     except Exception as exc:
-        raise UserError(
-            f"the imported model fails the ONNX checker: {str(exc).strip().splitlines()[0]}"
-        ) from None
+        raise UserError(f"the imported model fails the ONNX checker: {one_line(exc)}") from None
+    if not shapes_from_execution:
+        _run_on_zeros(model)  # (a run for shapes above has already shown that onnxruntime can)
+    _refuse_empty_maps(model)
+    _refuse_windows_past_their_input(model)
     for out in model.graph.output:
         if any(not isinstance(d, int) or d <= 0 for d in dims(out)):
             warnings.append(f"output '{out.name}' has no static shape after inference: {dims(out)}")

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import ValidationError
 
+from npubuild.errors import one_line
 from npubuild.intmodel.codes import dequantize, fits_integer
 from npubuild.targets import npub
 from npubuild.targets.isa import decode
@@ -49,11 +50,6 @@ def load(path: Path) -> npub.Npub:
     except OSError as exc:
         raise NpubError(f"{path}: cannot read ({exc.strerror})") from None
     return npub.read(data, str(path))
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:300] if text else type(exc).__name__
 
 
 def _check_self_contained(data: bytes, k: int) -> None:
@@ -151,7 +147,7 @@ class Runtime:
                 with contextlib.redirect_stdout(io.StringIO()):
                     self.sessions[k] = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
             except Exception as exc:  # onnxruntime's own error types: the model is not one it runs
-                raise NpubError(f"subgraph {k}: the CPU model does not load: {_first_line(exc)}") from None
+                raise NpubError(f"subgraph {k}: the CPU model does not load: {one_line(exc)}") from None
         return self.sessions[k]
 
     def run_npu(self, k: int, env: dict[str, np.ndarray]) -> None:
@@ -217,7 +213,7 @@ class Runtime:
                 raise
             except Exception as exc:  # inconsistent metadata, code or model that passed the checks
                 where = f"subgraph {k} ({sg['device']})"
-                raise NpubError(f"{where} cannot run: {type(exc).__name__}: {_first_line(exc)}") from None
+                raise NpubError(f"{where} cannot run: {type(exc).__name__}: {one_line(exc)}") from None
         outputs: list[dict[str, np.ndarray]] = [{} for _ in feeds]
         for spec in self.outputs:
             if spec.name not in env:

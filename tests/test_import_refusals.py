@@ -1,0 +1,111 @@
+"""Models whose defect only shows when they run, found at import in one line (benchmarks/fuzz.py
+--which model found both crashing a later stage as an internal error), and a stage that runs out
+of memory said as such."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from conftest import run_build
+from npubuild.errors import UserError
+from npubuild.stages import importer
+
+
+def _save(tmp_path, nodes, initializers, x_shape, y_shape, outputs=True) -> dict:
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)] if outputs else [],
+        initializers,
+    )
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return {"model": path}
+
+
+RUNTIME_DEFECTS = {
+    "index out of range": (
+        [helper.make_node("Gather", ["x", "i"], ["y"], axis=1)],
+        [numpy_helper.from_array(np.array([9], np.int64), "i")],
+        [1, 6],
+        [1, 1],
+        "indices element out of data bounds",
+    ),
+    "channels that do not match": (
+        [helper.make_node("Conv", ["x", "w"], ["y"])],
+        [numpy_helper.from_array(np.ones((2, 3, 1, 1), np.float32), "w")],
+        [1, 4, 4, 4],
+        [1, 2, 4, 4],
+        "Input channels C is not equal to kernel channels",
+    ),
+}
+
+
+@pytest.mark.parametrize("defect", sorted(RUNTIME_DEFECTS))
+def test_a_model_the_float_reference_cannot_run_is_refused_at_import(tmp_path, defect):
+    nodes, initializers, x_shape, y_shape, reason = RUNTIME_DEFECTS[defect]
+    inputs = _save(tmp_path, nodes, initializers, x_shape, y_shape)
+    with pytest.raises(UserError) as raised:
+        importer.run({"opset": 17, "input_shapes": {}}, inputs, tmp_path)
+    message = str(raised.value)
+    assert message.startswith("onnxruntime (the float reference) cannot run the model:"), message
+    assert reason in message and "\n" not in message
+
+
+def test_a_model_without_outputs_is_refused_at_import(tmp_path):
+    inputs = _save(tmp_path, [helper.make_node("Relu", ["x"], ["y"])], [], [1, 6], [1, 6], outputs=False)
+    with pytest.raises(UserError, match="the model has no outputs"):
+        importer.run({"opset": 17, "input_shapes": {}}, inputs, tmp_path)
+
+
+def test_a_checker_message_that_breaks_lines_is_one_line(tmp_path):
+    """onnx's checker names the node on a line of its own, inside its sentence."""
+    nodes = [helper.make_node("Relu", ["t"], ["y"], name="second"), helper.make_node("Relu", ["x"], ["t"])]
+    inputs = _save(tmp_path, nodes, [], [1, 6], [1, 6])
+    with pytest.raises(UserError) as raised:
+        importer.run({"opset": 17, "input_shapes": {}}, inputs, tmp_path)
+    message = str(raised.value)
+    assert "topologically sorted" in message and "name: second" in message and "\n" not in message
+
+
+def test_a_stage_out_of_memory_is_one_line_and_not_an_internal_error(small_ws, store, monkeypatch):
+    """What a model too large for the machine does to a stage (numpy's MemoryError), here raised
+    by the import stage itself: the build says which stage ran out of memory, not "internal
+    error" (which tells the user to report a bug)."""
+
+    def out_of_memory(params, inputs, outdir):
+        raise MemoryError("Unable to allocate 29.3 GiB for an array")
+
+    monkeypatch.setattr(importer, "run", out_of_memory)
+    outcome = run_build(small_ws, store, ["//models:cls"], jobs=1)  # in this process: the patch holds
+    assert not outcome.ok
+    (error,) = outcome.errors
+    assert "stage 'import' ran out of memory" in error and "internal error" not in error, error
+
+
+def test_a_window_larger_than_its_padded_input_is_refused(tmp_path):
+    """floor((1 - 2) / 2) + 1 is 0 output rows by ONNX's formula; onnx's inference and onnxruntime
+    truncate towards zero and make one, whose value the formula leaves undefined."""
+    nodes = [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2], name="pool")]
+    inputs = _save(tmp_path, nodes, [], [1, 4, 1, 8], [1, 4, 1, 4])
+    with pytest.raises(UserError, match="MaxPool 'pool': its window spans 2 along axis 2, more than"):
+        importer.run({"opset": 17, "input_shapes": {}}, inputs, tmp_path)
+
+
+def test_a_map_with_no_values_is_refused(tmp_path):
+    initializers = [
+        numpy_helper.from_array(np.array([3], np.int64), "starts"),
+        numpy_helper.from_array(np.array([3], np.int64), "ends"),
+        numpy_helper.from_array(np.array([1], np.int64), "axes"),
+    ]
+    nodes = [
+        helper.make_node("Slice", ["x", "starts", "ends", "axes"], ["t"], name="nothing"),
+        helper.make_node("Relu", ["t"], ["y"]),
+    ]
+    inputs = _save(tmp_path, nodes, initializers, [1, 6], [1, 0])
+    with pytest.raises(UserError, match=r"Slice 'nothing' makes 't' of shape \[1, 0\], which holds no"):
+        importer.run({"opset": 17, "input_shapes": {}}, inputs, tmp_path)
