@@ -486,20 +486,20 @@ class _BuildError(Exception):
     pass
 
 
-def fuzz_model(tmp: Path, cases: int, seed: int, deadline_s: float = 120.0) -> Tally:
-    """Mutated models built in the tests' small workspace; a case crashes when an error line
-    says "internal error" or an exception escapes the build."""
+def fuzz_model(ws: Path, cache: Path, cases: int, seed: int, deadline_s: float = 120.0) -> Tally:
+    """Mutated models built in the tests' small workspace `ws` (its models/cls.onnx is
+    overwritten) with the cache at `cache`; a case crashes when an error line says "internal
+    error" or an exception escapes the build."""
     import onnx
 
     from npubuild.cache.store import Store
     from npubuild.engine.run import build
 
-    ws = _small_workspace(tmp)
     path = ws / "models" / "cls.onnx"
     original = onnx.load(str(path))
     rng = random.Random(seed)
     tally = Tally()
-    store = Store(tmp / "cache")
+    store = Store(cache)
     try:
         build(ws, store, ["//models:cls_npu"])  # the data sets, once
         for case in range(cases):
@@ -542,7 +542,7 @@ def main() -> int:
             tally = fuzz_build(args.cases, args.seed)
         elif which == "model":
             with tempfile.TemporaryDirectory(prefix="npubuild-fuzz-model-") as tmp:
-                tally = fuzz_model(Path(tmp), args.cases, args.seed)
+                tally = fuzz_model(_small_workspace(Path(tmp)), Path(tmp) / "cache", args.cases, args.seed)
         else:
             with tempfile.TemporaryDirectory(prefix="npubuild-fuzz-npub-") as tmp:
                 original = build_cls_binary(Path(tmp))
