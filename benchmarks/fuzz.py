@@ -1,6 +1,6 @@
 """Fuzzers for the untrusted files npubuild reads itself: BUILD files, .npub binaries and models.
 
-    python benchmarks/fuzz.py [--cases 2000] [--seed 0] [--which build,npub,model]
+    python benchmarks/fuzz.py [--cases 2000] [--seed 0] [--which build,npub,model,qdq]
 
 BUILD cases are mutations of the example workspace's BUILD files (byte flips, cut and doubled
 spans, inserted tokens and hostile snippets, splices), evaluated with the real rules. `.npub`
@@ -486,22 +486,32 @@ class _BuildError(Exception):
     pass
 
 
-def fuzz_model(ws: Path, cache: Path, cases: int, seed: int, deadline_s: float = 120.0) -> Tally:
+def fuzz_model(
+    ws: Path, cache: Path, cases: int, seed: int, deadline_s: float = 120.0, quantized: bool = False
+) -> Tally:
     """Mutated models built in the tests' small workspace `ws` (its models/cls.onnx is
     overwritten) with the cache at `cache`; a case crashes when an error line says "internal
-    error" or an exception escapes the build."""
+    error" or an exception escapes the build. With `quantized`, the mutations start from the
+    build's own QDQ export in its standard form instead (a pre-quantized model as other tools
+    write one: float ops between QuantizeLinear/DequantizeLinear pairs whose scales and zero
+    points the mutations reach as initializers)."""
     import onnx
 
     from npubuild.cache.store import Store
     from npubuild.engine.run import build
 
     path = ws / "models" / "cls.onnx"
-    original = onnx.load(str(path))
     rng = random.Random(seed)
     tally = Tally()
     store = Store(cache)
+    if quantized:
+        build_file = ws / "models" / "BUILD"
+        standard = 'npu_model(\n    quantize = {"qdq_export": "standard"},\n'
+        build_file.write_text(build_file.read_text().replace("npu_model(\n", standard))
     try:
         build(ws, store, ["//models:cls_npu"])  # the data sets, once
+        source = ws / "npubuild-out" / "models" / "cls_npu" / "quantized.qdq.onnx" if quantized else path
+        original = onnx.load(str(source))
         for case in range(cases):
             path.write_bytes(_mutate_model(rng, original).SerializeToString())
 
@@ -532,7 +542,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cases", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--which", default="build,npub,model")
+    parser.add_argument("--which", default="build,npub,model,qdq")
     args = parser.parse_args()
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
     failed = False
@@ -540,9 +550,10 @@ def main() -> int:
         started = time.perf_counter()
         if which == "build":
             tally = fuzz_build(args.cases, args.seed)
-        elif which == "model":
+        elif which in ("model", "qdq"):
             with tempfile.TemporaryDirectory(prefix="npubuild-fuzz-model-") as tmp:
-                tally = fuzz_model(_small_workspace(Path(tmp)), Path(tmp) / "cache", args.cases, args.seed)
+                ws, cache = _small_workspace(Path(tmp)), Path(tmp) / "cache"
+                tally = fuzz_model(ws, cache, args.cases, args.seed, quantized=which == "qdq")
         else:
             with tempfile.TemporaryDirectory(prefix="npubuild-fuzz-npub-") as tmp:
                 original = build_cls_binary(Path(tmp))

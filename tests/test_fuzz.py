@@ -1,7 +1,8 @@
 """The fuzzers of benchmarks/fuzz.py in the suite: only the project's own errors escape, no case
 hangs, memory stays under a cap. The benchmark runs 2,000 cases of each; here BUILD files get a
 seeded 300 (each evaluated in a child process), binaries a seeded 300 (each one is simulated) and
-models a seeded 150 (each built, every stage, in the small workspace)."""
+models a seeded 150 (each built, every stage, in the small workspace), and as many pre-quantized
+(QDQ) models mutated from the workspace's own standard-form export."""
 
 from __future__ import annotations
 
@@ -46,3 +47,11 @@ def test_model_fuzzer(small_ws, warm_cache, capped_memory):
     assert tally.cases == 150
     assert not tally.crashes and not tally.hangs, (tally.crashes[:5], tally.hangs[:5])
     assert tally.ok > 20 and tally.clean > 50  # it reaches whole builds and the import's refusals
+
+
+@pytest.mark.slow
+def test_qdq_model_fuzzer(small_ws, warm_cache, capped_memory):
+    tally = fuzz.fuzz_model(small_ws, warm_cache, 150, seed=7, quantized=True)
+    assert tally.cases == 150
+    assert not tally.crashes and not tally.hangs, (tally.crashes[:5], tally.hangs[:5])
+    assert tally.ok > 2 and tally.clean > 50

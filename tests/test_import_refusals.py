@@ -109,3 +109,21 @@ def test_a_map_with_no_values_is_refused(tmp_path):
     inputs = _save(tmp_path, nodes, initializers, [1, 6], [1, 0])
     with pytest.raises(UserError, match=r"Slice 'nothing' makes 't' of shape \[1, 0\], which holds no"):
         importer.run({"opset": 17, "input_shapes": {}}, inputs, tmp_path)
+
+
+@pytest.mark.slow
+def test_our_own_qdq_export_builds_again_as_a_pre_quantized_model(small_ws, warm_store):
+    """The standard-form export keeps the pairs a grid per channel needs (x -> Q -> DQ, x__scale);
+    re-imported, the new export's own x__scale clashed with them (an internal error in
+    quantize). The export's names now take a longer separator where they would clash."""
+    build_file = small_ws / "models" / "BUILD"
+    standard = 'npu_model(\n    quantize = {"qdq_export": "standard"},\n'
+    build_file.write_text(build_file.read_text().replace("npu_model(\n", standard))
+    assert run_build(small_ws, warm_store, ["//models:cls_npu"]).ok
+    export = small_ws / "npubuild-out" / "models" / "cls_npu" / "quantized.qdq.onnx"
+    (small_ws / "models" / "cls.onnx").write_bytes(export.read_bytes())
+    outcome = run_build(small_ws, warm_store, ["//models:cls_npu"])
+    assert outcome.ok, outcome.errors
+    again = onnx.load(export)
+    separator = {p.key: p.value for p in again.metadata_props}.get("npubuild.name_separator")
+    assert separator and len(separator) > 2  # the clash was there, and avoided

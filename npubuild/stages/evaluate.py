@@ -18,6 +18,7 @@ from npubuild.stages.feeds import samples_for, session
 from npubuild.stages.metrics import Agreement, OpAgreement, Top1, class_axis
 from npubuild.stages.onnx_utils import load_model, with_outputs, write_json
 from npubuild.stages.parallel import in_order, sample_workers
+from npubuild.stages.quantize.qdq import codes_name
 
 OP_BY_OP_SAMPLES = 2
 EXPORT_COSINE = 0.999  # below this the QDQ export is a different model (issue 16)
@@ -90,7 +91,8 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     layer_names = sorted((t for t in program.tensors if t in position), key=position.__getitem__)
     probe = with_outputs(model, layer_names)
     # The QDQ model with every quantized tensor's integer codes (the QuantizeLinear outputs) exposed.
-    code_names = [f"{t}__q" for t in program.tensors]
+    code_of = {t: codes_name(qdq, t) for t in program.tensors}
+    code_names = list(code_of.values())
     qdq_probe = with_outputs(qdq, code_names)
     qdq_fetch = [o.name for o in qdq.graph.output] + code_names
     float_session, qdq_session = session(probe), session(qdq_probe)
@@ -147,7 +149,7 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
         for name, agreement in export.items():
             agreement.update(result[name], qdq_out[name])
         if op_by_op.samples < OP_BY_OP_SAMPLES:
-            op_by_op.update(interpreter, program, {t: qdq_out[f"{t}__q"] for t in program.tensors})
+            op_by_op.update(interpreter, program, {t: qdq_out[code_of[t]] for t in program.tensors})
         for name, value in codes.items():
             t = program.tensors[name]
             expected = np.rint(qdq_out[name].astype(np.float64) / t.scale) + t.zero_point

@@ -23,16 +23,22 @@ from npubuild.stages.quantize.qdq_exact import ExactOps
 
 class _Export:
     def __init__(
-        self, model: onnx.ModelProto, program: IntegerModel, arrays: dict[str, np.ndarray], exact: bool
+        self,
+        model: onnx.ModelProto,
+        program: IntegerModel,
+        arrays: dict[str, np.ndarray],
+        exact: bool,
+        sep: str = "__",
     ):
         self.model = onnx.ModelProto()
         self.model.CopyFrom(model)
         self.graph = self.model.graph
+        self.sep = sep  # between a name and the part a made name is of (export_qdq)
         self.program = program
         self.arrays = arrays
         self.new_inits: list[onnx.TensorProto] = []
         self.uses_ms = False
-        self.exact = ExactOps(program, arrays, self._init) if exact else None
+        self.exact = ExactOps(program, arrays, self._init, self.sep) if exact else None
 
     def _init(self, name: str, value: np.ndarray) -> str:
         self.new_inits.append(numpy_helper.from_array(value, name))
@@ -41,15 +47,20 @@ class _Export:
     def _qdq_nodes(self, tensor: str, source: str, target: str, t: dict) -> list[onnx.NodeProto]:
         scales, zero_points, domain, axis = qdq_grid(t)  # (per channel: a depthwise input)
         self.uses_ms |= t.bits == 16
-        scale = self._init(f"{tensor}__scale", scales)
-        zp = self._init(f"{tensor}__zero_point", zero_points)
-        q = f"{tensor}__q"
+        scale = self._init(f"{tensor}{self.sep}scale", scales)
+        zp = self._init(f"{tensor}{self.sep}zero_point", zero_points)
+        q = f"{tensor}{self.sep}q"
         return [
             helper.make_node(
-                "QuantizeLinear", [source, scale, zp], [q], name=f"{tensor}__Q", domain=domain, **axis
+                "QuantizeLinear", [source, scale, zp], [q], name=f"{tensor}{self.sep}Q", domain=domain, **axis
             ),
             helper.make_node(
-                "DequantizeLinear", [q, scale, zp], [target], name=f"{tensor}__DQ", domain=domain, **axis
+                "DequantizeLinear",
+                [q, scale, zp],
+                [target],
+                name=f"{tensor}{self.sep}DQ",
+                domain=domain,
+                **axis,
             ),
         ]
 
@@ -57,14 +68,14 @@ class _Export:
         dtype = {8: np.int8, 16: np.int16, 32: np.int32}[bits]
         domain = "com.microsoft" if bits == 16 else ""
         self.uses_ms |= bits == 16
-        qn = self._init(f"{name}__quantized", q.astype(dtype))
-        sn = self._init(f"{name}__scale", np.asarray(scale, np.float32))
-        zn = self._init(f"{name}__zp", np.asarray(zero_point, dtype))
-        out = f"{name}__dequantized"
+        qn = self._init(f"{name}{self.sep}quantized", q.astype(dtype))
+        sn = self._init(f"{name}{self.sep}scale", np.asarray(scale, np.float32))
+        zn = self._init(f"{name}{self.sep}zp", np.asarray(zero_point, dtype))
+        out = f"{name}{self.sep}dequantized"
         attrs = {"axis": axis} if axis is not None else {}
         self.extra_nodes.append(
             helper.make_node(
-                "DequantizeLinear", [qn, sn, zn], [out], name=f"{name}__DQ", domain=domain, **attrs
+                "DequantizeLinear", [qn, sn, zn], [out], name=f"{name}{self.sep}DQ", domain=domain, **attrs
             )
         )
         return out
@@ -82,7 +93,7 @@ class _Export:
         inputs_qdq: list[onnx.NodeProto] = []
         for name, t in tensors.items():
             if name in outputs:
-                raw = f"{name}__float"
+                raw = f"{name}{self.sep}float"
                 producer = by_output.get(name)
                 if producer is not None:
                     for k, o in enumerate(producer.output):
@@ -90,7 +101,7 @@ class _Export:
                             producer.output[k] = raw
                 qdq_after[raw] = self._qdq_nodes(name, raw, name, t)
             else:
-                dq = f"{name}__dq"
+                dq = f"{name}{self.sep}dq"
                 rename[name] = dq
                 pair = self._qdq_nodes(name, name, dq, t)
                 if name in by_output:
@@ -120,7 +131,7 @@ class _Export:
             elif op.kind in ("add", "mul", "concat") and op.constants:
                 replaced[id(node)] = self._constant_operands(node, op)
         # codes an exact op writes itself: their QuantizeLinear goes (the DequantizeLinear stays)
-        written = {f"{t}__q" for t in self.exact.written} if self.exact else set()
+        written = {f"{t}{self.sep}q" for t in self.exact.written} if self.exact else set()
         new_nodes: list[onnx.NodeProto] = list(self.extra_nodes) + inputs_qdq
         for node in nodes:
             group = replaced.get(id(node), [node])
@@ -173,7 +184,8 @@ class _Export:
             )
         else:  # an int64 bias has no DequantizeLinear: store its exact value in float
             b_dq = self._init(
-                f"{label}.bias__float", (bias * (xscale * wscale.astype(np.float64))).astype(np.float32)
+                f"{label}.bias{self.sep}float",
+                (bias * (xscale * wscale.astype(np.float64))).astype(np.float32),
             )
         inputs = list(node.input)
         inputs[1] = w_dq
@@ -186,8 +198,8 @@ class _Export:
         del node.input[:]
         node.input.extend(inputs)
         out = node.output[0]
-        node.output[0] = f"{out}__matmul"
-        return [node, helper.make_node("Add", [node.output[0], b_dq], [out], name=f"{label}__bias")]
+        node.output[0] = f"{out}{self.sep}matmul"
+        return [node, helper.make_node("Add", [node.output[0], b_dq], [out], name=f"{label}{self.sep}bias")]
 
     def _bucketed(self, node: onnx.NodeProto, op: Op) -> list[onnx.NodeProto]:
         """A table that reads its input's top bits (a fine pre-activation), in standard ops: the
@@ -202,31 +214,31 @@ class _Export:
         middle = (run - 1) / 2
         qmin = -(2 ** (t.bits - 1))
         to_run = self._init(
-            f"{label}__to_run", np.array((t.zero_point - qmin - middle) * t.scale, np.float32)
+            f"{label}{self.sep}to_run", np.array((t.zero_point - qmin - middle) * t.scale, np.float32)
         )
         back = self._init(
-            f"{label}__from_run", np.array((qmin + middle - t.zero_point) * t.scale, np.float32)
+            f"{label}{self.sep}from_run", np.array((qmin + middle - t.zero_point) * t.scale, np.float32)
         )
-        scale = self._init(f"{label}__run_scale", np.array(run * t.scale, np.float32))
-        zero = self._init(f"{label}__run_zp", np.array(0, np.int16))
+        scale = self._init(f"{label}{self.sep}run_scale", np.array(run * t.scale, np.float32))
+        zero = self._init(f"{label}{self.sep}run_zp", np.array(0, np.int16))
         self.uses_ms = True
         nodes = [
-            helper.make_node("Add", [x, to_run], [f"{label}__shifted"]),
+            helper.make_node("Add", [x, to_run], [f"{label}{self.sep}shifted"]),
             helper.make_node(
                 "QuantizeLinear",
-                [f"{label}__shifted", scale, zero],
-                [f"{label}__run"],
+                [f"{label}{self.sep}shifted", scale, zero],
+                [f"{label}{self.sep}run"],
                 domain="com.microsoft",
             ),
             helper.make_node(
                 "DequantizeLinear",
-                [f"{label}__run", scale, zero],
-                [f"{label}__run_dq"],
+                [f"{label}{self.sep}run", scale, zero],
+                [f"{label}{self.sep}run_dq"],
                 domain="com.microsoft",
             ),
-            helper.make_node("Add", [f"{label}__run_dq", back], [f"{label}__middle"]),
+            helper.make_node("Add", [f"{label}{self.sep}run_dq", back], [f"{label}{self.sep}middle"]),
         ]
-        node.input[0] = f"{label}__middle"
+        node.input[0] = f"{label}{self.sep}middle"
         return [*nodes, node]
 
     def _constant_operands(self, node: onnx.NodeProto, op: Op) -> list[onnx.NodeProto]:
@@ -234,7 +246,7 @@ class _Export:
         inputs = list(node.input)
         if op.kind == "mul" and node.op_type == "Div":
             node.op_type = "Mul"
-            inputs[1] = f"{inputs[1]}__reciprocal"
+            inputs[1] = f"{inputs[1]}{self.sep}reciprocal"
         for k, name in enumerate(op.inputs):
             key = op.constants.get(name)
             if key is None:
@@ -264,12 +276,37 @@ def _live(nodes: list[onnx.NodeProto], outputs: set[str]) -> list[onnx.NodeProto
     return live[::-1]
 
 
+SEPARATOR_KEY = "npubuild.name_separator"
+
+
+def _names_clash(model: onnx.ModelProto) -> bool:
+    """Whether two initializers, two node outputs, or an initializer and a node output share a
+    name (what the ONNX checker refuses)."""
+    made = [t.name for t in model.graph.initializer] + [o for n in model.graph.node for o in n.output if o]
+    return len(made) != len(set(made))
+
+
 def export_qdq(
     model: onnx.ModelProto, program: IntegerModel, arrays: dict[str, np.ndarray], form: str = "exact"
 ) -> onnx.ModelProto:
-    exported = _Export(model, program, arrays, exact=form == "exact").run()
+    # The export's names are a tensor's or op's name, a separator and a part (x__scale, x__q). A
+    # model that already has such names (a pre-quantized one, an export of ours) would clash:
+    # then the separator grows ("___", ...) until nothing does; every other model keeps "__".
+    sep = "__"
+    exported = _Export(model, program, arrays, exact=form == "exact", sep=sep).run()
+    while _names_clash(exported) and len(sep) < 8:
+        sep += "_"
+        exported = _Export(model, program, arrays, exact=form == "exact", sep=sep).run()
+    if sep != "__":  # evaluate finds each tensor's codes by name: NAME + separator + "q"
+        helper.set_model_props(exported, {SEPARATOR_KEY: sep})
     onnx.checker.check_model(exported)
     return exported
 
 
-__all__ = ["export_qdq", "TensorProto"]
+def codes_name(qdq: onnx.ModelProto, tensor: str) -> str:
+    """The name of `tensor`'s integer codes (its QuantizeLinear output) in an export of ours."""
+    props = {p.key: p.value for p in qdq.metadata_props}
+    return f"{tensor}{props.get(SEPARATOR_KEY, '__')}q"
+
+
+__all__ = ["export_qdq", "codes_name", "TensorProto"]

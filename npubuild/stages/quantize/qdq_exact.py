@@ -49,20 +49,25 @@ _SPLIT = 24  # as fixedpoint._requantize_wide: |v| < 2^48 in two halves of 24 bi
 
 class ExactOps:
     def __init__(
-        self, program: IntegerModel, arrays: dict[str, np.ndarray], init: Callable[[str, np.ndarray], str]
+        self,
+        program: IntegerModel,
+        arrays: dict[str, np.ndarray],
+        init: Callable[[str, np.ndarray], str],
+        sep: str = "__",
     ):
         self.program, self.arrays, self._init = program, arrays, init
+        self.sep = sep  # between a tensor's name and the part a name is of (qdq._separator)
         self._made: set[str] = set()  # per-tensor helpers (centred codes) already in the graph
         self.uses_ms = False  # 16-bit QuantizeLinear/DequantizeLinear (com.microsoft) were used
         self.written: set[str] = set()  # tensors whose codes (NAME__q) an exact op writes itself
 
     def _const(self, label: str, name: str, value, dtype=np.float64) -> str:
-        return self._init(f"{label}__{name}", np.asarray(value, dtype))
+        return self._init(f"{label}{self.sep}{name}", np.asarray(value, dtype))
 
     def _unit_grid(self, name: str) -> tuple[str, str, str]:
         """(scale 1, the tensor's zero point, the Q/DQ domain) of tensor `name`'s codes."""
         t = self.program.tensors[name]
-        scale, zp = f"{name}__unit__scale", f"{name}__unit__zp"
+        scale, zp = f"{name}{self.sep}unit__scale", f"{name}{self.sep}unit__zp"
         if scale not in self._made:  # once per tensor: its producer and its readers share them
             self._made.add(scale)
             self.uses_ms |= t.bits == 16
@@ -73,14 +78,14 @@ class ExactOps:
     def _centred(self, name: str, dtype: int) -> tuple[str, list[onnx.NodeProto]]:
         """Tensor `name`'s codes minus its zero point, as float32 or float64 (exact either way),
         made once per tensor and shared by every op that reads it."""
-        f32 = f"{name}__centred_f32"
-        out = f32 if dtype == TensorProto.FLOAT else f"{name}__centred_f64"
+        f32 = f"{name}{self.sep}centred_f32"
+        out = f32 if dtype == TensorProto.FLOAT else f"{name}{self.sep}centred_f64"
         nodes = []
         if f32 not in self._made:
             self._made.add(f32)
             scale, zp, domain = self._unit_grid(name)
             nodes.append(
-                helper.make_node("DequantizeLinear", [f"{name}__q", scale, zp], [f32], domain=domain)
+                helper.make_node("DequantizeLinear", [f"{name}{self.sep}q", scale, zp], [f32], domain=domain)
             )
         if out not in self._made:
             self._made.add(out)
@@ -97,14 +102,18 @@ class ExactOps:
         return self._centred(name, TensorProto.DOUBLE)
 
     def _round(self, label: str, value: str) -> list[onnx.NodeProto]:
-        """float64 `value` rounded half away from zero, sign(v) * floor(|v| + 1/2): `{label}__rounded`."""
+        """float64 `value` rounded half away from zero, sign(v) * floor(|v| + 1/2): `LABEL__rounded`."""
         half = self._const(label, "one_half", 0.5)
         return [
-            helper.make_node("Abs", [value], [f"{label}__abs"]),
-            helper.make_node("Add", [f"{label}__abs", half], [f"{label}__biased"]),
-            helper.make_node("Floor", [f"{label}__biased"], [f"{label}__magnitude"]),
-            helper.make_node("Sign", [value], [f"{label}__sign"]),
-            helper.make_node("Mul", [f"{label}__magnitude", f"{label}__sign"], [f"{label}__rounded"]),
+            helper.make_node("Abs", [value], [f"{label}{self.sep}abs"]),
+            helper.make_node("Add", [f"{label}{self.sep}abs", half], [f"{label}{self.sep}biased"]),
+            helper.make_node("Floor", [f"{label}{self.sep}biased"], [f"{label}{self.sep}magnitude"]),
+            helper.make_node("Sign", [value], [f"{label}{self.sep}sign"]),
+            helper.make_node(
+                "Mul",
+                [f"{label}{self.sep}magnitude", f"{label}{self.sep}sign"],
+                [f"{label}{self.sep}rounded"],
+            ),
         ]
 
     def _leave(self, label: str, rounded: str, op: Op, lo: int, hi: int) -> list[onnx.NodeProto]:
@@ -115,18 +124,22 @@ class ExactOps:
         name = op.outputs[0]
         self.written.add(name)
         t = self.program.tensors[name]
-        nodes = [helper.make_node("Cast", [rounded], [f"{label}__rounded_f32"], to=TensorProto.FLOAT)]
-        value = f"{label}__rounded_f32"
+        nodes = [helper.make_node("Cast", [rounded], [f"{label}{self.sep}rounded_f32"], to=TensorProto.FLOAT)]
+        value = f"{label}{self.sep}rounded_f32"
         if (lo, hi) != qrange(t.bits):
             bounds = [
                 self._const(label, end, v - t.zero_point, np.float32) for end, v in (("lo", lo), ("hi", hi))
             ]
-            nodes.append(helper.make_node("Clip", [value, *bounds], [f"{label}__clamped"]))
-            value = f"{label}__clamped"
+            nodes.append(helper.make_node("Clip", [value, *bounds], [f"{label}{self.sep}clamped"]))
+            value = f"{label}{self.sep}clamped"
         scale, zp, domain = self._unit_grid(name)
         nodes.append(
             helper.make_node(
-                "QuantizeLinear", [value, scale, zp], [f"{name}__q"], name=f"{label}__codes", domain=domain
+                "QuantizeLinear",
+                [value, scale, zp],
+                [f"{name}{self.sep}q"],
+                name=f"{label}{self.sep}codes",
+                domain=domain,
             )
         )
         return nodes
@@ -138,20 +151,24 @@ class ExactOps:
         self.written.add(op.outputs[0])
         offset = self._const(label, "offset", op.attrs.offset, np.int64)
         nodes = [
-            helper.make_node("Cast", [f"{op.inputs[0]}__q"], [f"{label}__codes"], to=TensorProto.INT64),
-            helper.make_node("Add", [f"{label}__codes", offset], [f"{label}__index"]),
+            helper.make_node(
+                "Cast", [f"{op.inputs[0]}{self.sep}q"], [f"{label}{self.sep}codes"], to=TensorProto.INT64
+            ),
+            helper.make_node("Add", [f"{label}{self.sep}codes", offset], [f"{label}{self.sep}index"]),
         ]
         if op.attrs.index_shift:  # the index is >= 0: integer division is the shift
             step = self._const(label, "step", 1 << op.attrs.index_shift, np.int64)
-            nodes.append(helper.make_node("Div", [f"{label}__index", step], [f"{label}__entry"]))
-        index = f"{label}__entry" if op.attrs.index_shift else f"{label}__index"
+            nodes.append(
+                helper.make_node("Div", [f"{label}{self.sep}index", step], [f"{label}{self.sep}entry"])
+            )
+        index = f"{label}{self.sep}entry" if op.attrs.index_shift else f"{label}{self.sep}index"
         if not t.channel_shifts:
             return [
                 *nodes,
                 helper.make_node(
                     "Gather",
-                    [self._init(f"{label}__table", table), index],
-                    [f"{op.outputs[0]}__q"],
+                    [self._init(f"{label}{self.sep}table", table), index],
+                    [f"{op.outputs[0]}{self.sep}q"],
                     name=label,
                 ),
             ]
@@ -161,9 +178,12 @@ class ExactOps:
         return [
             *nodes,
             helper.make_node(
-                "Gather", [self._const(label, "table", entries), index], [f"{label}__entries"], name=label
+                "Gather",
+                [self._const(label, "table", entries), index],
+                [f"{label}{self.sep}entries"],
+                name=label,
             ),
-            *self._channel_shifted(label, f"{label}__entries", op),
+            *self._channel_shifted(label, f"{label}{self.sep}entries", op),
         ]
 
     def add(self, node: onnx.NodeProto, op: Op) -> list[onnx.NodeProto] | None:
@@ -182,15 +202,15 @@ class ExactOps:
         for k, multiplier in enumerate((at.ma, at.mb)):
             centred, made = self._operand(label, op, k)
             factor = self._const(label, f"m{k}", np.ldexp(float(multiplier), -ADD_FRACTION_BITS))
-            nodes += [*made, helper.make_node("Mul", [centred, factor], [f"{label}__s{k}"])]
-            scaled.append(f"{label}__s{k}")
-        nodes.append(helper.make_node("Add", scaled, [f"{label}__sum"]))
-        nodes += self._round(label, f"{label}__sum")
+            nodes += [*made, helper.make_node("Mul", [centred, factor], [f"{label}{self.sep}s{k}"])]
+            scaled.append(f"{label}{self.sep}s{k}")
+        nodes.append(helper.make_node("Add", scaled, [f"{label}{self.sep}sum"]))
+        nodes += self._round(label, f"{label}{self.sep}sum")
         out = self.program.tensors[op.outputs[0]]
         if out.channel_shifts:
-            return nodes + self._channel_shifted(label, f"{label}__rounded", op)
+            return nodes + self._channel_shifted(label, f"{label}{self.sep}rounded", op)
         lo, hi = qrange(out.bits)
-        return nodes + self._leave(label, f"{label}__rounded", op, lo, hi)
+        return nodes + self._leave(label, f"{label}{self.sep}rounded", op, lo, hi)
 
     def _channel_shifted(self, label: str, base_codes: str, op: Op) -> list[onnx.NodeProto]:
         """A per-channel result's codes from its rounded codes on the base grid (float64, before
@@ -201,12 +221,14 @@ class ExactOps:
         scales = np.exp2(-np.asarray(shifts, np.float64)).reshape(1, -1, 1, 1)
         bounds = [self._const(label, end, v) for end, v in (("wide_lo", lo), ("wide_hi", hi))]
         return [
-            helper.make_node("Clip", [base_codes, *bounds], [f"{label}__wide"]),
+            helper.make_node("Clip", [base_codes, *bounds], [f"{label}{self.sep}wide"]),
             helper.make_node(
-                "Mul", [f"{label}__wide", self._const(label, "shifts", scales)], [f"{label}__shifted"]
+                "Mul",
+                [f"{label}{self.sep}wide", self._const(label, "shifts", scales)],
+                [f"{label}{self.sep}shifted"],
             ),
-            *self._round(f"{label}__channel", f"{label}__shifted"),
-            *self._leave(label, f"{label}__channel__rounded", op, *qrange(8)),
+            *self._round(f"{label}{self.sep}channel", f"{label}{self.sep}shifted"),
+            *self._leave(label, f"{label}{self.sep}channel{self.sep}rounded", op, *qrange(8)),
         ]
 
     def mac(self, node: onnx.NodeProto, op: Op) -> list[onnx.NodeProto] | None:
@@ -241,63 +263,74 @@ class ExactOps:
         if requantize is None:
             return None
         # matmul weights are [K, N] for MatMul and Gemm alike (a Gemm becomes a MatMul here)
-        w_float = self._init(f"{label}__weight_codes", wq.astype(np.float32))
+        w_float = self._init(f"{label}{self.sep}weight_codes", wq.astype(np.float32))
         x, nodes = self._centred(op.inputs[0], TensorProto.FLOAT)
 
         # an int8 input's sums with the bias stay below 2^24 too (the usual case): the Conv adds it
         bias_in_conv = xt.bits == 8 and bound < FLOAT32_EXACT and node.op_type in ("Conv", "ConvTranspose")
 
         def summed(source: str, part: str) -> list[onnx.NodeProto]:
-            """The op itself on float32 integers as float64 `{label}__{part}_acc`."""
+            """The op itself on float32 integers as float64 `{label}{self.sep}{part}_acc`."""
             copy = onnx.NodeProto()
             copy.CopyFrom(node)
-            copy.name = f"{label}__{part}"
+            copy.name = f"{label}{self.sep}{part}"
             del copy.input[:]
             copy.input.extend([source, w_float])
             if bias_in_conv:
                 copy.input.append(self._const(label, "bias_f32", bias, np.float32))
-            copy.output[:] = [f"{label}__{part}_sum"]
+            copy.output[:] = [f"{label}{self.sep}{part}_sum"]
             if node.op_type == "Gemm":
                 del copy.attribute[:]
                 copy.op_type = "MatMul"
             return [
                 copy,
                 helper.make_node(
-                    "Cast", [f"{label}__{part}_sum"], [f"{label}__{part}_acc"], to=TensorProto.DOUBLE
+                    "Cast",
+                    [f"{label}{self.sep}{part}_sum"],
+                    [f"{label}{self.sep}{part}_acc"],
+                    to=TensorProto.DOUBLE,
                 ),
             ]
 
         if xt.bits == 8:
             nodes += summed(x, "all")
-            acc = f"{label}__all_acc"
+            acc = f"{label}{self.sep}all_acc"
         else:  # x~ = 256 high + low, low in [0, 255]: each half's sums stay below 2^24
             byte = self._const(label, "byte", BYTE, np.float32)
             nodes += [  # x / 256 as a product by 2^-8: exact, and cheaper than a division
                 helper.make_node(
-                    "Mul", [x, self._const(label, "per_byte", 1.0 / BYTE, np.float32)], [f"{label}__x_scaled"]
+                    "Mul",
+                    [x, self._const(label, "per_byte", 1.0 / BYTE, np.float32)],
+                    [f"{label}{self.sep}x_scaled"],
                 ),
-                helper.make_node("Floor", [f"{label}__x_scaled"], [f"{label}__x_high"]),
-                helper.make_node("Mul", [f"{label}__x_high", byte], [f"{label}__x_high_part"]),
-                helper.make_node("Sub", [x, f"{label}__x_high_part"], [f"{label}__x_low"]),
-                *summed(f"{label}__x_high", "high"),
-                *summed(f"{label}__x_low", "low"),
+                helper.make_node("Floor", [f"{label}{self.sep}x_scaled"], [f"{label}{self.sep}x_high"]),
+                helper.make_node(
+                    "Mul", [f"{label}{self.sep}x_high", byte], [f"{label}{self.sep}x_high_part"]
+                ),
+                helper.make_node("Sub", [x, f"{label}{self.sep}x_high_part"], [f"{label}{self.sep}x_low"]),
+                *summed(f"{label}{self.sep}x_high", "high"),
+                *summed(f"{label}{self.sep}x_low", "low"),
                 helper.make_node(
                     "Mul",
-                    [f"{label}__high_acc", self._const(label, "byte64", BYTE)],
-                    [f"{label}__high_scaled"],
+                    [f"{label}{self.sep}high_acc", self._const(label, "byte64", BYTE)],
+                    [f"{label}{self.sep}high_scaled"],
                 ),
-                helper.make_node("Add", [f"{label}__high_scaled", f"{label}__low_acc"], [f"{label}__acc"]),
+                helper.make_node(
+                    "Add",
+                    [f"{label}{self.sep}high_scaled", f"{label}{self.sep}low_acc"],
+                    [f"{label}{self.sep}acc"],
+                ),
             ]
-            acc = f"{label}__acc"
+            acc = f"{label}{self.sep}acc"
         if bias_in_conv:
             value = acc
         else:
-            value = f"{label}__value"
+            value = f"{label}{self.sep}value"
             nodes.append(
                 helper.make_node("Add", [acc, self._const(label, "bias", bias.reshape(per_channel))], [value])
             )
         nodes += requantize(value)
-        return nodes + self._leave(label, f"{label}__rounded", op, op.attrs.min, op.attrs.max)
+        return nodes + self._leave(label, f"{label}{self.sep}rounded", op, op.attrs.min, op.attrs.max)
 
     def global_avgpool(self, node: onnx.NodeProto, op: Op) -> list[onnx.NodeProto] | None:
         label = node.name or node.output[0]
@@ -316,12 +349,12 @@ class ExactOps:
             helper.make_node(
                 "ReduceSum",
                 [x, self._const(label, "axes", [2, 3], np.int64)],
-                [f"{label}__value"],
+                [f"{label}{self.sep}value"],
                 keepdims=1,
             ),
-            *requantize(f"{label}__value"),
+            *requantize(f"{label}{self.sep}value"),
         ]
-        return nodes + self._leave(label, f"{label}__rounded", op, *qrange(yt.bits))
+        return nodes + self._leave(label, f"{label}{self.sep}rounded", op, *qrange(yt.bits))
 
     def layernorm(self, node: onnx.NodeProto, op: Op) -> list[onnx.NodeProto] | None:
         """`layernorm_rows` (intmodel/rowwise.py) in int64 ops: the row's sums S and SS of the
@@ -349,8 +382,8 @@ class ExactOps:
             return self._const(label, name, value, np.int64)
 
         def make(kind: str, inputs: list[str], out: str, **attrs) -> str:
-            nodes.append(helper.make_node(kind, inputs, [f"{label}__{out}"], **attrs))
-            return f"{label}__{out}"
+            nodes.append(helper.make_node(kind, inputs, [f"{label}{self.sep}{out}"], **attrs))
+            return f"{label}{self.sep}{out}"
 
         two_f = self._const(label, "two_f", 2.0)
 
@@ -386,7 +419,7 @@ class ExactOps:
         z = make("Cast", [make("Mul", [mag, make("Sign", [num], "num_sign")], "z64")], "z", to=f64)
         nodes += requantize(z)
         sign = self._const(label, "m0_sign", np.sign(m0).astype(np.float64))
-        signed = make("Mul", [f"{label}__rounded", sign], "signed")
+        signed = make("Mul", [f"{label}{self.sep}rounded", sign], "signed")
         value = make("Add", [signed, self._const(label, "bias", bias.astype(np.float64))], "codes")
         return nodes + self._leave(label, value, op, *qrange(yt.bits))
 
@@ -395,7 +428,7 @@ class ExactOps:
     ):
         """The nodes of `requantize` on a float64 value of integers below `bound` in magnitude
         (m0 and shift per channel, shaped `per_channel`), as a function of the value's name,
-        writing float64 `{label}__rounded`; None when no form here is exact for that bound."""
+        writing float64 `LABEL__rounded`; None when no form here is exact for that bound."""
         m0, shift = np.asarray(m0, np.int64), np.asarray(shift, np.int64)
         total = 31 + shift
         left, right = np.maximum(-total, 0), np.maximum(total, 0)
@@ -407,8 +440,8 @@ class ExactOps:
 
             def in_float64(value: str) -> list[onnx.NodeProto]:
                 return [
-                    helper.make_node("Mul", [value, multiplier], [f"{label}__scaled"]),
-                    *self._round(label, f"{label}__scaled"),
+                    helper.make_node("Mul", [value, multiplier], [f"{label}{self.sep}scaled"]),
+                    *self._round(label, f"{label}{self.sep}scaled"),
                 ]
 
             return in_float64
@@ -422,48 +455,77 @@ class ExactOps:
 
         def in_int64(value: str) -> list[onnx.NodeProto]:
             out = [
-                helper.make_node("Cast", [value], [f"{label}__v64"], to=TensorProto.INT64),
-                helper.make_node("Abs", [f"{label}__v64"], [f"{label}__abs"]),
+                helper.make_node("Cast", [value], [f"{label}{self.sep}v64"], to=TensorProto.INT64),
+                helper.make_node("Abs", [f"{label}{self.sep}v64"], [f"{label}{self.sep}abs"]),
             ]
             if not wide:
                 out += [
                     helper.make_node(
-                        "Mul", [f"{label}__abs", channel("m0", m0 << left)], [f"{label}__product"]
+                        "Mul",
+                        [f"{label}{self.sep}abs", channel("m0", m0 << left)],
+                        [f"{label}{self.sep}product"],
                     ),
                     helper.make_node(
-                        "Add", [f"{label}__product", channel("half", half)], [f"{label}__biased"]
+                        "Add",
+                        [f"{label}{self.sep}product", channel("half", half)],
+                        [f"{label}{self.sep}biased"],
                     ),
                     helper.make_node(
-                        "Div", [f"{label}__biased", channel("divisor", 1 << right)], [f"{label}__magnitude"]
+                        "Div",
+                        [f"{label}{self.sep}biased", channel("divisor", 1 << right)],
+                        [f"{label}{self.sep}magnitude"],
                     ),
                 ]
             else:  # (high M0 + ((low M0 + half) div 2^24)) div 2^(n - 24), every term below 2^63
                 unit = self._const(label, "unit", 1 << _SPLIT, np.int64)
                 multiplier = channel("m0", m0)
                 out += [
-                    helper.make_node("Div", [f"{label}__abs", unit], [f"{label}__v_high"]),
-                    helper.make_node("Mul", [f"{label}__v_high", unit], [f"{label}__v_high_part"]),
-                    helper.make_node("Sub", [f"{label}__abs", f"{label}__v_high_part"], [f"{label}__v_low"]),
-                    helper.make_node("Mul", [f"{label}__v_low", multiplier], [f"{label}__low_product"]),
+                    helper.make_node("Div", [f"{label}{self.sep}abs", unit], [f"{label}{self.sep}v_high"]),
                     helper.make_node(
-                        "Add", [f"{label}__low_product", channel("half", half)], [f"{label}__low_biased"]
+                        "Mul", [f"{label}{self.sep}v_high", unit], [f"{label}{self.sep}v_high_part"]
                     ),
-                    helper.make_node("Div", [f"{label}__low_biased", unit], [f"{label}__carry"]),
-                    helper.make_node("Mul", [f"{label}__v_high", multiplier], [f"{label}__high_product"]),
                     helper.make_node(
-                        "Add", [f"{label}__high_product", f"{label}__carry"], [f"{label}__partial"]
+                        "Sub",
+                        [f"{label}{self.sep}abs", f"{label}{self.sep}v_high_part"],
+                        [f"{label}{self.sep}v_low"],
+                    ),
+                    helper.make_node(
+                        "Mul", [f"{label}{self.sep}v_low", multiplier], [f"{label}{self.sep}low_product"]
+                    ),
+                    helper.make_node(
+                        "Add",
+                        [f"{label}{self.sep}low_product", channel("half", half)],
+                        [f"{label}{self.sep}low_biased"],
+                    ),
+                    helper.make_node(
+                        "Div", [f"{label}{self.sep}low_biased", unit], [f"{label}{self.sep}carry"]
+                    ),
+                    helper.make_node(
+                        "Mul", [f"{label}{self.sep}v_high", multiplier], [f"{label}{self.sep}high_product"]
+                    ),
+                    helper.make_node(
+                        "Add",
+                        [f"{label}{self.sep}high_product", f"{label}{self.sep}carry"],
+                        [f"{label}{self.sep}partial"],
                     ),
                     helper.make_node(
                         "Div",
-                        [f"{label}__partial", channel("divisor", 1 << (right - _SPLIT))],
-                        [f"{label}__magnitude"],
+                        [f"{label}{self.sep}partial", channel("divisor", 1 << (right - _SPLIT))],
+                        [f"{label}{self.sep}magnitude"],
                     ),
                 ]
             return out + [
-                helper.make_node("Sign", [f"{label}__v64"], [f"{label}__sign"]),
-                helper.make_node("Mul", [f"{label}__magnitude", f"{label}__sign"], [f"{label}__rounded_64"]),
+                helper.make_node("Sign", [f"{label}{self.sep}v64"], [f"{label}{self.sep}sign"]),
                 helper.make_node(
-                    "Cast", [f"{label}__rounded_64"], [f"{label}__rounded"], to=TensorProto.DOUBLE
+                    "Mul",
+                    [f"{label}{self.sep}magnitude", f"{label}{self.sep}sign"],
+                    [f"{label}{self.sep}rounded_64"],
+                ),
+                helper.make_node(
+                    "Cast",
+                    [f"{label}{self.sep}rounded_64"],
+                    [f"{label}{self.sep}rounded"],
+                    to=TensorProto.DOUBLE,
                 ),
             ]
 
