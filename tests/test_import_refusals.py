@@ -127,3 +127,27 @@ def test_our_own_qdq_export_builds_again_as_a_pre_quantized_model(small_ws, warm
     again = onnx.load(export)
     separator = {p.key: p.value for p in again.metadata_props}.get("npubuild.name_separator")
     assert separator and len(separator) > 2  # the clash was there, and avoided
+
+
+def test_float64_and_integer_data_stay_float(tmp_path):
+    """A model computing in float64 (as our exact QDQ export does, re-imported) or on integers:
+    an integer grid stands in for float32 values only, so those ops stay float, with the reason
+    (before, they got grids and the QDQ export a QuantizeLinear onnxruntime refuses)."""
+    from test_quantize import SETTINGS
+
+    from conftest import integer_variants, small_model
+
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="first"),
+        helper.make_node("Cast", ["a"], ["wide"], to=TensorProto.DOUBLE, name="widen"),
+        helper.make_node("Neg", ["wide"], ["negated"], name="in_float64"),
+        helper.make_node("Cast", ["negated"], ["back"], to=TensorProto.FLOAT, name="narrow"),
+        helper.make_node("Relu", ["back"], ["y"], name="last"),
+    ]
+    model = small_model(nodes, "wide", {"x": [1, 4, 8, 8]}, {"y": [1, 4, 8, 8]}, {})
+    samples = np.random.default_rng(0).normal(size=(4, 4, 8, 8)).astype(np.float32)
+    program, _, _ = integer_variants(model, tmp_path, samples, {"int8": SETTINGS})["int8"]
+    reasons = {f.node: f.reason for f in program.float_nodes}
+    assert {"widen", "in_float64", "narrow"} <= set(reasons), reasons
+    assert all("float64 or integer data stays float" in reasons[n] for n in ("widen", "in_float64", "narrow"))
+    assert "first" not in reasons and "last" not in reasons  # float32 ops keep their integer form

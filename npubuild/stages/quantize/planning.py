@@ -110,27 +110,38 @@ class GraphInfo:
     outputs: frozenset[str]
     image_inputs: frozenset[str]  # the one float network input a photo data set can feed, if so
     fused_head: str | None  # the output of fuse_preprocess's head: the photo, normalised
+    not_float32: frozenset[str]  # float64 and integer tensors: grids stand in for float32 values only
 
     @classmethod
     def of(cls, graph: onnx.GraphProto) -> GraphInfo:
         nodes = tuple(graph.node)
         constants = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-        shapes = {}
-        for v in [*graph.input, *graph.value_info, *graph.output]:
-            shapes[v.name] = [d.dim_value for d in v.type.tensor_type.shape.dim]
+        values = [*graph.input, *graph.value_info, *graph.output]
+        shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in values}
+        floats = (TensorProto.FLOAT, TensorProto.FLOAT16)
+        not_float32 = frozenset(v.name for v in values if v.type.tensor_type.elem_type not in floats)
         consumers: dict[str, list[onnx.NodeProto]] = {}
         for n in nodes:
             for i in n.input:
                 consumers.setdefault(i, []).append(n)
         producers = {o: n for n in nodes for o in n.output}
-        floats = (TensorProto.FLOAT, TensorProto.FLOAT16)
         float_inputs = [
             v.name for v in graph.input if v.name not in constants and v.type.tensor_type.elem_type in floats
         ]
         image_inputs = frozenset(float_inputs if len(float_inputs) == 1 else [])
         head = next((n.output[0] for n in nodes if n.name == FUSED_HEAD), None)
         outputs = frozenset(o.name for o in graph.output)
-        return cls(nodes, constants, shapes, consumers, producers, outputs, image_inputs, head)
+        return cls(
+            nodes,
+            constants,
+            shapes,
+            consumers,
+            producers,
+            outputs,
+            image_inputs,
+            head,
+            not_float32,
+        )
 
 
 def attr(node: onnx.NodeProto, name: str, default=None):
@@ -206,6 +217,10 @@ class Planner:
                 choice.bits = override["bits"]
             if override.get("method"):
                 choice.method = override["method"]
+        if any(n in self.info.not_float32 for n in (*node.input[:1], *node.output)):
+            return NodeChoice(
+                False, 0, "", "float64 or integer data stays float (grids stand in for float32)"
+            )
         if (
             cfg.get("float_output_activations")
             and node.op_type in LUT_OPS
