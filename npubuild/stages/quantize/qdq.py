@@ -38,7 +38,11 @@ class _Export:
         self.arrays = arrays
         self.new_inits: list[onnx.TensorProto] = []
         self.uses_ms = False
-        self.exact = ExactOps(program, arrays, self._init, self.sep) if exact else None
+        self.exact = ExactOps(program, arrays, self._init, self._named) if exact else None
+
+    def _named(self, base: str, part: str) -> str:
+        """The name of a part (scale, q, DQ, ...) of tensor or op `base`: base, separator, part."""
+        return f"{base}{self.sep}{part}"
 
     def _init(self, name: str, value: np.ndarray) -> str:
         self.new_inits.append(numpy_helper.from_array(value, name))
@@ -47,18 +51,23 @@ class _Export:
     def _qdq_nodes(self, tensor: str, source: str, target: str, t: dict) -> list[onnx.NodeProto]:
         scales, zero_points, domain, axis = qdq_grid(t)  # (per channel: a depthwise input)
         self.uses_ms |= t.bits == 16
-        scale = self._init(f"{tensor}{self.sep}scale", scales)
-        zp = self._init(f"{tensor}{self.sep}zero_point", zero_points)
-        q = f"{tensor}{self.sep}q"
+        scale = self._init(self._named(tensor, "scale"), scales)
+        zp = self._init(self._named(tensor, "zero_point"), zero_points)
+        q = self._named(tensor, "q")
         return [
             helper.make_node(
-                "QuantizeLinear", [source, scale, zp], [q], name=f"{tensor}{self.sep}Q", domain=domain, **axis
+                "QuantizeLinear",
+                [source, scale, zp],
+                [q],
+                name=self._named(tensor, "Q"),
+                domain=domain,
+                **axis,
             ),
             helper.make_node(
                 "DequantizeLinear",
                 [q, scale, zp],
                 [target],
-                name=f"{tensor}{self.sep}DQ",
+                name=self._named(tensor, "DQ"),
                 domain=domain,
                 **axis,
             ),
@@ -68,14 +77,14 @@ class _Export:
         dtype = {8: np.int8, 16: np.int16, 32: np.int32}[bits]
         domain = "com.microsoft" if bits == 16 else ""
         self.uses_ms |= bits == 16
-        qn = self._init(f"{name}{self.sep}quantized", q.astype(dtype))
-        sn = self._init(f"{name}{self.sep}scale", np.asarray(scale, np.float32))
-        zn = self._init(f"{name}{self.sep}zp", np.asarray(zero_point, dtype))
-        out = f"{name}{self.sep}dequantized"
+        qn = self._init(self._named(name, "quantized"), q.astype(dtype))
+        sn = self._init(self._named(name, "scale"), np.asarray(scale, np.float32))
+        zn = self._init(self._named(name, "zp"), np.asarray(zero_point, dtype))
+        out = self._named(name, "dequantized")
         attrs = {"axis": axis} if axis is not None else {}
         self.extra_nodes.append(
             helper.make_node(
-                "DequantizeLinear", [qn, sn, zn], [out], name=f"{name}{self.sep}DQ", domain=domain, **attrs
+                "DequantizeLinear", [qn, sn, zn], [out], name=self._named(name, "DQ"), domain=domain, **attrs
             )
         )
         return out
@@ -93,7 +102,7 @@ class _Export:
         inputs_qdq: list[onnx.NodeProto] = []
         for name, t in tensors.items():
             if name in outputs:
-                raw = f"{name}{self.sep}float"
+                raw = self._named(name, "float")
                 producer = by_output.get(name)
                 if producer is not None:
                     for k, o in enumerate(producer.output):
@@ -101,7 +110,7 @@ class _Export:
                             producer.output[k] = raw
                 qdq_after[raw] = self._qdq_nodes(name, raw, name, t)
             else:
-                dq = f"{name}{self.sep}dq"
+                dq = self._named(name, "dq")
                 rename[name] = dq
                 pair = self._qdq_nodes(name, name, dq, t)
                 if name in by_output:
@@ -131,7 +140,7 @@ class _Export:
             elif op.kind in ("add", "mul", "concat") and op.constants:
                 replaced[id(node)] = self._constant_operands(node, op)
         # codes an exact op writes itself: their QuantizeLinear goes (the DequantizeLinear stays)
-        written = {f"{t}{self.sep}q" for t in self.exact.written} if self.exact else set()
+        written = {self._named(t, "q") for t in self.exact.written} if self.exact else set()
         new_nodes: list[onnx.NodeProto] = list(self.extra_nodes) + inputs_qdq
         for node in nodes:
             group = replaced.get(id(node), [node])
@@ -184,7 +193,7 @@ class _Export:
             )
         else:  # an int64 bias has no DequantizeLinear: store its exact value in float
             b_dq = self._init(
-                f"{label}.bias{self.sep}float",
+                self._named(f"{label}.bias", "float"),
                 (bias * (xscale * wscale.astype(np.float64))).astype(np.float32),
             )
         inputs = list(node.input)
@@ -198,8 +207,8 @@ class _Export:
         del node.input[:]
         node.input.extend(inputs)
         out = node.output[0]
-        node.output[0] = f"{out}{self.sep}matmul"
-        return [node, helper.make_node("Add", [node.output[0], b_dq], [out], name=f"{label}{self.sep}bias")]
+        node.output[0] = self._named(out, "matmul")
+        return [node, helper.make_node("Add", [node.output[0], b_dq], [out], name=self._named(label, "bias"))]
 
     def _bucketed(self, node: onnx.NodeProto, op: Op) -> list[onnx.NodeProto]:
         """A table that reads its input's top bits (a fine pre-activation), in standard ops: the
@@ -214,31 +223,31 @@ class _Export:
         middle = (run - 1) / 2
         qmin = -(2 ** (t.bits - 1))
         to_run = self._init(
-            f"{label}{self.sep}to_run", np.array((t.zero_point - qmin - middle) * t.scale, np.float32)
+            self._named(label, "to_run"), np.array((t.zero_point - qmin - middle) * t.scale, np.float32)
         )
         back = self._init(
-            f"{label}{self.sep}from_run", np.array((qmin + middle - t.zero_point) * t.scale, np.float32)
+            self._named(label, "from_run"), np.array((qmin + middle - t.zero_point) * t.scale, np.float32)
         )
-        scale = self._init(f"{label}{self.sep}run_scale", np.array(run * t.scale, np.float32))
-        zero = self._init(f"{label}{self.sep}run_zp", np.array(0, np.int16))
+        scale = self._init(self._named(label, "run_scale"), np.array(run * t.scale, np.float32))
+        zero = self._init(self._named(label, "run_zp"), np.array(0, np.int16))
         self.uses_ms = True
         nodes = [
-            helper.make_node("Add", [x, to_run], [f"{label}{self.sep}shifted"]),
+            helper.make_node("Add", [x, to_run], [self._named(label, "shifted")]),
             helper.make_node(
                 "QuantizeLinear",
-                [f"{label}{self.sep}shifted", scale, zero],
-                [f"{label}{self.sep}run"],
+                [self._named(label, "shifted"), scale, zero],
+                [self._named(label, "run")],
                 domain="com.microsoft",
             ),
             helper.make_node(
                 "DequantizeLinear",
-                [f"{label}{self.sep}run", scale, zero],
-                [f"{label}{self.sep}run_dq"],
+                [self._named(label, "run"), scale, zero],
+                [self._named(label, "run_dq")],
                 domain="com.microsoft",
             ),
-            helper.make_node("Add", [f"{label}{self.sep}run_dq", back], [f"{label}{self.sep}middle"]),
+            helper.make_node("Add", [self._named(label, "run_dq"), back], [self._named(label, "middle")]),
         ]
-        node.input[0] = f"{label}{self.sep}middle"
+        node.input[0] = self._named(label, "middle")
         return [*nodes, node]
 
     def _constant_operands(self, node: onnx.NodeProto, op: Op) -> list[onnx.NodeProto]:
@@ -246,7 +255,7 @@ class _Export:
         inputs = list(node.input)
         if op.kind == "mul" and node.op_type == "Div":
             node.op_type = "Mul"
-            inputs[1] = f"{inputs[1]}{self.sep}reciprocal"
+            inputs[1] = self._named(inputs[1], "reciprocal")
         for k, name in enumerate(op.inputs):
             key = op.constants.get(name)
             if key is None:

@@ -53,21 +53,21 @@ class ExactOps:
         program: IntegerModel,
         arrays: dict[str, np.ndarray],
         init: Callable[[str, np.ndarray], str],
-        sep: str = "__",
+        named: Callable[[str, str], str],
     ):
         self.program, self.arrays, self._init = program, arrays, init
-        self.sep = sep  # between a tensor's name and the part a name is of (qdq._separator)
+        self._named = named  # the name of a part of a tensor or op (qdq._Export._named)
         self._made: set[str] = set()  # per-tensor helpers (centred codes) already in the graph
         self.uses_ms = False  # 16-bit QuantizeLinear/DequantizeLinear (com.microsoft) were used
         self.written: set[str] = set()  # tensors whose codes (NAME__q) an exact op writes itself
 
     def _const(self, label: str, name: str, value, dtype=np.float64) -> str:
-        return self._init(f"{label}{self.sep}{name}", np.asarray(value, dtype))
+        return self._init(self._named(label, name), np.asarray(value, dtype))
 
     def _unit_grid(self, name: str) -> tuple[str, str, str]:
         """(scale 1, the tensor's zero point, the Q/DQ domain) of tensor `name`'s codes."""
         t = self.program.tensors[name]
-        scale, zp = f"{name}{self.sep}unit__scale", f"{name}{self.sep}unit__zp"
+        scale, zp = self._named(name, "unit__scale"), self._named(name, "unit__zp")
         if scale not in self._made:  # once per tensor: its producer and its readers share them
             self._made.add(scale)
             self.uses_ms |= t.bits == 16
@@ -78,14 +78,16 @@ class ExactOps:
     def _centred(self, name: str, dtype: int) -> tuple[str, list[onnx.NodeProto]]:
         """Tensor `name`'s codes minus its zero point, as float32 or float64 (exact either way),
         made once per tensor and shared by every op that reads it."""
-        f32 = f"{name}{self.sep}centred_f32"
-        out = f32 if dtype == TensorProto.FLOAT else f"{name}{self.sep}centred_f64"
+        f32 = self._named(name, "centred_f32")
+        out = f32 if dtype == TensorProto.FLOAT else self._named(name, "centred_f64")
         nodes = []
         if f32 not in self._made:
             self._made.add(f32)
             scale, zp, domain = self._unit_grid(name)
             nodes.append(
-                helper.make_node("DequantizeLinear", [f"{name}{self.sep}q", scale, zp], [f32], domain=domain)
+                helper.make_node(
+                    "DequantizeLinear", [self._named(name, "q"), scale, zp], [f32], domain=domain
+                )
             )
         if out not in self._made:
             self._made.add(out)
@@ -105,14 +107,14 @@ class ExactOps:
         """float64 `value` rounded half away from zero, sign(v) * floor(|v| + 1/2): `LABEL__rounded`."""
         half = self._const(label, "one_half", 0.5)
         return [
-            helper.make_node("Abs", [value], [f"{label}{self.sep}abs"]),
-            helper.make_node("Add", [f"{label}{self.sep}abs", half], [f"{label}{self.sep}biased"]),
-            helper.make_node("Floor", [f"{label}{self.sep}biased"], [f"{label}{self.sep}magnitude"]),
-            helper.make_node("Sign", [value], [f"{label}{self.sep}sign"]),
+            helper.make_node("Abs", [value], [self._named(label, "abs")]),
+            helper.make_node("Add", [self._named(label, "abs"), half], [self._named(label, "biased")]),
+            helper.make_node("Floor", [self._named(label, "biased")], [self._named(label, "magnitude")]),
+            helper.make_node("Sign", [value], [self._named(label, "sign")]),
             helper.make_node(
                 "Mul",
-                [f"{label}{self.sep}magnitude", f"{label}{self.sep}sign"],
-                [f"{label}{self.sep}rounded"],
+                [self._named(label, "magnitude"), self._named(label, "sign")],
+                [self._named(label, "rounded")],
             ),
         ]
 
@@ -124,21 +126,23 @@ class ExactOps:
         name = op.outputs[0]
         self.written.add(name)
         t = self.program.tensors[name]
-        nodes = [helper.make_node("Cast", [rounded], [f"{label}{self.sep}rounded_f32"], to=TensorProto.FLOAT)]
-        value = f"{label}{self.sep}rounded_f32"
+        nodes = [
+            helper.make_node("Cast", [rounded], [self._named(label, "rounded_f32")], to=TensorProto.FLOAT)
+        ]
+        value = self._named(label, "rounded_f32")
         if (lo, hi) != qrange(t.bits):
             bounds = [
                 self._const(label, end, v - t.zero_point, np.float32) for end, v in (("lo", lo), ("hi", hi))
             ]
-            nodes.append(helper.make_node("Clip", [value, *bounds], [f"{label}{self.sep}clamped"]))
-            value = f"{label}{self.sep}clamped"
+            nodes.append(helper.make_node("Clip", [value, *bounds], [self._named(label, "clamped")]))
+            value = self._named(label, "clamped")
         scale, zp, domain = self._unit_grid(name)
         nodes.append(
             helper.make_node(
                 "QuantizeLinear",
                 [value, scale, zp],
-                [f"{name}{self.sep}q"],
-                name=f"{label}{self.sep}codes",
+                [self._named(name, "q")],
+                name=self._named(label, "codes"),
                 domain=domain,
             )
         )
@@ -152,23 +156,23 @@ class ExactOps:
         offset = self._const(label, "offset", op.attrs.offset, np.int64)
         nodes = [
             helper.make_node(
-                "Cast", [f"{op.inputs[0]}{self.sep}q"], [f"{label}{self.sep}codes"], to=TensorProto.INT64
+                "Cast", [self._named(op.inputs[0], "q")], [self._named(label, "codes")], to=TensorProto.INT64
             ),
-            helper.make_node("Add", [f"{label}{self.sep}codes", offset], [f"{label}{self.sep}index"]),
+            helper.make_node("Add", [self._named(label, "codes"), offset], [self._named(label, "index")]),
         ]
         if op.attrs.index_shift:  # the index is >= 0: integer division is the shift
             step = self._const(label, "step", 1 << op.attrs.index_shift, np.int64)
             nodes.append(
-                helper.make_node("Div", [f"{label}{self.sep}index", step], [f"{label}{self.sep}entry"])
+                helper.make_node("Div", [self._named(label, "index"), step], [self._named(label, "entry")])
             )
-        index = f"{label}{self.sep}entry" if op.attrs.index_shift else f"{label}{self.sep}index"
+        index = self._named(label, "entry") if op.attrs.index_shift else self._named(label, "index")
         if not t.channel_shifts:
             return [
                 *nodes,
                 helper.make_node(
                     "Gather",
-                    [self._init(f"{label}{self.sep}table", table), index],
-                    [f"{op.outputs[0]}{self.sep}q"],
+                    [self._init(self._named(label, "table"), table), index],
+                    [self._named(op.outputs[0], "q")],
                     name=label,
                 ),
             ]
@@ -180,10 +184,10 @@ class ExactOps:
             helper.make_node(
                 "Gather",
                 [self._const(label, "table", entries), index],
-                [f"{label}{self.sep}entries"],
+                [self._named(label, "entries")],
                 name=label,
             ),
-            *self._channel_shifted(label, f"{label}{self.sep}entries", op),
+            *self._channel_shifted(label, self._named(label, "entries"), op),
         ]
 
     def add(self, node: onnx.NodeProto, op: Op) -> list[onnx.NodeProto] | None:
@@ -202,15 +206,15 @@ class ExactOps:
         for k, multiplier in enumerate((at.ma, at.mb)):
             centred, made = self._operand(label, op, k)
             factor = self._const(label, f"m{k}", np.ldexp(float(multiplier), -ADD_FRACTION_BITS))
-            nodes += [*made, helper.make_node("Mul", [centred, factor], [f"{label}{self.sep}s{k}"])]
-            scaled.append(f"{label}{self.sep}s{k}")
-        nodes.append(helper.make_node("Add", scaled, [f"{label}{self.sep}sum"]))
-        nodes += self._round(label, f"{label}{self.sep}sum")
+            nodes += [*made, helper.make_node("Mul", [centred, factor], [self._named(label, f"s{k}")])]
+            scaled.append(self._named(label, f"s{k}"))
+        nodes.append(helper.make_node("Add", scaled, [self._named(label, "sum")]))
+        nodes += self._round(label, self._named(label, "sum"))
         out = self.program.tensors[op.outputs[0]]
         if out.channel_shifts:
-            return nodes + self._channel_shifted(label, f"{label}{self.sep}rounded", op)
+            return nodes + self._channel_shifted(label, self._named(label, "rounded"), op)
         lo, hi = qrange(out.bits)
-        return nodes + self._leave(label, f"{label}{self.sep}rounded", op, lo, hi)
+        return nodes + self._leave(label, self._named(label, "rounded"), op, lo, hi)
 
     def _channel_shifted(self, label: str, base_codes: str, op: Op) -> list[onnx.NodeProto]:
         """A per-channel result's codes from its rounded codes on the base grid (float64, before
@@ -221,14 +225,14 @@ class ExactOps:
         scales = np.exp2(-np.asarray(shifts, np.float64)).reshape(1, -1, 1, 1)
         bounds = [self._const(label, end, v) for end, v in (("wide_lo", lo), ("wide_hi", hi))]
         return [
-            helper.make_node("Clip", [base_codes, *bounds], [f"{label}{self.sep}wide"]),
+            helper.make_node("Clip", [base_codes, *bounds], [self._named(label, "wide")]),
             helper.make_node(
                 "Mul",
-                [f"{label}{self.sep}wide", self._const(label, "shifts", scales)],
-                [f"{label}{self.sep}shifted"],
+                [self._named(label, "wide"), self._const(label, "shifts", scales)],
+                [self._named(label, "shifted")],
             ),
-            *self._round(f"{label}{self.sep}channel", f"{label}{self.sep}shifted"),
-            *self._leave(label, f"{label}{self.sep}channel{self.sep}rounded", op, *qrange(8)),
+            *self._round(self._named(label, "channel"), self._named(label, "shifted")),
+            *self._leave(label, self._named(self._named(label, "channel"), "rounded"), op, *qrange(8)),
         ]
 
     def mac(self, node: onnx.NodeProto, op: Op) -> list[onnx.NodeProto] | None:
@@ -263,22 +267,22 @@ class ExactOps:
         if requantize is None:
             return None
         # matmul weights are [K, N] for MatMul and Gemm alike (a Gemm becomes a MatMul here)
-        w_float = self._init(f"{label}{self.sep}weight_codes", wq.astype(np.float32))
+        w_float = self._init(self._named(label, "weight_codes"), wq.astype(np.float32))
         x, nodes = self._centred(op.inputs[0], TensorProto.FLOAT)
 
         # an int8 input's sums with the bias stay below 2^24 too (the usual case): the Conv adds it
         bias_in_conv = xt.bits == 8 and bound < FLOAT32_EXACT and node.op_type in ("Conv", "ConvTranspose")
 
         def summed(source: str, part: str) -> list[onnx.NodeProto]:
-            """The op itself on float32 integers as float64 `{label}{self.sep}{part}_acc`."""
+            """The op itself on float32 integers as float64 `LABEL__PART_acc`."""
             copy = onnx.NodeProto()
             copy.CopyFrom(node)
-            copy.name = f"{label}{self.sep}{part}"
+            copy.name = self._named(label, part)
             del copy.input[:]
             copy.input.extend([source, w_float])
             if bias_in_conv:
                 copy.input.append(self._const(label, "bias_f32", bias, np.float32))
-            copy.output[:] = [f"{label}{self.sep}{part}_sum"]
+            copy.output[:] = [self._named(label, f"{part}_sum")]
             if node.op_type == "Gemm":
                 del copy.attribute[:]
                 copy.op_type = "MatMul"
@@ -286,51 +290,53 @@ class ExactOps:
                 copy,
                 helper.make_node(
                     "Cast",
-                    [f"{label}{self.sep}{part}_sum"],
-                    [f"{label}{self.sep}{part}_acc"],
+                    [self._named(label, f"{part}_sum")],
+                    [self._named(label, f"{part}_acc")],
                     to=TensorProto.DOUBLE,
                 ),
             ]
 
         if xt.bits == 8:
             nodes += summed(x, "all")
-            acc = f"{label}{self.sep}all_acc"
+            acc = self._named(label, "all_acc")
         else:  # x~ = 256 high + low, low in [0, 255]: each half's sums stay below 2^24
             byte = self._const(label, "byte", BYTE, np.float32)
             nodes += [  # x / 256 as a product by 2^-8: exact, and cheaper than a division
                 helper.make_node(
                     "Mul",
                     [x, self._const(label, "per_byte", 1.0 / BYTE, np.float32)],
-                    [f"{label}{self.sep}x_scaled"],
+                    [self._named(label, "x_scaled")],
                 ),
-                helper.make_node("Floor", [f"{label}{self.sep}x_scaled"], [f"{label}{self.sep}x_high"]),
+                helper.make_node("Floor", [self._named(label, "x_scaled")], [self._named(label, "x_high")]),
                 helper.make_node(
-                    "Mul", [f"{label}{self.sep}x_high", byte], [f"{label}{self.sep}x_high_part"]
+                    "Mul", [self._named(label, "x_high"), byte], [self._named(label, "x_high_part")]
                 ),
-                helper.make_node("Sub", [x, f"{label}{self.sep}x_high_part"], [f"{label}{self.sep}x_low"]),
-                *summed(f"{label}{self.sep}x_high", "high"),
-                *summed(f"{label}{self.sep}x_low", "low"),
+                helper.make_node(
+                    "Sub", [x, self._named(label, "x_high_part")], [self._named(label, "x_low")]
+                ),
+                *summed(self._named(label, "x_high"), "high"),
+                *summed(self._named(label, "x_low"), "low"),
                 helper.make_node(
                     "Mul",
-                    [f"{label}{self.sep}high_acc", self._const(label, "byte64", BYTE)],
-                    [f"{label}{self.sep}high_scaled"],
+                    [self._named(label, "high_acc"), self._const(label, "byte64", BYTE)],
+                    [self._named(label, "high_scaled")],
                 ),
                 helper.make_node(
                     "Add",
-                    [f"{label}{self.sep}high_scaled", f"{label}{self.sep}low_acc"],
-                    [f"{label}{self.sep}acc"],
+                    [self._named(label, "high_scaled"), self._named(label, "low_acc")],
+                    [self._named(label, "acc")],
                 ),
             ]
-            acc = f"{label}{self.sep}acc"
+            acc = self._named(label, "acc")
         if bias_in_conv:
             value = acc
         else:
-            value = f"{label}{self.sep}value"
+            value = self._named(label, "value")
             nodes.append(
                 helper.make_node("Add", [acc, self._const(label, "bias", bias.reshape(per_channel))], [value])
             )
         nodes += requantize(value)
-        return nodes + self._leave(label, f"{label}{self.sep}rounded", op, op.attrs.min, op.attrs.max)
+        return nodes + self._leave(label, self._named(label, "rounded"), op, op.attrs.min, op.attrs.max)
 
     def global_avgpool(self, node: onnx.NodeProto, op: Op) -> list[onnx.NodeProto] | None:
         label = node.name or node.output[0]
@@ -349,12 +355,12 @@ class ExactOps:
             helper.make_node(
                 "ReduceSum",
                 [x, self._const(label, "axes", [2, 3], np.int64)],
-                [f"{label}{self.sep}value"],
+                [self._named(label, "value")],
                 keepdims=1,
             ),
-            *requantize(f"{label}{self.sep}value"),
+            *requantize(self._named(label, "value")),
         ]
-        return nodes + self._leave(label, f"{label}{self.sep}rounded", op, *qrange(yt.bits))
+        return nodes + self._leave(label, self._named(label, "rounded"), op, *qrange(yt.bits))
 
     def layernorm(self, node: onnx.NodeProto, op: Op) -> list[onnx.NodeProto] | None:
         """`layernorm_rows` (intmodel/rowwise.py) in int64 ops: the row's sums S and SS of the
@@ -382,8 +388,8 @@ class ExactOps:
             return self._const(label, name, value, np.int64)
 
         def make(kind: str, inputs: list[str], out: str, **attrs) -> str:
-            nodes.append(helper.make_node(kind, inputs, [f"{label}{self.sep}{out}"], **attrs))
-            return f"{label}{self.sep}{out}"
+            nodes.append(helper.make_node(kind, inputs, [self._named(label, out)], **attrs))
+            return self._named(label, out)
 
         two_f = self._const(label, "two_f", 2.0)
 
@@ -419,7 +425,7 @@ class ExactOps:
         z = make("Cast", [make("Mul", [mag, make("Sign", [num], "num_sign")], "z64")], "z", to=f64)
         nodes += requantize(z)
         sign = self._const(label, "m0_sign", np.sign(m0).astype(np.float64))
-        signed = make("Mul", [f"{label}{self.sep}rounded", sign], "signed")
+        signed = make("Mul", [self._named(label, "rounded"), sign], "signed")
         value = make("Add", [signed, self._const(label, "bias", bias.astype(np.float64))], "codes")
         return nodes + self._leave(label, value, op, *qrange(yt.bits))
 
@@ -440,8 +446,8 @@ class ExactOps:
 
             def in_float64(value: str) -> list[onnx.NodeProto]:
                 return [
-                    helper.make_node("Mul", [value, multiplier], [f"{label}{self.sep}scaled"]),
-                    *self._round(label, f"{label}{self.sep}scaled"),
+                    helper.make_node("Mul", [value, multiplier], [self._named(label, "scaled")]),
+                    *self._round(label, self._named(label, "scaled")),
                 ]
 
             return in_float64
@@ -455,76 +461,80 @@ class ExactOps:
 
         def in_int64(value: str) -> list[onnx.NodeProto]:
             out = [
-                helper.make_node("Cast", [value], [f"{label}{self.sep}v64"], to=TensorProto.INT64),
-                helper.make_node("Abs", [f"{label}{self.sep}v64"], [f"{label}{self.sep}abs"]),
+                helper.make_node("Cast", [value], [self._named(label, "v64")], to=TensorProto.INT64),
+                helper.make_node("Abs", [self._named(label, "v64")], [self._named(label, "abs")]),
             ]
             if not wide:
                 out += [
                     helper.make_node(
                         "Mul",
-                        [f"{label}{self.sep}abs", channel("m0", m0 << left)],
-                        [f"{label}{self.sep}product"],
+                        [self._named(label, "abs"), channel("m0", m0 << left)],
+                        [self._named(label, "product")],
                     ),
                     helper.make_node(
                         "Add",
-                        [f"{label}{self.sep}product", channel("half", half)],
-                        [f"{label}{self.sep}biased"],
+                        [self._named(label, "product"), channel("half", half)],
+                        [self._named(label, "biased")],
                     ),
                     helper.make_node(
                         "Div",
-                        [f"{label}{self.sep}biased", channel("divisor", 1 << right)],
-                        [f"{label}{self.sep}magnitude"],
+                        [self._named(label, "biased"), channel("divisor", 1 << right)],
+                        [self._named(label, "magnitude")],
                     ),
                 ]
             else:  # (high M0 + ((low M0 + half) div 2^24)) div 2^(n - 24), every term below 2^63
                 unit = self._const(label, "unit", 1 << _SPLIT, np.int64)
                 multiplier = channel("m0", m0)
                 out += [
-                    helper.make_node("Div", [f"{label}{self.sep}abs", unit], [f"{label}{self.sep}v_high"]),
                     helper.make_node(
-                        "Mul", [f"{label}{self.sep}v_high", unit], [f"{label}{self.sep}v_high_part"]
+                        "Div", [self._named(label, "abs"), unit], [self._named(label, "v_high")]
+                    ),
+                    helper.make_node(
+                        "Mul", [self._named(label, "v_high"), unit], [self._named(label, "v_high_part")]
                     ),
                     helper.make_node(
                         "Sub",
-                        [f"{label}{self.sep}abs", f"{label}{self.sep}v_high_part"],
-                        [f"{label}{self.sep}v_low"],
+                        [self._named(label, "abs"), self._named(label, "v_high_part")],
+                        [self._named(label, "v_low")],
                     ),
                     helper.make_node(
-                        "Mul", [f"{label}{self.sep}v_low", multiplier], [f"{label}{self.sep}low_product"]
-                    ),
-                    helper.make_node(
-                        "Add",
-                        [f"{label}{self.sep}low_product", channel("half", half)],
-                        [f"{label}{self.sep}low_biased"],
-                    ),
-                    helper.make_node(
-                        "Div", [f"{label}{self.sep}low_biased", unit], [f"{label}{self.sep}carry"]
-                    ),
-                    helper.make_node(
-                        "Mul", [f"{label}{self.sep}v_high", multiplier], [f"{label}{self.sep}high_product"]
+                        "Mul", [self._named(label, "v_low"), multiplier], [self._named(label, "low_product")]
                     ),
                     helper.make_node(
                         "Add",
-                        [f"{label}{self.sep}high_product", f"{label}{self.sep}carry"],
-                        [f"{label}{self.sep}partial"],
+                        [self._named(label, "low_product"), channel("half", half)],
+                        [self._named(label, "low_biased")],
+                    ),
+                    helper.make_node(
+                        "Div", [self._named(label, "low_biased"), unit], [self._named(label, "carry")]
+                    ),
+                    helper.make_node(
+                        "Mul",
+                        [self._named(label, "v_high"), multiplier],
+                        [self._named(label, "high_product")],
+                    ),
+                    helper.make_node(
+                        "Add",
+                        [self._named(label, "high_product"), self._named(label, "carry")],
+                        [self._named(label, "partial")],
                     ),
                     helper.make_node(
                         "Div",
-                        [f"{label}{self.sep}partial", channel("divisor", 1 << (right - _SPLIT))],
-                        [f"{label}{self.sep}magnitude"],
+                        [self._named(label, "partial"), channel("divisor", 1 << (right - _SPLIT))],
+                        [self._named(label, "magnitude")],
                     ),
                 ]
             return out + [
-                helper.make_node("Sign", [f"{label}{self.sep}v64"], [f"{label}{self.sep}sign"]),
+                helper.make_node("Sign", [self._named(label, "v64")], [self._named(label, "sign")]),
                 helper.make_node(
                     "Mul",
-                    [f"{label}{self.sep}magnitude", f"{label}{self.sep}sign"],
-                    [f"{label}{self.sep}rounded_64"],
+                    [self._named(label, "magnitude"), self._named(label, "sign")],
+                    [self._named(label, "rounded_64")],
                 ),
                 helper.make_node(
                     "Cast",
-                    [f"{label}{self.sep}rounded_64"],
-                    [f"{label}{self.sep}rounded"],
+                    [self._named(label, "rounded_64")],
+                    [self._named(label, "rounded")],
                     to=TensorProto.DOUBLE,
                 ),
             ]
