@@ -235,6 +235,16 @@ def cli_build(
     )
 
 
+# the optimize stage's settings for the tests that run it directly (a check on 4 samples)
+OPTIMIZE_SETTINGS = {
+    "disable": [],
+    "max_iterations": 8,
+    "check_samples": 4,
+    "check_rtol": 1e-3,
+    "check_atol": 1e-4,
+}
+
+
 def small_model(nodes: list, name: str, inputs: dict, outputs: dict, weights: dict, opset: int = 14):
     """A hand-made ONNX model with shapes inferred: `inputs`/`outputs` map float tensors to shapes,
     `weights` names to arrays (float32 unless integer)."""

@@ -173,7 +173,7 @@ def _one_conv(pads: list[int], shared_weight: bool = False) -> onnx.ModelProto:
     ],
 )
 def test_the_head_folds_into_the_first_convolution_where_that_is_exact(declared, pads, folded):
-    from npubuild.stages.quantize.planning import FUSED_HEAD
+    from npubuild.stages.quantize.graphinfo import FUSED_HEAD
 
     pp = Preprocess(**{"resize": [8, 8], **declared}).model_dump()
     model = _one_conv(pads)
@@ -190,7 +190,7 @@ def test_the_head_folds_into_the_first_convolution_where_that_is_exact(declared,
 
 
 def test_a_weight_another_convolution_reads_is_not_folded_into():
-    from npubuild.stages.quantize.planning import FUSED_HEAD
+    from npubuild.stages.quantize.graphinfo import FUSED_HEAD
 
     pp = Preprocess(**{"resize": [8, 8], "scale": 1 / 255, "mean": [0.0], "std": [1.0]}).model_dump()
     fused = fuse(_one_conv([1, 1, 1, 1], shared_weight=True), pp)

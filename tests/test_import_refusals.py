@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import run_build
+from conftest import OPTIMIZE_SETTINGS, run_build
 from npubuild.errors import UserError
 from npubuild.stages import importer
 
@@ -151,3 +151,76 @@ def test_float64_and_integer_data_stay_float(tmp_path):
     assert {"widen", "in_float64", "narrow"} <= set(reasons), reasons
     assert all("float64 or integer data stays float" in reasons[n] for n in ("widen", "in_float64", "narrow"))
     assert "first" not in reasons and "last" not in reasons  # float32 ops keep their integer form
+
+
+def _contrib_op_model() -> onnx.ModelProto:
+    """x -> Relu -> com.microsoft Gelu -> Relu -> y: onnx's inference knows no shape past the
+    contrib op (onnxruntime runs it), as with the com.microsoft Q/DQ of a 16-bit QDQ model."""
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="first"),
+        helper.make_node("Gelu", ["a"], ["g"], name="contrib", domain="com.microsoft"),
+        helper.make_node("Relu", ["g"], ["y"], name="last"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets)
+
+
+def _shapes(model: onnx.ModelProto) -> dict:
+    values = [*model.graph.value_info, *model.graph.output]
+    return {
+        v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+        for v in values
+        if v.type.tensor_type.HasField("shape")
+    }
+
+
+def test_shapes_read_from_a_run_survive_optimize(tmp_path):
+    """Import reads the shapes onnx cannot infer from a run in onnxruntime; optimize re-infers from
+    scratch and lost them, and planning then took a [1, 8, 24, 96] map for a scalar (re-importing
+    our exact QDQ export: simulate failed with 'cannot reshape array of size 55296 into shape')."""
+    from npubuild.stages.optimize import stage as optimize_stage
+
+    onnx.save(_contrib_op_model(), tmp_path / "m.onnx")
+    imported = importer.run({"opset": 17, "input_shapes": {}}, {"model": tmp_path / "m.onnx"}, tmp_path)
+    assert _shapes(onnx.load(imported["model"]))["g"] == [1, 4, 8, 8]
+    np.save(tmp_path / "cal.npy", np.random.default_rng(0).normal(size=(4, 4, 8, 8)).astype(np.float32))
+    settings = OPTIMIZE_SETTINGS
+    (tmp_path / "o").mkdir()
+    optimized = optimize_stage.run(
+        settings, {"model": imported["model"], "calibration": tmp_path / "cal.npy"}, tmp_path / "o"
+    )
+    shapes = _shapes(onnx.load(optimized["model"]))
+    assert shapes["g"] == [1, 4, 8, 8] and shapes["y"] == [1, 4, 8, 8]
+
+
+def test_a_tensor_without_a_static_shape_stays_float(tmp_path):
+    """Where no shape is known at all, the op on it stays float with that reason, not an NPU op
+    on a scalar."""
+    from test_quantize import SETTINGS
+
+    from conftest import integer_variants
+
+    model = onnx.shape_inference.infer_shapes(_contrib_op_model())
+    samples = np.random.default_rng(0).normal(size=(4, 4, 8, 8)).astype(np.float32)
+    program, _, _ = integer_variants(model, tmp_path, samples, {"int8": SETTINGS})["int8"]
+    reasons = {f.node: f.reason for f in program.float_nodes}
+    assert reasons.get("last") == "no static shape", reasons
+    assert "first" not in reasons
+
+
+@pytest.mark.slow
+def test_our_exact_qdq_export_builds_again_and_simulates(small_ws, warm_store):
+    """The default (exact) export computes in float64 and int16 through com.microsoft Q/DQ;
+    re-imported, codegen wrote a float64 CPU input the .npub loader refused, then planned a map
+    whose shape optimize had lost as a scalar on the NPU."""
+    assert run_build(small_ws, warm_store, ["//models:cls_npu"]).ok
+    export = small_ws / "npubuild-out" / "models" / "cls_npu" / "quantized.qdq.onnx"
+    (small_ws / "models" / "cls.onnx").write_bytes(export.read_bytes())
+    outcome = run_build(small_ws, warm_store, ["//models:cls_npu"])
+    assert outcome.ok, outcome.errors

@@ -5,6 +5,7 @@ to the next. A graph of input-less nodes (no consumer list holds them) used to c
 
 from __future__ import annotations
 
+import onnx
 from onnx import TensorProto, helper
 
 from npubuild.rules.attrs import QuantizeConfig
@@ -20,7 +21,9 @@ def _model():
     nodes += [helper.make_node("Add", [f"r{k}", f"c{k}"], [f"y{k}"], name=f"add{k}") for k in range(4)]
     outputs = [helper.make_tensor_value_info(f"y{k}", TensorProto.FLOAT, [1, 4]) for k in range(4)]
     graph = helper.make_graph(nodes, "inputless", [], outputs)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return onnx.shape_inference.infer_shapes(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    )
 
 
 def test_every_inputless_node_keeps_its_own_choice_across_plans():

@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from test_row_ops import _cosine
 
-from conftest import REPO
+from conftest import OPTIMIZE_SETTINGS, REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from prequantized import ort_qdq  # noqa: E402
@@ -71,13 +71,7 @@ def test_qdq_model_compiles_with_its_own_grids_and_no_calibration(qdq):
     qdq_path = qdq / "qdq.onnx"
     (qdq / "o").mkdir(exist_ok=True)
     (qdq / "q").mkdir(exist_ok=True)
-    settings = {
-        "disable": [],
-        "max_iterations": 8,
-        "check_samples": 4,
-        "check_rtol": 1e-3,
-        "check_atol": 1e-4,
-    }
+    settings = OPTIMIZE_SETTINGS
     opt = optimize_stage.run(settings, {"model": qdq_path, "calibration": qdq / "eval.npy"}, qdq / "o")
     optimized = onnx.load(opt["model"])
     assert not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in optimized.graph.node)
@@ -151,13 +145,7 @@ def test_a_grid_starting_at_zero_keeps_its_clamp_and_every_tensor_a_grid(tmp_pat
     np.save(tmp_path / "eval.npy", samples[8:])
     (tmp_path / "o").mkdir()
     (tmp_path / "q").mkdir()
-    settings = {
-        "disable": [],
-        "max_iterations": 8,
-        "check_samples": 2,
-        "check_rtol": 1e-3,
-        "check_atol": 1e-4,
-    }
+    settings = OPTIMIZE_SETTINGS
     opt = optimize_stage.run(
         settings, {"model": tmp_path / "qdq.onnx", "calibration": tmp_path / "eval.npy"}, tmp_path / "o"
     )

@@ -16,9 +16,10 @@ from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantiz
 from test_prequantized import _float_model
 from test_row_ops import _cosine
 
+from conftest import OPTIMIZE_SETTINGS
 from npubuild.errors import UserError
 
-SETTINGS = {"disable": [], "max_iterations": 8, "check_samples": 4, "check_rtol": 1e-3, "check_atol": 1e-4}
+SETTINGS = OPTIMIZE_SETTINGS
 
 
 class _Reader(CalibrationDataReader):

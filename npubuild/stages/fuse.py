@@ -25,7 +25,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from npubuild.errors import UserError
 from npubuild.stages.onnx_utils import dims, load_model, save_model
-from npubuild.stages.quantize.planning import FUSED_HEAD
+from npubuild.stages.quantize.graphinfo import FUSED_HEAD
 
 
 def head_weights(preprocess: dict, channels: int) -> tuple[np.ndarray, np.ndarray]:

@@ -77,9 +77,10 @@ class CpuInput(_Strict):
     name: str
     value: str
     state: Literal["f", "q"]
-    # TensorProto FLOAT, INT8, INT16 (codes) or an integer network input's type: UINT8, INT32,
-    # INT64, BOOL, FLOAT16 (token ids, masks)
-    dtype: Literal[1, 2, 3, 5, 6, 7, 9, 10]
+    # TensorProto FLOAT, INT8, INT16 (codes), an integer network input's type: UINT8, INT32,
+    # INT64, BOOL, FLOAT16 (token ids, masks), or a value one CPU subgraph hands another in a type
+    # the quantizer leaves alone: DOUBLE, UINT16, UINT32, UINT64 (float64 arithmetic, shapes)
+    dtype: Literal[1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13]
 
 
 class CpuOutput(_Strict):

@@ -26,11 +26,15 @@ _ONNX_DTYPES = {
     1: "float32",
     2: "uint8",
     3: "int8",
+    4: "uint16",
     5: "int16",
     6: "int32",
     7: "int64",
     9: "bool",
     10: "float16",
+    11: "float64",
+    12: "uint32",
+    13: "uint64",
 }
 
 
@@ -40,7 +44,7 @@ def _fits(value: np.ndarray, want: np.dtype) -> bool:
 
 def onnx_dtype(code: int) -> np.dtype:
     if code not in _ONNX_DTYPES:
-        raise NpubError(f"a CPU subgraph input has ONNX element type {code}, which no network input has")
+        raise NpubError(f"a CPU subgraph input has ONNX element type {code}, which the format does not list")
     return np.dtype(_ONNX_DTYPES[code])
 
 

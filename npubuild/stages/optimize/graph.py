@@ -56,6 +56,24 @@ class Graph:
         inferred = onnx.shape_inference.infer_shapes(self.to_model(keep_value_info=True), data_prop=True)
         self._read_types(inferred.graph)
 
+    def restore_shapes(self, model: onnx.ModelProto) -> None:
+        """Give `model` (this graph, re-inferred from scratch) the shapes onnx's inference cannot
+        derive but the graph knows: import read them from a run in onnxruntime (outputs of
+        com.microsoft ops, data-dependent Reshapes). Without them planning takes such a tensor
+        for a scalar."""
+        g = model.graph
+        known = {v.name for v in [*g.value_info, *g.output] if v.type.tensor_type.HasField("shape")}
+        missing = [o for n in g.node for o in n.output if o and o not in known]
+        kept = {v.name: v for v in [*g.value_info, *g.output]}
+        for name in missing:
+            elem, shape = self.types.get(name, (0, None))
+            if elem and shape is not None:
+                info = helper.make_tensor_value_info(name, elem, list(shape))
+                if name in kept:
+                    kept[name].CopyFrom(info)
+                else:
+                    g.value_info.append(info)
+
     # use lists --------------------------------------------------------------------------------
     def producers(self) -> dict[str, onnx.NodeProto]:
         return {o: n for n in self.nodes for o in n.output if o}

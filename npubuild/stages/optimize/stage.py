@@ -34,7 +34,10 @@ def optimize(model: onnx.ModelProto, disable: list[str], max_iterations: int) ->
         if not any(changes.values()):
             break
     propagate_grids(graph)
+    if log[-1]["changes"]:  # stopped at max_iterations: the last passes' tensors have no types yet
+        graph.refresh_types()
     result = onnx.shape_inference.infer_shapes(graph.to_model(), check_type=True, data_prop=True)
+    graph.restore_shapes(result)
     return result, log
 
 

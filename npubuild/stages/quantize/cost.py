@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from npubuild.stages.quantize.planning import node_label
+from npubuild.stages.quantize.graphinfo import node_label
 
 
 def op_work(model: onnx.ModelProto) -> dict[str, dict]:

@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 from numpy.lib.stride_tricks import sliding_window_view
 
-from npubuild.stages.quantize.planning import attr, node_label
+from npubuild.stages.quantize.graphinfo import attr, node_label
 
 # How many calibration samples make H: each gives every output position of a convolution (or
 # every token of a MatMul) as a row, so a few thousand rows per sample; 16 spread evenly.

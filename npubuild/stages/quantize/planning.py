@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
 from npubuild.intmodel.lut import lut_function
 from npubuild.intmodel.ops import LUT_OPS, MAC_OPS, MOVE_OPS
@@ -18,10 +18,9 @@ from npubuild.intmodel.program import grid_scales
 from npubuild.intmodel.rowwise import SOFTMAX_GRID
 from npubuild.stages.optimize.graph import recorded_grids
 from npubuild.stages.quantize import ranges, squares
+from npubuild.stages.quantize.graphinfo import GraphInfo, attr, node_label
 from npubuild.stages.quantize.tables import WIDE_INPUT_SHIFT
 from npubuild.targets.support import integer_blocker
-
-FUSED_HEAD = "fused_preprocess"  # the node fuse_preprocess puts in front (stages/fuse.py)
 
 
 @dataclass
@@ -95,67 +94,6 @@ class QuantPlan:
         return {name: p.as_dict() for name, p in self.params.items()}
 
 
-@dataclass(frozen=True)
-class GraphInfo:
-    """What does not depend on the settings: shared by every plan of one model."""
-
-    # the graph's nodes, held: plans key their choices by id(node), and python-protobuf makes a
-    # new wrapper object per access for an element nobody holds, reusing a freed one's id (five
-    # input-less nodes, one pass: two distinct ids)
-    nodes: tuple[onnx.NodeProto, ...]
-    constants: dict
-    shapes: dict[str, list[int]]
-    consumers: dict[str, list[onnx.NodeProto]]
-    producers: dict[str, onnx.NodeProto]
-    outputs: frozenset[str]
-    image_inputs: frozenset[str]  # the one float network input a photo data set can feed, if so
-    fused_head: str | None  # the output of fuse_preprocess's head: the photo, normalised
-    not_float32: frozenset[str]  # float64 and integer tensors: grids stand in for float32 values only
-
-    @classmethod
-    def of(cls, graph: onnx.GraphProto) -> GraphInfo:
-        nodes = tuple(graph.node)
-        constants = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-        values = [*graph.input, *graph.value_info, *graph.output]
-        shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in values}
-        floats = (TensorProto.FLOAT, TensorProto.FLOAT16)
-        not_float32 = frozenset(v.name for v in values if v.type.tensor_type.elem_type not in floats)
-        consumers: dict[str, list[onnx.NodeProto]] = {}
-        for n in nodes:
-            for i in n.input:
-                consumers.setdefault(i, []).append(n)
-        producers = {o: n for n in nodes for o in n.output}
-        float_inputs = [
-            v.name for v in graph.input if v.name not in constants and v.type.tensor_type.elem_type in floats
-        ]
-        image_inputs = frozenset(float_inputs if len(float_inputs) == 1 else [])
-        head = next((n.output[0] for n in nodes if n.name == FUSED_HEAD), None)
-        outputs = frozenset(o.name for o in graph.output)
-        return cls(
-            nodes,
-            constants,
-            shapes,
-            consumers,
-            producers,
-            outputs,
-            image_inputs,
-            head,
-            not_float32,
-        )
-
-
-def attr(node: onnx.NodeProto, name: str, default=None):
-    for a in node.attribute:
-        if a.name == name:
-            value = helper.get_attribute_value(a)
-            return value.decode() if isinstance(value, bytes) else value
-    return default
-
-
-def node_label(node: onnx.NodeProto) -> str:
-    return node.name or node.output[0]
-
-
 class _OverrideIndex:
     """Which overrides match a node, in their order: those naming a layer exactly (a precision
     table is one per layer) are looked up, only glob patterns are matched. A search plans a
@@ -217,10 +155,9 @@ class Planner:
                 choice.bits = override["bits"]
             if override.get("method"):
                 choice.method = override["method"]
-        if any(n in self.info.not_float32 for n in (*node.input[:1], *node.output)):
-            return NodeChoice(
-                False, 0, "", "float64 or integer data stays float (grids stand in for float32)"
-            )
+        for name in (*node.input[:1], *node.output):
+            if name in self.info.stays_float:
+                return NodeChoice(False, 0, "", self.info.stays_float[name])
         if (
             cfg.get("float_output_activations")
             and node.op_type in LUT_OPS

@@ -26,8 +26,8 @@ import onnx
 
 from npubuild.intmodel.ops import LUT_OPS, MAC_OPS, TABULATED_OPS
 from npubuild.intmodel.program import parse
+from npubuild.stages.quantize.graphinfo import node_label
 from npubuild.stages.quantize.integer_model import build_integer_model
-from npubuild.stages.quantize.planning import node_label
 from npubuild.stages.quantize.precision import Layers, precision_overrides
 from npubuild.targets.compile import compile_npub, plan_partition
 from npubuild.targets.spec import TargetSpec
