@@ -1,6 +1,6 @@
 """Fuzzers for the untrusted files npubuild reads itself: BUILD files, .npub binaries and models.
 
-    python benchmarks/fuzz.py [--cases 2000] [--seed 0] [--which build,npub,model,qdq]
+    python benchmarks/fuzz.py [--cases 2000] [--seed 0] [--which build,npub,model,qdq,qdq-exact]
 
 BUILD cases are mutations of the example workspace's BUILD files (byte flips, cut and doubled
 spans, inserted tokens and hostile snippets, splices), evaluated with the real rules. `.npub`
@@ -13,7 +13,8 @@ Model cases mutate the real PP-OCR classifier as a protobuf (attributes set to e
 dropped, initializers given other dims or element types or external data that points anywhere,
 nodes dropped, rewired, retyped, the opset changed, outputs dropped or added) and build it in the
 tests' small workspace, every stage to the simulator and the evaluation (`--cases` of these take
-seconds each: a few hundred is a run).
+seconds each: a few hundred is a run). `qdq` and `qdq-exact` mutate the build's own QDQ export
+instead, in its standard and its exact form: a pre-quantized model.
 
 A case passes when it evaluates (or runs, or builds), or fails with the project's own error type
 (UserError, NpubError; for a model, the build's error lines, none of them an internal error).
@@ -487,14 +488,15 @@ class _BuildError(Exception):
 
 
 def fuzz_model(
-    ws: Path, cache: Path, cases: int, seed: int, deadline_s: float = 120.0, quantized: bool = False
+    ws: Path, cache: Path, cases: int, seed: int, deadline_s: float = 120.0, quantized: str = ""
 ) -> Tally:
     """Mutated models built in the tests' small workspace `ws` (its models/cls.onnx is
     overwritten) with the cache at `cache`; a case crashes when an error line says "internal
-    error" or an exception escapes the build. With `quantized`, the mutations start from the
-    build's own QDQ export in its standard form instead (a pre-quantized model as other tools
-    write one: float ops between QuantizeLinear/DequantizeLinear pairs whose scales and zero
-    points the mutations reach as initializers)."""
+    error" or an exception escapes the build. With `quantized` ("standard" or "exact"), the
+    mutations start from the build's own QDQ export in that form instead (a pre-quantized model as
+    other tools write one: float ops between QuantizeLinear/DequantizeLinear pairs whose scales
+    and zero points the mutations reach as initializers; the exact form adds float64 arithmetic,
+    lookup tables as Gathers and 16-bit com.microsoft pairs)."""
     import onnx
 
     from npubuild.cache.store import Store
@@ -504,13 +506,14 @@ def fuzz_model(
     rng = random.Random(seed)
     tally = Tally()
     store = Store(cache)
-    if quantized:
+    if quantized == "standard":
         build_file = ws / "models" / "BUILD"
         standard = 'npu_model(\n    quantize = {"qdq_export": "standard"},\n'
         build_file.write_text(build_file.read_text().replace("npu_model(\n", standard))
     try:
         build(ws, store, ["//models:cls_npu"])  # the data sets, once
-        source = ws / "npubuild-out" / "models" / "cls_npu" / "quantized.qdq.onnx" if quantized else path
+        export = ws / "npubuild-out" / "models" / "cls_npu" / "quantized.qdq.onnx"
+        source = export if quantized else path
         original = onnx.load(str(source))
         for case in range(cases):
             path.write_bytes(_mutate_model(rng, original).SerializeToString())
@@ -530,6 +533,10 @@ def fuzz_model(
     return tally
 
 
+# --which: the model fuzzer's seed model, a float one or one of our QDQ exports
+QUANTIZED_FORMS = {"model": "", "qdq": "standard", "qdq-exact": "exact"}
+
+
 def _small_workspace(tmp: Path) -> Path:
     sys.path.insert(0, str(REPO / "tests"))
     from conftest import CLS, make_small_ws
@@ -542,7 +549,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cases", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--which", default="build,npub,model,qdq")
+    parser.add_argument("--which", default="build,npub,model,qdq,qdq-exact")
     args = parser.parse_args()
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
     failed = False
@@ -550,10 +557,10 @@ def main() -> int:
         started = time.perf_counter()
         if which == "build":
             tally = fuzz_build(args.cases, args.seed)
-        elif which in ("model", "qdq"):
+        elif which in QUANTIZED_FORMS:
             with tempfile.TemporaryDirectory(prefix="npubuild-fuzz-model-") as tmp:
                 ws, cache = _small_workspace(Path(tmp)), Path(tmp) / "cache"
-                tally = fuzz_model(ws, cache, args.cases, args.seed, quantized=which == "qdq")
+                tally = fuzz_model(ws, cache, args.cases, args.seed, quantized=QUANTIZED_FORMS[which])
         else:
             with tempfile.TemporaryDirectory(prefix="npubuild-fuzz-npub-") as tmp:
                 original = build_cls_binary(Path(tmp))

@@ -50,8 +50,9 @@ def test_model_fuzzer(small_ws, warm_cache, capped_memory):
 
 
 @pytest.mark.slow
-def test_qdq_model_fuzzer(small_ws, warm_cache, capped_memory):
-    tally = fuzz.fuzz_model(small_ws, warm_cache, 150, seed=7, quantized=True)
+@pytest.mark.parametrize("form", ["standard", "exact"])
+def test_qdq_model_fuzzer(small_ws, warm_cache, capped_memory, form):
+    tally = fuzz.fuzz_model(small_ws, warm_cache, 150, seed=7, quantized=form)
     assert tally.cases == 150
     assert not tally.crashes and not tally.hangs, (tally.crashes[:5], tally.hangs[:5])
     assert tally.ok > 2 and tally.clean > 50

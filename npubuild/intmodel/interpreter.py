@@ -10,6 +10,7 @@ NPU simulator is checked against.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +61,11 @@ class Interpreter:
         self._output_rules: dict[tuple, OutputRule] = {}  # a MAC layer's requantization, worked out
         self._float_sessions: dict[str, object] = {}  # a float op's onnxruntime session, or None
         self._float_nodes: dict[str, onnx.NodeProto] = {}
+        # callers run samples in threads (evaluate, calibrate's checks): a float op's node and
+        # session are made by one of them while the others wait. Published half-parsed, a node
+        # was read by one thread while another parsed it (a segfault in protobuf, found by
+        # benchmarks/fuzz.py --which qdq-exact, whose float64 ops run here)
+        self._float_lock = threading.Lock()
 
     def start(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The values before the first op: the feeds (pixels arrive as codes: pixel - 128)."""
@@ -104,10 +110,12 @@ class Interpreter:
     def _float(self, op, env):
         """A float op on dequantized inputs: in onnxruntime (a single-node session per op, kept),
         as the device's CPU runs it; in onnx's reference runtime where onnxruntime refuses it."""
-        node = self._float_nodes.get(op.proto)
-        if node is None:  # parsed once per op
-            node = self._float_nodes[op.proto] = onnx.NodeProto()
-            node.ParseFromString(self.arrays[op.proto].tobytes())
+        with self._float_lock:
+            node = self._float_nodes.get(op.proto)
+            if node is None:  # parsed once per op
+                node = onnx.NodeProto()
+                node.ParseFromString(self.arrays[op.proto].tobytes())
+                self._float_nodes[op.proto] = node
         feeds = {}
         for i in op.inputs:
             if not i:
@@ -122,7 +130,8 @@ class Interpreter:
         if results is None:
             from onnx.reference import ReferenceEvaluator
 
-            evaluator = ReferenceEvaluator(node, opsets=self.opsets, functions=self.functions or None)
+            with self._float_lock:  # it reads the shared node's protobuf
+                evaluator = ReferenceEvaluator(node, opsets=self.opsets, functions=self.functions or None)
             with np.errstate(over="ignore", under="ignore"):  # a float Sigmoid's exp of a large input
                 results = evaluator.run(None, feeds)
         for name, value in zip(op.outputs, results):
@@ -130,11 +139,12 @@ class Interpreter:
                 env[name] = np.asarray(value)
 
     def _float_in_onnxruntime(self, op, node: onnx.NodeProto, feeds: dict) -> list | None:
-        session = self._float_sessions.get(op.proto, _UNTRIED)
-        if session is _UNTRIED:
-            session = self._float_sessions[op.proto] = _single_node_session(
-                node, feeds, self.opsets, self.functions
-            )
+        with self._float_lock:
+            session = self._float_sessions.get(op.proto, _UNTRIED)
+            if session is _UNTRIED:
+                session = self._float_sessions[op.proto] = _single_node_session(
+                    node, feeds, self.opsets, self.functions
+                )
         if session is None:
             return None
         try:
