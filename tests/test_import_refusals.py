@@ -224,3 +224,39 @@ def test_our_exact_qdq_export_builds_again_and_simulates(small_ws, warm_store):
     (small_ws / "models" / "cls.onnx").write_bytes(export.read_bytes())
     outcome = run_build(small_ws, warm_store, ["//models:cls_npu"])
     assert outcome.ok, outcome.errors
+
+
+def test_an_op_on_constants_only_stays_float_and_a_program_with_no_npu_op_compiles(tmp_path):
+    """What optimize leaves unfolded on constants (here a network output: a Softmax a mutation
+    rewired to a weight's scales) has no grid to read: it stays float ("reads constants only");
+    quantize raised KeyError on it. With nothing else left, the NPU gets no op at all, and the
+    code generator's choice among schedules divided by their zero cycles (both found by
+    benchmarks/fuzz.py --which qdq, seed 21)."""
+    from test_quantize import SETTINGS
+
+    from conftest import integer_variants
+    from npubuild.targets.compile import compile_npub, plan_partition
+    from npubuild.targets.spec import BUILTIN_TARGETS
+
+    scales = np.linspace(0.01, 0.4, 40, dtype=np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Softmax", ["scales"], ["y"], name="on_constants")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [40])],
+        [numpy_helper.from_array(scales, "scales")],
+    )
+    model = onnx.shape_inference.infer_shapes(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    )
+    samples = np.random.default_rng(0).normal(size=(4, 4)).astype(np.float32)
+    program, arrays, golden = integer_variants(model, tmp_path, samples, {"int8": SETTINGS})["int8"]
+    assert {f.node: f.reason for f in program.float_nodes} == {"on_constants": "reads constants only"}
+    np.testing.assert_allclose(
+        golden.run({"x": samples[:1]})[0]["y"], np.exp(scales) / np.exp(scales).sum(), rtol=1e-5
+    )
+    target = BUILTIN_TARGETS["vnpu-m"]
+    plan = plan_partition(program, arrays, model, target)
+    assert not [sg for sg in plan["subgraphs"] if sg["device"] == "npu"]
+    _, _, stats = compile_npub(program, arrays, model, target, plan)
+    assert stats["estimated_cycles"] == 0 and stats["cpu_subgraphs"] == 1

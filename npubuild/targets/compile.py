@@ -179,7 +179,9 @@ def compile_npub(
     close = [r for r in results if _cycles(r) <= fastest["estimated_cycles"] * (1 + DRAM_TIE)]
 
     def trade(r: tuple) -> tuple:
-        cycles, dram = _cycles(r) / fastest["estimated_cycles"], r[2]["dram_bytes"] / fastest["dram_bytes"]
+        # (a program with no NPU op at all takes no cycles and moves no bytes)
+        cycles = _cycles(r) / max(fastest["estimated_cycles"], 1)
+        dram = r[2]["dram_bytes"] / max(fastest["dram_bytes"], 1)
         return cycles + dram, r[2]["dram_bytes"], _cycles(r)
 
     data, listing, stats = min(close, key=trade)

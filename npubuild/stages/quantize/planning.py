@@ -158,6 +158,9 @@ class Planner:
         for name in (*node.input[:1], *node.output):
             if name in self.info.stays_float:
                 return NodeChoice(False, 0, "", self.info.stays_float[name])
+        if all(i in self.info.constants for i in node.input if i):
+            # what optimize could not fold (a network output, or too large): no grid to read
+            return NodeChoice(False, 0, "", "reads constants only")
         if (
             cfg.get("float_output_activations")
             and node.op_type in LUT_OPS
