@@ -10,6 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import OPTIMIZE_SETTINGS, run_build
+from npubuild.cache.store import Store
 from npubuild.errors import UserError
 from npubuild.stages import importer
 
@@ -73,18 +74,19 @@ def test_a_checker_message_that_breaks_lines_is_one_line(tmp_path):
 
 
 def test_a_stage_out_of_memory_is_one_line_and_not_an_internal_error(small_ws, store, monkeypatch):
-    """What a model too large for the machine does to a stage (numpy's MemoryError), here raised
-    by the import stage itself: the build says which stage ran out of memory, not "internal
-    error" (which tells the user to report a bug)."""
+    """What a data set too large for the machine does to a stage (numpy's MemoryError), here
+    raised by the prepare stage itself: the build says which stage ran out of memory, not
+    "internal error" (which tells the user to report a bug)."""
+    from npubuild.stages import prepare
 
     def out_of_memory(params, inputs, outdir):
         raise MemoryError("Unable to allocate 29.3 GiB for an array")
 
-    monkeypatch.setattr(importer, "run", out_of_memory)
-    outcome = run_build(small_ws, store, ["//models:cls"], jobs=1)  # in this process: the patch holds
+    monkeypatch.setattr(prepare, "run", out_of_memory)
+    outcome = run_build(small_ws, store, ["//data:calib"], jobs=1)  # in this process: the patch holds
     assert not outcome.ok
     (error,) = outcome.errors
-    assert "stage 'import' ran out of memory" in error and "internal error" not in error, error
+    assert "stage 'prepare' ran out of memory" in error and "internal error" not in error, error
 
 
 def test_a_window_larger_than_its_padded_input_is_refused(tmp_path):
@@ -260,3 +262,45 @@ def test_an_op_on_constants_only_stays_float_and_a_program_with_no_npu_op_compil
     assert not [sg for sg in plan["subgraphs"] if sg["device"] == "npu"]
     _, _, stats = compile_npub(program, arrays, model, target, plan)
     assert stats["estimated_cycles"] == 0 and stats["cpu_subgraphs"] == 1
+
+
+def _aborting_model() -> onnx.ModelProto:
+    """An opset-11 model whose input declares a dimension of -1 (as Paddle exports write a free
+    batch) and slices a feature map cast to integers: onnx's shape inference, with data
+    propagation (which its version converter runs), aborts the process on it (a C++ assertion in
+    std::clamp; onnx 1.19-1.23)."""
+    starts = [numpy_helper.from_array(np.array([v], np.int64), n) for n, v in (("s", 0), ("e", 1), ("a", 0))]
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("Cast", ["r"], ["codes"], to=TensorProto.INT32),
+        helper.make_node("Slice", ["codes", "s", "e", "a"], ["first"]),
+        helper.make_node("Cast", ["first"], ["y"], to=TensorProto.FLOAT),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 3, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 4, 4])],
+        starts,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+    model.ir_version = 6
+    return model
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_model_that_aborts_onnx_fails_its_import_alone(small_ws, tmp_path, jobs):
+    """The import runs in a child process (engine/isolated.py): onnx aborting on the model is the
+    import's failure, one line naming the signal. Before, `-j 1` ended the build (and this test's
+    process) with the assertion; `-j 2` broke the pool, and the data sets' actions running beside
+    it failed too ("worker died")."""
+    (small_ws / "models" / "cls.onnx").write_bytes(_aborting_model().SerializeToString())
+    store = Store(tmp_path / "cache")
+    try:
+        outcome = run_build(small_ws, store, ["//models:cls_npu"], jobs=jobs)
+    finally:
+        store.close()
+    assert not outcome.ok
+    assert len(outcome.errors) == 1, outcome.errors
+    assert "import //models:cls: stage 'import' crashed with SIGABRT in native code" in outcome.errors[0]
+    assert "\n" not in outcome.errors[0]  # and no other action failed with it ("worker died")

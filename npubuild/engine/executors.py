@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
-import tempfile
 from concurrent.futures import Future
 
 from npubuild.cache.store import default_cache_dir
+from npubuild.engine.lifetime import bind_to_parent
 from npubuild.errors import UserError
 from npubuild.tempdirs import owned_tempdir
 
@@ -48,7 +47,7 @@ class LocalExecutor:
             self._pool = ProcessPoolExecutor(
                 self.slots,
                 mp_context=multiprocessing.get_context("spawn"),
-                initializer=_bind_to_parent,
+                initializer=bind_to_parent,
                 initargs=(os.getpid(), self._temp),
             )
         return self._pool.submit(execute, self.store_dir, desc, remote_config)
@@ -76,37 +75,6 @@ class LocalExecutor:
         if self._temp is not None:
             shutil.rmtree(self._temp, ignore_errors=True)
             self._temp = None
-
-
-def _bind_to_parent(parent: int, temp: str) -> None:
-    """A pool worker lives only as long as the build that started it. Ctrl-C reaches the whole
-    process group: the parent handles it, the worker ignores it. If the parent dies (SIGTERM,
-    kill -9) the kernel kills the worker (Linux), and a watcher thread exits it everywhere else.
-    Its temporary directories go in `temp`, which the parent deletes."""
-    import signal
-    import threading
-    import time
-
-    tempfile.tempdir = temp
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent:  # the parent died before the line above took effect
-        os._exit(1)
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True, name="npubuild-parent-watch").start()
 
 
 def run_on_ray_worker(desc_json: str, remote_json: str) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 from npubuild.cache.remote import RemoteCache, RemoteCacheConfig
 from npubuild.cache.shared import download_blob, upload_action
 from npubuild.cache.store import CorruptBlob, Store
+from npubuild.engine.isolated import ChildInternalError, run_stage
 from npubuild.errors import UserError
 from npubuild.stages import STAGES
 
@@ -77,10 +78,18 @@ def _execute(store: Store, desc: dict, remote: RemoteCache | None) -> dict:
         outdir = Path(tmp) / "out"
         outdir.mkdir()
         try:
-            module = importlib.import_module(stage.module)
-            produced = module.run(desc["params"], inputs, outdir)
+            if stage.isolated:
+                produced = run_stage(stage.module, stage.name, desc["params"], inputs, outdir)
+            else:
+                produced = importlib.import_module(stage.module).run(desc["params"], inputs, outdir)
         except UserError as exc:
             return {"status": "failed", "message": str(exc)}
+        except ChildInternalError as exc:
+            return {
+                "status": "failed",
+                "message": f"internal error in stage '{stage.name}': {exc.description}",
+                "traceback": exc.trace,
+            }
         except MemoryError:
             # the model's tensors (times the samples a stage holds) outgrew what this process may
             # have: the input's size, said as such, not a bug of ours

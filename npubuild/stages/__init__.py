@@ -17,6 +17,9 @@ class StageInfo:
     version: str
     module: str
     outputs: dict[str, str]  # output name -> file name when materialised
+    # run in a child process (engine/isolated.py): the stage hands a file from outside to native
+    # code that may abort on it
+    isolated: bool = False
 
     @property
     def code_version(self) -> str:
@@ -30,7 +33,11 @@ STAGES: dict[str, StageInfo] = {
     for s in (
         StageInfo("fetch", "1", "npubuild.stages.fetch", {"model": "model.onnx"}),
         StageInfo(
-            "import", "1", "npubuild.stages.importer", {"model": "canonical.onnx", "summary": "import.json"}
+            "import",
+            "1",
+            "npubuild.stages.importer",
+            {"model": "canonical.onnx", "summary": "import.json"},
+            isolated=True,
         ),
         StageInfo("fuse", "1", "npubuild.stages.fuse", {"model": "fused.onnx"}),
         StageInfo(

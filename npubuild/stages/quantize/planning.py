@@ -158,7 +158,8 @@ class Planner:
         for name in (*node.input[:1], *node.output):
             if name in self.info.stays_float:
                 return NodeChoice(False, 0, "", self.info.stays_float[name])
-        if all(i in self.info.constants for i in node.input if i):
+        read = [i for i in node.input if i]
+        if read and all(i in self.info.constants for i in read):
             # what optimize could not fold (a network output, or too large): no grid to read
             return NodeChoice(False, 0, "", "reads constants only")
         if (
