@@ -63,6 +63,8 @@ def run_stage(
         check=False,
     )
     said = [line for line in child.stderr.decode(errors="replace").splitlines() if line.strip()]
+    if child.returncode == -signal.SIGKILL:  # the kernel's out-of-memory killer, or a user
+        raise UserError(f"stage '{stage}' was killed (SIGKILL: out of memory, or killed from outside)")
     if child.returncode < 0:
         name = signal.Signals(-child.returncode).name
         # the library's last word (a C++ assertion's text, past its source path), if any
