@@ -15,6 +15,7 @@ from npubuild.stages.onnx_utils import (
     load_model,
     op_histogram,
     save_model,
+    set_types,
     with_outputs,
     write_json,
 )
@@ -101,19 +102,8 @@ def _complete_shapes_by_execution(model: onnx.ModelProto) -> int:
             "data-dependent sizes have no fixed NPU schedule)"
         )
     results = _run_on_zeros(with_outputs(model, missing))
-    by_output = {o.name: o for o in graph.output}
-    for name in missing:
-        array = np.asarray(results[name])
-        elem = onnx.helper.np_dtype_to_tensor_dtype(array.dtype)
-        info = onnx.helper.make_tensor_value_info(name, elem, list(array.shape))
-        if name in by_output:
-            by_output[name].CopyFrom(info)
-        else:
-            existing = [v for v in graph.value_info if v.name == name]
-            if existing:
-                existing[0].CopyFrom(info)
-            else:
-                graph.value_info.append(info)
+    arrays = {name: np.asarray(results[name]) for name in missing}
+    set_types(graph, {n: (onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape) for n, a in arrays.items()})
     return len(missing)
 
 

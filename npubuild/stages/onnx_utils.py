@@ -48,6 +48,22 @@ def default_opset(model: onnx.ModelProto) -> int:
     return 0
 
 
+def set_types(graph: onnx.GraphProto, types: dict[str, tuple[int, list[int]]]) -> None:
+    """Record each tensor's (element type, shape) in the graph: in its output entry if it is a
+    graph output, else in its value_info entry, which is replaced or, where there is none,
+    appended (in the order of `types`)."""
+    entries: dict[str, onnx.ValueInfoProto] = {}
+    for value in graph.value_info:
+        entries.setdefault(value.name, value)
+    entries.update((value.name, value) for value in graph.output)
+    for name, (elem, shape) in types.items():
+        info = onnx.helper.make_tensor_value_info(name, elem, list(shape))
+        if name in entries:
+            entries[name].CopyFrom(info)
+        else:
+            graph.value_info.append(info)
+
+
 def dims(value_info: onnx.ValueInfoProto) -> list[int | str]:
     shape = value_info.type.tensor_type.shape
     return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in shape.dim]

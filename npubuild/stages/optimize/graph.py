@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from npubuild.stages.onnx_utils import default_opset
+from npubuild.stages.onnx_utils import default_opset, set_types
 
 NPUBUILD_DOMAIN = "npubuild"
 QDQ_METADATA = "npubuild.qdq"  # the grids of a pre-quantized model's activations (prequantized.py)
@@ -62,17 +62,10 @@ class Graph:
         com.microsoft ops, data-dependent Reshapes). Without them planning takes such a tensor
         for a scalar."""
         g = model.graph
-        known = {v.name for v in [*g.value_info, *g.output] if v.type.tensor_type.HasField("shape")}
-        missing = [o for n in g.node for o in n.output if o and o not in known]
-        kept = {v.name: v for v in [*g.value_info, *g.output]}
-        for name in missing:
-            elem, shape = self.types.get(name, (0, None))
-            if elem and shape is not None:
-                info = helper.make_tensor_value_info(name, elem, list(shape))
-                if name in kept:
-                    kept[name].CopyFrom(info)
-                else:
-                    g.value_info.append(info)
+        shaped = {v.name for v in [*g.value_info, *g.output] if v.type.tensor_type.HasField("shape")}
+        missing = [o for n in g.node for o in n.output if o and o not in shaped]
+        recorded = {name: self.types[name] for name in missing if name in self.types}
+        set_types(g, {name: t for name, t in recorded.items() if t[0] and t[1] is not None})
 
     # use lists --------------------------------------------------------------------------------
     def producers(self) -> dict[str, onnx.NodeProto]:
