@@ -25,25 +25,44 @@ from pathlib import Path
 from npubuild.errors import UserError
 
 
-class ChildInternalError(Exception):
-    """An exception of ours in the child's stage: its description and traceback, kept as the
-    child gave them."""
+def failure(stage: str, exc: Exception) -> dict:
+    """The action's reply for an exception its stage raised (in this process or a child)."""
+    if isinstance(exc, UserError):
+        return {"status": "failed", "message": str(exc)}
+    if isinstance(exc, MemoryError):
+        # the model's tensors (times the samples a stage holds) outgrew what this process may
+        # have: the input's size, said as such, not a bug of ours
+        return {
+            "status": "failed",
+            "message": f"stage '{stage}' ran out of memory: the model's tensors need more than "
+            "this machine (or its memory limit) allows",
+        }
+    # a bug of ours: say so in one line, keep the trace for --verbose
+    return {
+        "status": "failed",
+        "message": f"internal error in stage '{stage}': {type(exc).__name__}: {exc}",
+        "traceback": "".join(traceback.format_exception(exc)),
+    }
 
-    def __init__(self, description: str, trace: str):
-        super().__init__(description)
-        self.description = description
-        self.trace = trace
+
+class StageFailed(Exception):
+    """The stage failed in the child process: `reply` is the action's reply, as `failure` made it
+    there."""
+
+    def __init__(self, reply: dict):
+        super().__init__(reply["message"])
+        self.reply = reply
 
 
 def run_stage(
     module: str, stage: str, params: dict, inputs: dict[str, Path], outdir: Path
 ) -> dict[str, Path]:
-    """`module.run(params, inputs, outdir)` in a child process: its outputs, or the same errors
-    it raises (UserError, MemoryError; ChildInternalError for any other exception), or a
-    UserError naming the signal when the child dies of one."""
+    """`module.run(params, inputs, outdir)` in a child process: its outputs, or StageFailed with
+    the reply for what the stage raised there, or a UserError naming the signal the child died of."""
     reply_path = outdir.parent / f"{outdir.name}.reply.json"
     request = {
         "module": module,
+        "stage": stage,
         "params": params,
         "inputs": {name: str(path) for name, path in inputs.items()},
         "outdir": str(outdir),
@@ -77,14 +96,16 @@ def run_stage(
         reply = json.loads(reply_path.read_text())
     except (OSError, ValueError):
         tail = said[-1].strip()[:300] if said else f"exit status {child.returncode}"
-        raise ChildInternalError(f"the child process gave no reply: {tail}", "\n".join(said)) from None
-    if reply["kind"] == "ok":
-        return {name: Path(path) for name, path in reply["produced"].items()}
-    if reply["kind"] == "user":
-        raise UserError(reply["message"])
-    if reply["kind"] == "memory":
-        raise MemoryError
-    raise ChildInternalError(reply["message"], reply["traceback"])
+        reply = {
+            "failure": {
+                "status": "failed",
+                "message": f"internal error in stage '{stage}': the child process gave no reply: {tail}",
+                "traceback": "\n".join(said),
+            }
+        }
+    if "failure" in reply:
+        raise StageFailed(reply["failure"])
+    return {name: Path(path) for name, path in reply["produced"].items()}
 
 
 def _main() -> None:
@@ -96,17 +117,9 @@ def _main() -> None:
         run = importlib.import_module(request["module"]).run
         inputs = {name: Path(path) for name, path in request["inputs"].items()}
         produced = run(request["params"], inputs, Path(request["outdir"]))
-        reply = {"kind": "ok", "produced": {name: str(path) for name, path in produced.items()}}
-    except UserError as exc:
-        reply = {"kind": "user", "message": str(exc)}
-    except MemoryError:
-        reply = {"kind": "memory"}
-    except Exception as exc:  # a bug of ours: the parent reports it as in-process
-        reply = {
-            "kind": "internal",
-            "message": f"{type(exc).__name__}: {exc}",
-            "traceback": traceback.format_exc(),
-        }
+        reply = {"produced": {name: str(path) for name, path in produced.items()}}
+    except Exception as exc:
+        reply = {"failure": failure(request["stage"], exc)}
     Path(request["reply"]).write_text(json.dumps(reply))
 
 

@@ -11,14 +11,12 @@ from __future__ import annotations
 import importlib
 import sqlite3
 import tempfile
-import traceback
 from pathlib import Path
 
 from npubuild.cache.remote import RemoteCache, RemoteCacheConfig
 from npubuild.cache.shared import download_blob, upload_action
 from npubuild.cache.store import CorruptBlob, Store
-from npubuild.engine.isolated import ChildInternalError, run_stage
-from npubuild.errors import UserError
+from npubuild.engine.isolated import StageFailed, failure, run_stage
 from npubuild.stages import STAGES
 
 _stores: dict[str, Store] = {}
@@ -82,28 +80,10 @@ def _execute(store: Store, desc: dict, remote: RemoteCache | None) -> dict:
                 produced = run_stage(stage.module, stage.name, desc["params"], inputs, outdir)
             else:
                 produced = importlib.import_module(stage.module).run(desc["params"], inputs, outdir)
-        except UserError as exc:
-            return {"status": "failed", "message": str(exc)}
-        except ChildInternalError as exc:
-            return {
-                "status": "failed",
-                "message": f"internal error in stage '{stage.name}': {exc.description}",
-                "traceback": exc.trace,
-            }
-        except MemoryError:
-            # the model's tensors (times the samples a stage holds) outgrew what this process may
-            # have: the input's size, said as such, not a bug of ours
-            return {
-                "status": "failed",
-                "message": f"stage '{stage.name}' ran out of memory: the model's tensors need more than "
-                "this machine (or its memory limit) allows",
-            }
-        except Exception as exc:  # a bug of ours: say so in one line, keep the trace for --verbose
-            return {
-                "status": "failed",
-                "message": f"internal error in stage '{stage.name}': {type(exc).__name__}: {exc}",
-                "traceback": traceback.format_exc(),
-            }
+        except StageFailed as exc:  # in the child process, said there
+            return exc.reply
+        except Exception as exc:
+            return failure(stage.name, exc)
         if set(produced) != set(stage.outputs):
             return {
                 "status": "failed",
