@@ -126,3 +126,59 @@ def test_the_striped_pyramid_computes_the_codes_and_moves_fewer_bytes(built):
     assert binary_hazards(striped[0]) == []
     assert_computes_the_codes(striped[0], built)
     assert striped[2]["dram_bytes"] < whole[2]["dram_bytes"]
+
+
+def _join_then(rng: np.random.Generator, factor: int, kernel: int, stride: int) -> onnx.ModelProto:
+    """A map plus a coarser one upsampled by `factor`, then a `kernel` x `kernel` convolution of
+    `stride` (padded to keep the map's size at stride 1)."""
+    weights = {
+        "w0": rng.normal(size=(8, 3, 3, 3)) * 0.4,
+        "w1": rng.normal(size=(8, 3, 3, 3)) * 0.4,
+        "w2": rng.normal(size=(8, 8, kernel, kernel)) * 0.1,
+        "scales": np.array([1.0, 1.0, float(factor), float(factor)]),
+    }
+    pad = kernel // 2
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["fine"], pads=[1, 1, 1, 1], name="fine_conv"),
+        helper.make_node(
+            "Conv", ["x", "w1"], ["coarse"], pads=[1, 1, 1, 1], strides=[factor, factor], name="coarse"
+        ),
+        helper.make_node("Resize", ["coarse", "", "scales"], ["up"], mode="nearest", name="upsample"),
+        helper.make_node("Add", ["fine", "up"], ["merged"], name="merge"),
+        helper.make_node("Relu", ["merged"], ["act"], name="act"),
+        helper.make_node(
+            "Conv", ["act", "w2"], ["y"], pads=[pad] * 4, strides=[stride, stride], name="after"
+        ),
+    ]
+    out = SIZE // stride
+    return small_model(nodes, "join", {"x": [1, 3, SIZE, SIZE]}, {"y": [1, 8, out, out]}, weights, 13)
+
+
+@pytest.mark.parametrize("factor, kernel, stride", [(4, 3, 1), (2, 5, 1), (2, 3, 2), (4, 1, 1)])
+def test_joins_of_upsampled_maps_compute_the_codes(tmp_path, factor, kernel, stride):
+    """Whole repeats of 4 rows, a 5x5 window, a stride-2 convolution and a 1x1 one after the join:
+    each striped binary computes the integer model's codes."""
+    rng = np.random.default_rng(factor * 100 + kernel * 10 + stride)
+    model = _join_then(rng, factor, kernel, stride)
+    built = build_int8(model, tmp_path, rng.normal(size=(4, 3, SIZE, SIZE)).astype(np.float32))
+    striping = striping_of(built, BUDGET // 2, joins=True)
+    # the upsample, the join and the convolution after it in one region
+    assert any({"upsample", "merge", "after"} <= set(layers) for layers in _layers(striping)), _layers(
+        striping
+    )
+    for op in striping.program.ops:
+        if op.kind == "resize_nearest":
+            lo, hi = striping.rows[op.outputs[0]]
+            assert lo % factor == 0 and hi % factor == 0
+    data = _compile(
+        built.program,
+        built.arrays,
+        model,
+        SMALL,
+        built.plan,
+        True,
+        True,
+        Grouping(BUDGET // 2, 0.125, striping),
+    )[0]
+    assert binary_hazards(data) == []
+    assert_computes_the_codes(data, built)
