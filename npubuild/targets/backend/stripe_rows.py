@@ -6,11 +6,10 @@ and the convolution after it crops the extra ones."""
 
 from __future__ import annotations
 
-import numpy as np
-
 from npubuild.intmodel.kernels import conv_pads, pool_pads
 from npubuild.intmodel.program import Op, is_maxpool, maxpool_attrs
-from npubuild.targets.backend.schedule import TransposeRows, resize_indices
+from npubuild.targets.backend.schedule import TransposeRows
+from npubuild.targets.backend.upsamples import whole_factors
 
 
 def rows_needed(op: Op, shapes: dict, arrays: dict, lo: int, hi: int) -> tuple[int, int, int, int]:
@@ -41,21 +40,10 @@ def rows_needed(op: Op, shapes: dict, arrays: dict, lo: int, hi: int) -> tuple[i
 
 
 def upsample_factor(op: Op, shapes: dict) -> int:
-    """How many times a nearest Resize repeats each input row, where it repeats every row and
-    column a whole number of times (so a band of whole repeats is the Resize of a band of its
-    input, by the same rule); else 0."""
-    x, y = op.inputs[0], op.outputs[0]
-    if len(shapes.get(x, [])) != 4 or len(shapes.get(y, [])) != 4:
-        return 0
-    (n, c, h, w), (n2, c2, h2, w2) = ([int(d) for d in shapes[t]] for t in (x, y))
-    if n != 1 or n2 != 1 or c2 != c or h2 % h or w2 % w:
-        return 0
-    rows, cols = resize_indices(op, [h, w], [h2, w2])
-    if not (
-        np.array_equal(rows, np.arange(h2) // (h2 // h)) and np.array_equal(cols, np.arange(w2) // (w2 // w))
-    ):
-        return 0
-    return h2 // h
+    """How many times a nearest Resize repeats each input row, where it repeats rows and columns
+    a whole number of times (`upsamples.whole_factors`); else 0."""
+    factors = whole_factors(op, shapes)
+    return factors[0] if factors is not None else 0
 
 
 def conv_pads_whole(op: Op, shapes: dict, arrays: dict) -> list[int]:

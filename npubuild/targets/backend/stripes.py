@@ -336,13 +336,12 @@ def stripe(
     dropped: set[int] = set()
     rows: dict[str, tuple[int, int]] = {}
     inner: set[str] = set()
-    producer = {o: i for i, op in enumerate(ops) for o in op.outputs}
     counts: dict[int, int] = {}
     for k, (part, count, entries) in enumerate(planned):
         # the stripes run where the region's first op ran, or, where an entry is made later (a
         # join's second map), at the first of its ops after every entry is made (its other ops'
         # results are read only inside it, so nothing between needs them sooner)
-        made = max((producer.get(n, -1) for n in entries), default=-1)
+        made = max((regions.producer.get(n, -1) for n in entries), default=-1)
         at = next(i for i in part if i > made)
         replaced[at], counts[k] = _striped(part, count, entries, ops, tensors, arrays, shapes, rows, inner, k)
         dropped.update(i for i in part if i != at)

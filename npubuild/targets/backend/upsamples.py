@@ -18,13 +18,31 @@ from __future__ import annotations
 
 import numpy as np
 
-from npubuild.intmodel.program import IntegerModel
+from npubuild.intmodel.program import IntegerModel, Op
 from npubuild.targets.backend.fusion import Fusion
 from npubuild.targets.backend.memory import esize
 from npubuild.targets.backend.schedule import resize_indices
 
 UPSAMPLE_READERS = ("add", "mul")
 WHOLE_MAP_SHARE = 1 / 8
+
+
+def whole_factors(op: Op, shapes: dict) -> tuple[int, int] | None:
+    """(fh, fw) where a nearest Resize of one 4-D image repeats every input row fh times and every
+    column fw times (whole factors, and a coordinate transform that is that repetition); else None.
+    A band of whole repeats is then the Resize of a band of its input by the same rule
+    (stripe_rows.py)."""
+    x, y = op.inputs[0], op.outputs[0]
+    if len(shapes.get(x, [])) != 4 or len(shapes.get(y, [])) != 4:
+        return None
+    (n, c, h, w), (n2, c2, h2, w2) = ([int(d) for d in shapes[t]] for t in (x, y))
+    if n != 1 or n2 != 1 or c2 != c or h2 % h or w2 % w:
+        return None
+    fh, fw = h2 // h, w2 // w
+    rows, cols = resize_indices(op, [h, w], [h2, w2])
+    if not (np.array_equal(rows, np.arange(h2) // fh) and np.array_equal(cols, np.arange(w2) // fw)):
+        return None  # another coordinate transform than whole-factor repetition
+    return fh, fw
 
 
 def upsample_views(
@@ -48,13 +66,11 @@ def upsample_views(
             continue
         if x in strided:
             continue  # its readers' loads assume the input row-major
-        (n, c, h, w), (n2, c2, h2, w2) = ([int(d) for d in shapes[t]] for t in (x, y))
-        if n != 1 or n2 != 1 or c2 != c or h2 % h or w2 % w:
+        factors = whole_factors(op, shapes)
+        if factors is None:
             continue
-        fh, fw = h2 // h, w2 // w
-        rows, cols = resize_indices(op, [h, w], [h2, w2])
-        if not (np.array_equal(rows, np.arange(h2) // fh) and np.array_equal(cols, np.arange(w2) // fw)):
-            continue  # another coordinate transform than whole-factor repetition
+        fh, fw = factors
+        h2, w2 = (int(d) for d in shapes[y][2:])
         users = readers.get(y, [])
         if not users or 3 * h2 * w2 * max(esize(tensors[y].bits), 2) > sram_bytes * WHOLE_MAP_SHARE:
             continue
