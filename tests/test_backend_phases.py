@@ -407,6 +407,9 @@ def test_grouping_takes_the_least_dram_among_choices_within_one_percent_of_the_f
     monkeypatch.setattr(compile_module, "_compile", fake)
     monkeypatch.setattr(compile_module, "stripings", lambda *args: [])  # no chain to stripe here
     monkeypatch.setattr(compile_module, "_interval_choice", lambda *args: None)  # one budget throughout
+    # one order (a chain has no lateral to move), and no model to read shapes from
+    monkeypatch.setattr(compile_module, "model_shapes", lambda model: {})
+    monkeypatch.setattr(compile_module, "early_reductions", lambda program, plan, nbytes: (program, plan))
     program, plan, _ = _chain(1)
     target = BUILTIN_TARGETS["vnpu-m"]
     _, _, stats = compile_module.compile_npub(program, {}, None, target, plan)

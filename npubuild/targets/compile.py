@@ -18,9 +18,10 @@ from npubuild.targets.backend.allocation import Residency, allocate, verify_allo
 from npubuild.targets.backend.context import ConstantPool, OpContext
 from npubuild.targets.backend.fusion import Fusion, fuse
 from npubuild.targets.backend.intervals import crossing_bytes, interval_budgets
-from npubuild.targets.backend.memory import ALIGN, DoesNotFit, SramPlan
+from npubuild.targets.backend.memory import ALIGN, DoesNotFit, SramPlan, tensor_bytes
 from npubuild.targets.backend.pinning import pin, pinned_tables
 from npubuild.targets.backend.pipeline import fits, lower_subgraph
+from npubuild.targets.backend.reorder import early_reductions
 from npubuild.targets.backend.stripes import Striping, stripe
 from npubuild.targets.cpu import CpuSubgraph
 from npubuild.targets.cpu_cost import op_work
@@ -91,8 +92,47 @@ def compile_npub(
     keeps intermediates on chip (layers whose tensors stay there form one group, no DRAM round
     trip; `resident_shares`, the shares of SRAM tried) versus how much is left for tiles, and
     at each share whether chains of layers whose maps exceed it run in row stripes
-    (stripes.py). Without grouping (or when checking every op's result), every tensor goes
-    through DRAM."""
+    (stripes.py). Where early reductions (backend/reorder.py) change the order of the ops, the
+    choices are compiled in both orders. Without grouping (or when checking every op's result),
+    every tensor goes through DRAM."""
+    options = (reuse_dram, group, resident_shares)
+    results, tried = _grouping_search(program, arrays, model, target, plan, *options)
+    if group and reuse_dram:  # the order only matters where tensors may stay on chip
+        shapes = model_shapes(model)
+        moved, moved_plan = early_reductions(
+            program, plan, lambda n: tensor_bytes(n, program.tensors, shapes)
+        )
+        if moved is not program:
+            more, more_tried = _grouping_search(moved, arrays, model, target, moved_plan, *options)
+            results += more
+            tried += [{**t, "early_reductions": True} for t in more_tried]
+    # the fastest, or among those within DRAM_TIE of it the one whose share of DRAM bytes saved
+    # most exceeds its share of cycles lost
+    fastest = min(results, key=lambda r: (_cycles(r), r[2]["dram_bytes"]))[2]
+    close = [r for r in results if _cycles(r) <= fastest["estimated_cycles"] * (1 + DRAM_TIE)]
+
+    def trade(r: tuple) -> tuple:
+        # (a program with no NPU op at all takes no cycles and moves no bytes)
+        cycles = _cycles(r) / max(fastest["estimated_cycles"], 1)
+        dram = r[2]["dram_bytes"] / max(fastest["dram_bytes"], 1)
+        return cycles + dram, r[2]["dram_bytes"], _cycles(r)
+
+    data, listing, stats = min(close, key=trade)
+    stats["grouping_search"] = tried
+    return data, listing, stats
+
+
+def _grouping_search(
+    program: IntegerModel,
+    arrays: dict,
+    model: onnx.ModelProto,
+    target: TargetSpec,
+    plan: dict,
+    reuse_dram: bool,
+    group: bool,
+    resident_shares: tuple[float, ...],
+) -> tuple[list[tuple[bytes, str, dict]], list[dict]]:
+    """Every grouping choice compiled for this order of the ops: the results, and what each was."""
     grouping = group and reuse_dram
     shares = [(r, c) for r in resident_shares for c in CONST_SLOT_SHARES] if grouping else [(0.0, 0.0)]
     results: list[tuple[bytes, str, dict]] = []
@@ -173,20 +213,7 @@ def compile_npub(
                     continue
                 if _cycles(results[k]) <= fastest_first * (1 + REFINE_WITHIN):
                     _refine(choices, results, attempt, family)
-    # the fastest, or among those within DRAM_TIE of it the one whose share of DRAM bytes saved
-    # most exceeds its share of cycles lost
-    fastest = min(results, key=lambda r: (_cycles(r), r[2]["dram_bytes"]))[2]
-    close = [r for r in results if _cycles(r) <= fastest["estimated_cycles"] * (1 + DRAM_TIE)]
-
-    def trade(r: tuple) -> tuple:
-        # (a program with no NPU op at all takes no cycles and moves no bytes)
-        cycles = _cycles(r) / max(fastest["estimated_cycles"], 1)
-        dram = r[2]["dram_bytes"] / max(fastest["dram_bytes"], 1)
-        return cycles + dram, r[2]["dram_bytes"], _cycles(r)
-
-    data, listing, stats = min(close, key=trade)
-    stats["grouping_search"] = tried
-    return data, listing, stats
+    return results, tried
 
 
 PinTables = Literal["", "shared", "every"]
