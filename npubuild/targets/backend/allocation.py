@@ -64,6 +64,8 @@ class Allocation:
     # ops whose interval leaves resident tensors less than the area (intervals.py): their tile SRAM
     tile_sram_at: dict[int, int] = field(default_factory=dict)
     room: tuple[int, ...] = ()  # per position of the op sequence, the resident bytes it leaves
+    # resident results that took the place of an operand dying with their op: {result: operand}
+    in_place: dict[str, str] = field(default_factory=dict)
 
 
 def view_parts(
@@ -180,6 +182,7 @@ def allocate(
             for x, (start, element_strides) in pieces.items():
                 root[x], offset[x] = ops[i].outputs[0], start
                 strides[x] = element_strides
+    in_place = _in_place_results(program, shapes, sequence, npu, fusion, touched, boundary, root)
     first: dict[str, int] = {}
     last: dict[str, int] = {}
     for pos, i in enumerate(sequence):
@@ -208,7 +211,9 @@ def allocate(
     area = align(resident_bytes)
     room = [align(caps.get(i, resident_bytes)) if caps else area for i in sequence]
     buffers = (
-        _place_resident(eligible, first, last, sizes, area, residency, room) if resident_bytes > 0 else []
+        _place_resident(eligible, first, last, sizes, area, residency, room, in_place)
+        if resident_bytes > 0
+        else []
     )
     resident_base = sram_total - area
     on_chip = {b.root: SRAM_FLAG + resident_base + b.start for b in buffers}
@@ -247,7 +252,52 @@ def allocate(
         resident_bytes=resident_bytes,
         buffers=buffers,
         extent=extent,
+        in_place=_shared_places(buffers, in_place),
     )
+
+
+# element-wise ops whose result may take the place of an operand that dies with them
+IN_PLACE_KINDS = ("add", "mul", "lut", "clamp")
+
+
+def _in_place_results(program, shapes, sequence, npu, fusion, touched, boundary, root) -> dict[str, str]:
+    """{result: operand} for element-wise NPU ops (with what fusion gives them: a residual Add, a
+    clamp) whose result takes the buffer of a data operand of the same shape and grid width that
+    nothing reads after them: one buffer instead of two while the op runs, as Vela's in-place
+    element-wise ops. Element k of the result depends only on element k of that operand, and a
+    tile's result goes where that tile's operand was, which no later tile reads. Neither may be a
+    network input or output, nor already share a buffer (aliases, views, places in a Concat)."""
+    ops, tensors = program.ops, program.tensors
+    owner = {j: i for table in (fusion.residual, fusion.clamp, fusion.activation) for i, j in table.items()}
+    position = {i: p for p, i in enumerate(sequence)}
+    last_read: dict[str, int] = {}
+    for j, op in enumerate(ops):
+        p = position.get(owner.get(j, j), len(sequence))  # (an op of no subgraph: never)
+        for n in op.inputs:
+            last_read[n] = max(last_read.get(n, p), p)
+    shared = set(root) | set(root.values())
+    taken: dict[str, str] = {}
+    for i in sequence:
+        if i not in npu or ops[i].kind not in IN_PLACE_KINDS or i in fusion.absorbed:
+            continue
+        (y,) = fusion.written(i, ops)[:1]
+        operands = [*ops[i].inputs, *(ops[fusion.residual[i]].inputs if i in fusion.residual else [])]
+        if y not in touched or y in boundary or y in shared or y in taken:
+            continue
+        for x in operands:
+            if (
+                x in touched
+                and x not in ops[i].constants
+                and x not in boundary
+                and x not in shared
+                and x not in taken.values()
+                and list(shapes.get(x, ())) == list(shapes[y])
+                and tensors[x].bits == tensors[y].bits
+                and last_read.get(x) == position[i]
+            ):
+                taken[y] = x
+                break
+    return taken
 
 
 def _pieces_in_concat(i: int, ops, tensors, shapes, touched, boundary, root, writers, readers) -> dict:
@@ -370,25 +420,60 @@ Residency = Literal["definition", "lifetime"]
 
 
 def _place_resident(
-    eligible, first, last, sizes, budget: int, order: Residency = "definition", room=None
+    eligible, first, last, sizes, budget: int, order: Residency = "definition", room=None, in_place=None
 ) -> list[Buffer]:
     """First fit by liveness inside the resident budget, candidates in `order`; a tensor that does
     not fit goes to DRAM. With `room` (bytes per position), a tensor lies in the top room bytes of
-    the area at each position of its lifetime."""
+    the area at each position of its lifetime. An in-place pair (`in_place`: {result: operand},
+    the operand last read by the op that writes the result, or by ops fused into it) first tries
+    the other's exact place."""
     if order == "lifetime":
         ranked = sorted(eligible, key=lambda k: (last[k] - first[k], first[k], k))
     else:
         ranked = sorted(eligible, key=lambda k: (first[k], k))
+    partner = {}
+    for y, x in (in_place or {}).items():
+        partner[y], partner[x] = x, y
     placed: list[Buffer] = []
     for r in ranked:
-        live = [(b.last, b.start, b.size) for b in placed if b.first <= last[r] and first[r] <= b.last]
         size = align(max(sizes.get(r, 1), 1))
         floor = align(budget) - min(room[first[r] : last[r] + 1]) if room else 0
-        start = first_fit(live, size, floor)
+        other = next((b for b in placed if b.root == partner.get(r)), None)
+        starts = [other.start] if other is not None and other.size == size and other.start >= floor else []
+        for shared in (True, False) if starts else (False,):
+            live = [
+                (b.last, b.start, b.size)
+                for b in placed
+                if b.first <= last[r] and first[r] <= b.last and not (shared and b is other)
+            ]
+            start = starts[0] if shared else first_fit(live, size, floor)
+            if shared and any(s0 < start + size and start < s0 + n for _, s0, n in live):
+                continue
+            break
         if start + size > align(budget):
             continue
         placed.append(Buffer(r, start, size, first[r], last[r], True))
     return placed
+
+
+def _shared_places(buffers: list[Buffer], in_place: dict[str, str]) -> dict[str, str]:
+    """The in-place pairs that did get one place (both resident, the same bytes)."""
+    where = {b.root: b for b in buffers if b.resident}
+    return {
+        y: x
+        for y, x in in_place.items()
+        if y in where and x in where and (where[y].start, where[y].size) == (where[x].start, where[x].size)
+    }
+
+
+def _one_place(in_place: dict[str, str], a: Buffer, b: Buffer) -> bool:
+    """Whether a and b are an in-place pair on one place: the operand made before the result, the
+    result written where it lies (that nothing reads the operand after the op that writes the
+    result is `_in_place_results`' rule; the simulator and the hazard check see any break)."""
+    for y, x in ((a, b), (b, a)):
+        if in_place.get(y.root) == x.root and (x.start, x.size) == (y.start, y.size) and x.first <= y.first:
+            return True
+    return False
 
 
 def first_fit(live: list[tuple[int, int, int]], size: int, floor: int = 0) -> int:
@@ -428,6 +513,8 @@ def verify_allocation(allocation: Allocation) -> None:
             for b in mine[k + 1 :]:
                 if b.start >= a.start + a.size:
                     break
+                if memory and _one_place(allocation.in_place, a, b):
+                    continue
                 if a.first <= b.last and b.first <= a.last:
                     raise AllocationError(
                         f"{a.root} and {b.root} share bytes at {b.start} while both live "

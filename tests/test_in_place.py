@@ -1,0 +1,78 @@
+"""In-place element-wise results (targets/backend/allocation.py): a squeeze-excite tail's
+`x + x * gate` writes its result where `x` was, since nothing reads `x` after it; a resident
+budget that cannot hold both maps at once then holds both on one place, the allocation checks,
+and the binary computes the integer model's codes, hazard-free, with fewer DRAM bytes."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+from stripe_kit import SMALL, assert_computes_the_codes, build_int8
+
+import npubuild.targets.backend.allocation as allocation_module
+from conftest import small_model
+from npubuild.targets.backend.allocation import allocate, verify_allocation
+from npubuild.targets.backend.fusion import fuse
+from npubuild.targets.compile import Grouping, _compile, model_shapes
+from npubuild.targets.hazards import binary_hazards
+
+SIZE = 64
+MAP = 16 * SIZE * SIZE  # bytes of one int8 map
+BUDGET = MAP * 3 // 2  # one map and a half: never two maps at once
+
+
+def _tail(rng: np.random.Generator) -> onnx.ModelProto:
+    weights = {
+        "w0": rng.normal(size=(16, 3, 3, 3)) * 0.4,
+        "wse": rng.normal(size=(16, 16, 1, 1)) * 0.3,
+        "w1": rng.normal(size=(8, 16, 1, 1)) * 0.3,
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["fine"], pads=[1, 1, 1, 1], name="fine_conv"),
+        helper.make_node("GlobalAveragePool", ["fine"], ["pool"], name="pool"),
+        helper.make_node("Conv", ["pool", "wse"], ["se"], name="excite"),
+        helper.make_node("HardSigmoid", ["se"], ["gate"], name="gate"),
+        helper.make_node("Mul", ["fine", "gate"], ["gated"], name="gated"),
+        helper.make_node("Add", ["fine", "gated"], ["tail"], name="tail"),
+        helper.make_node("Conv", ["tail", "w1"], ["y"], name="head"),
+    ]
+    return small_model(nodes, "tail", {"x": [1, 3, SIZE, SIZE]}, {"y": [1, 8, SIZE, SIZE]}, weights, 13)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    rng = np.random.default_rng(7)
+    samples = rng.normal(size=(6, 3, SIZE, SIZE)).astype(np.float32)
+    return build_int8(_tail(rng), tmp_path_factory.mktemp("tail"), samples)
+
+
+def _allocation(built):
+    shapes = model_shapes(built.model)
+    fusion = fuse(built.program, built.plan, shapes)
+    return allocate(
+        built.program, built.arrays, shapes, built.plan, SMALL.sram_kib * 1024, fusion, resident_bytes=BUDGET
+    )
+
+
+def test_the_tail_writes_its_result_where_its_map_was(built):
+    allocation = _allocation(built)
+    verify_allocation(allocation)
+    assert allocation.in_place == {"tail": "fine"}
+    assert allocation.resident["tail"] == allocation.resident["fine"]
+
+
+def test_in_place_keeps_both_maps_on_chip_and_computes_the_codes(built, monkeypatch):
+    def compiled():
+        choice = Grouping(BUDGET, 0.125, None, residency="lifetime")
+        return _compile(built.program, built.arrays, built.model, SMALL, built.plan, True, True, choice)
+
+    data, _, stats = compiled()
+    assert binary_hazards(data) == []
+    assert_computes_the_codes(data, built)
+    monkeypatch.setattr(allocation_module, "_in_place_results", lambda *args: {})
+    assert _allocation(built).in_place == {}
+    _, _, apart = compiled()
+    # apart, one of the two maps goes through DRAM: stored once and read once
+    assert stats["dram_bytes"] <= apart["dram_bytes"] - 2 * MAP
