@@ -39,7 +39,9 @@ def early_reductions(program: IntegerModel, plan: dict, nbytes) -> tuple[Integer
         producer = {n: p for p, j in enumerate(order) for n in program.ops[j].outputs}
         inputs = [n for j in group for n in _data(program.ops[j]) if n not in made]
         earliest = max((producer[n] + 1 for n in inputs if n in producer), default=0)
-        if earliest >= at or any(subgraph.get(order[p]) != subgraph[i] for p in range(earliest, at)):
+        if earliest >= at or any(
+            subgraph.get(order[p]) != subgraph[i] for p in range(earliest, at + len(group))
+        ):
             continue
         readers = {n: [p for p, j in enumerate(order) if n in program.ops[j].inputs] for n in inputs}
         freed = [n for n in op.inputs if n in readers and readers[n][-1] == at and readers[n][0] < at]
