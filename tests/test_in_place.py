@@ -1,7 +1,8 @@
 """In-place element-wise results (targets/backend/allocation.py): a squeeze-excite tail's
 `x + x * gate` writes its result where `x` was, since nothing reads `x` after it; a resident
 budget that cannot hold both maps at once then holds both on one place, the allocation checks,
-and the binary computes the integer model's codes, hazard-free, with fewer DRAM bytes."""
+and the binary computes the integer model's codes, hazard-free, with fewer DRAM bytes; the
+grouping search tries it as a refinement."""
 
 from __future__ import annotations
 
@@ -11,11 +12,10 @@ import pytest
 from onnx import helper
 from stripe_kit import SMALL, assert_computes_the_codes, build_int8
 
-import npubuild.targets.backend.allocation as allocation_module
 from conftest import small_model
 from npubuild.targets.backend.allocation import allocate, verify_allocation
 from npubuild.targets.backend.fusion import fuse
-from npubuild.targets.compile import Grouping, _compile, model_shapes
+from npubuild.targets.compile import Grouping, _compile, compile_npub, model_shapes
 from npubuild.targets.hazards import binary_hazards
 
 SIZE = 64
@@ -48,11 +48,18 @@ def built(tmp_path_factory):
     return build_int8(_tail(rng), tmp_path_factory.mktemp("tail"), samples)
 
 
-def _allocation(built):
+def _allocation(built, in_place: bool = True):
     shapes = model_shapes(built.model)
     fusion = fuse(built.program, built.plan, shapes)
     return allocate(
-        built.program, built.arrays, shapes, built.plan, SMALL.sram_kib * 1024, fusion, resident_bytes=BUDGET
+        built.program,
+        built.arrays,
+        shapes,
+        built.plan,
+        SMALL.sram_kib * 1024,
+        fusion,
+        resident_bytes=BUDGET,
+        in_place=in_place,
     )
 
 
@@ -63,16 +70,20 @@ def test_the_tail_writes_its_result_where_its_map_was(built):
     assert allocation.resident["tail"] == allocation.resident["fine"]
 
 
-def test_in_place_keeps_both_maps_on_chip_and_computes_the_codes(built, monkeypatch):
-    def compiled():
-        choice = Grouping(BUDGET, 0.125, None, residency="lifetime")
+def test_in_place_keeps_both_maps_on_chip_and_computes_the_codes(built):
+    def compiled(in_place: bool):
+        choice = Grouping(BUDGET, 0.125, None, residency="lifetime", in_place=in_place)
         return _compile(built.program, built.arrays, built.model, SMALL, built.plan, True, True, choice)
 
-    data, _, stats = compiled()
+    data, _, stats = compiled(True)
     assert binary_hazards(data) == []
     assert_computes_the_codes(data, built)
-    monkeypatch.setattr(allocation_module, "_in_place_results", lambda *args: {})
-    assert _allocation(built).in_place == {}
-    _, _, apart = compiled()
+    assert _allocation(built, in_place=False).in_place == {}
+    _, _, apart = compiled(False)
     # apart, one of the two maps goes through DRAM: stored once and read once
     assert stats["dram_bytes"] <= apart["dram_bytes"] - 2 * MAP
+
+
+def test_the_code_generator_tries_results_in_place(built):
+    _, _, stats = compile_npub(built.program, built.arrays, built.model, SMALL, built.plan)
+    assert any(t.get("in_place") for t in stats["grouping_search"])

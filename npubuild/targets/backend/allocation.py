@@ -116,12 +116,14 @@ def allocate(
     resident_bytes: int = 0,
     residency: Residency = "definition",
     caps: dict[int, int] | None = None,
+    in_place: bool = False,
 ) -> Allocation:
     """DRAM buffers (and resident SRAM areas within `resident_bytes`) for every tensor an NPU op
     touches; without `reuse` every tensor keeps its own buffer (for checking every op's result).
     With `caps` (NPU op index -> bytes, intervals.py), each op leaves only its cap to resident
     tensors and tiles the rest: a resident tensor lies in the top `cap` bytes of SRAM at every op
-    of its lifetime, and `resident_bytes` is the largest cap."""
+    of its lifetime, and `resident_bytes` is the largest cap. With `in_place`, element-wise results
+    may take the resident bytes of an operand that dies with their op (`_in_place_results`)."""
     ops, tensors = program.ops, program.tensors
     sequence = [i for sg in plan["subgraphs"] for i in sg["ops"]]
     npu = {i for sg in plan["subgraphs"] if sg["device"] == "npu" for i in sg["ops"]}
@@ -182,7 +184,9 @@ def allocate(
             for x, (start, element_strides) in pieces.items():
                 root[x], offset[x] = ops[i].outputs[0], start
                 strides[x] = element_strides
-    in_place = _in_place_results(program, shapes, sequence, npu, fusion, touched, boundary, root)
+    pairs = {}
+    if in_place:
+        pairs = _in_place_results(program, shapes, sequence, npu, fusion, touched, boundary, root)
     first: dict[str, int] = {}
     last: dict[str, int] = {}
     for pos, i in enumerate(sequence):
@@ -211,7 +215,7 @@ def allocate(
     area = align(resident_bytes)
     room = [align(caps.get(i, resident_bytes)) if caps else area for i in sequence]
     buffers = (
-        _place_resident(eligible, first, last, sizes, area, residency, room, in_place)
+        _place_resident(eligible, first, last, sizes, area, residency, room, pairs)
         if resident_bytes > 0
         else []
     )
@@ -252,7 +256,7 @@ def allocate(
         resident_bytes=resident_bytes,
         buffers=buffers,
         extent=extent,
-        in_place=_shared_places(buffers, in_place),
+        in_place=_shared_places(buffers, pairs),
     )
 
 
