@@ -192,8 +192,7 @@ def allocate(
     for pos, i in enumerate(sequence):
         # the convolution writes its activation's or residual Add's result, reading the residual
         written = fusion.written(i, ops)
-        read = [*ops[i].inputs, *(ops[fusion.residual[i]].inputs if i in fusion.residual else [])]
-        for n in [*read, *written]:
+        for n in [*fusion.read(i, ops), *written]:
             if n in touched:
                 r = find(n)
                 first.setdefault(r, pos)
@@ -284,11 +283,10 @@ def _in_place_results(program, shapes, sequence, npu, fusion, touched, boundary,
     for i in sequence:
         if i not in npu or ops[i].kind not in IN_PLACE_KINDS or i in fusion.absorbed:
             continue
-        (y,) = fusion.written(i, ops)[:1]
-        operands = [*ops[i].inputs, *(ops[fusion.residual[i]].inputs if i in fusion.residual else [])]
+        y = fusion.written(i, ops)[0]
         if y not in touched or y in boundary or y in shared or y in taken:
             continue
-        for x in operands:
+        for x in fusion.read(i, ops):
             if (
                 x in touched
                 and x not in ops[i].constants
@@ -443,17 +441,17 @@ def _place_resident(
         size = align(max(sizes.get(r, 1), 1))
         floor = align(budget) - min(room[first[r] : last[r] + 1]) if room else 0
         other = next((b for b in placed if b.root == partner.get(r)), None)
-        starts = [other.start] if other is not None and other.size == size and other.start >= floor else []
-        for shared in (True, False) if starts else (False,):
-            live = [
-                (b.last, b.start, b.size)
-                for b in placed
-                if b.first <= last[r] and first[r] <= b.last and not (shared and b is other)
-            ]
-            start = starts[0] if shared else first_fit(live, size, floor)
-            if shared and any(s0 < start + size and start < s0 + n for _, s0, n in live):
-                continue
-            break
+        live = [b for b in placed if b.first <= last[r] and first[r] <= b.last and b is not other]
+        if (
+            other is not None
+            and other.size == size
+            and other.start >= floor
+            and not any(b.start < other.start + size and other.start < b.start + b.size for b in live)
+        ):
+            start = other.start
+        else:
+            live += [other] if other is not None and other.first <= last[r] and first[r] <= other.last else []
+            start = first_fit([(b.last, b.start, b.size) for b in live], size, floor)
         if start + size > align(budget):
             continue
         placed.append(Buffer(r, start, size, first[r], last[r], True))

@@ -43,6 +43,10 @@ class Fusion:
             return ops[self.activation[i]].outputs
         return ops[i].outputs
 
+    def read(self, i: int, ops: list) -> list[str]:
+        """What op i reads: its inputs, and its fused residual Add's (the tensor added)."""
+        return [*ops[i].inputs, *(ops[self.residual[i]].inputs if i in self.residual else [])]
+
 
 # The largest table a convolution's output path holds: an int8 result's 256 entries, or an entry
 # per 64 codes of an int16 one (the fine pre-activation grid, docs/quantization.md).

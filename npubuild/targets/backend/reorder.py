@@ -13,6 +13,7 @@ subgraph, never past an op that makes one of their inputs.
 from __future__ import annotations
 
 from npubuild.intmodel.program import IntegerModel
+from npubuild.targets.backend.stripe_rows import data_inputs
 
 # a moved op's results together are at most this share of the bytes of the map it frees
 REDUCTION = 0.5
@@ -28,30 +29,32 @@ def early_reductions(program: IntegerModel, plan: dict, nbytes) -> tuple[Integer
     ops = list(range(len(program.ops)))
     subgraph = {i: k for k, sg in enumerate(plan["subgraphs"]) for i in sg["ops"]}
     npu = {i for sg in plan["subgraphs"] if sg["device"] == "npu" for i in sg["ops"]}
+    producer = {n: j for j, op in enumerate(program.ops) for n in op.outputs}
+    readers = program.readers()
     order = list(ops)
+    place = {j: p for p, j in enumerate(order)}  # each op's position in `order`
     for i in ops:
         op = program.ops[i]
         if op.kind != "conv" or i not in npu:
             continue
-        at = order.index(i)
+        at = place[i]
         group = _with_tail(program, order, at)
         made = {n for j in group for n in program.ops[j].outputs}
-        producer = {n: p for p, j in enumerate(order) for n in program.ops[j].outputs}
-        inputs = [n for j in group for n in _data(program.ops[j]) if n not in made]
-        earliest = max((producer[n] + 1 for n in inputs if n in producer), default=0)
+        inputs = [n for j in group for n in data_inputs(program.ops[j]) if n not in made]
+        earliest = max((place[producer[n]] + 1 for n in inputs if n in producer), default=0)
         if earliest >= at or any(
             subgraph.get(order[p]) != subgraph[i] for p in range(earliest, at + len(group))
         ):
             continue
-        readers = {n: [p for p, j in enumerate(order) if n in program.ops[j].inputs] for n in inputs}
-        freed = [n for n in op.inputs if n in readers and readers[n][-1] == at and readers[n][0] < at]
+        read_at = {n: sorted(place[j] for j in readers.get(n, [])) for n in inputs}
+        freed = [n for n in op.inputs if n in read_at and read_at[n][-1] == at and read_at[n][0] < at]
         kept = sum(nbytes(n) for j in group for n in program.ops[j].outputs)
         if not any(kept <= REDUCTION * nbytes(n) for n in freed):
             continue
         order = order[:earliest] + group + [j for j in order[earliest:] if j not in group]
+        place = {j: p for p, j in enumerate(order)}
     if order == ops:
         return program, plan
-    place = {j: p for p, j in enumerate(order)}
     moved = program.model_copy(update={"ops": [program.ops[j] for j in order]})
     renumbered = {
         **plan,
@@ -67,13 +70,9 @@ def _with_tail(program: IntegerModel, order: list[int], at: int) -> list[int]:
     made = set(program.ops[order[at]].outputs)
     for j in order[at + 1 :]:
         op = program.ops[j]
-        data = _data(op)
+        data = data_inputs(op)
         if not data or not all(n in made for n in data):
             break
         group.append(j)
         made.update(op.outputs)
     return group
-
-
-def _data(op) -> list[str]:
-    return [n for n in op.inputs if n not in op.constants]
