@@ -127,6 +127,35 @@ def test_an_asymmetric_range_is_the_grid_it_becomes():
     assert _measured_error(data, lo, hi, identity) < 1.05 * best
 
 
+def test_every_sample_weighs_the_same_in_the_relative_histogram():
+    """A faint sample (a low-contrast photograph) and bright ones with a long tail (dense
+    printed text): counted, the bright samples' large values set the range and the faint one's
+    values get a handful of steps; weighed by each sample's power, the range minimises the mean
+    over samples of their noise-to-signal ratio, which the faint sample's dominated."""
+    rng = np.random.default_rng(14)  # its own: the module's RNG feeds the tests after it
+    faint = np.abs(rng.normal(0, 0.3, size=20000))
+    bright = [np.abs(rng.standard_t(3, size=20000)) * 4 for _ in range(3)]
+    samples = [faint, *bright]
+    stats = TensorStats()
+    for sample in samples:
+        stats.update(sample)
+    meta, arrays = stats.to_record()
+    # each sample's weights add up to its count over its power, through the histogram's widening
+    expected = sum(s.size / float(s @ s) for s in samples)
+    assert arrays["relative_hist"].sum() == pytest.approx(expected, rel=1e-12)
+    pooled = ranges.mse_through(meta, arrays["hist"], 8, None)
+    relative = ranges.mse_through(meta, arrays["relative_hist"], 8, None)
+    identity = lambda v: v  # noqa: E731
+
+    def noise_to_signal(sample, lo, hi):
+        return _measured_error(sample, lo, hi, identity) / np.mean(sample**2)
+
+    assert relative[1] < pooled[1]
+    assert noise_to_signal(faint, *relative) < 0.5 * noise_to_signal(faint, *pooled)
+    mean_ratio = {r: np.mean([noise_to_signal(s, *r) for s in samples]) for r in (pooled, relative)}
+    assert mean_ratio[relative] < 0.5 * mean_ratio[pooled]
+
+
 def test_zero_range_and_one_sided_ranges_give_valid_parameters():
     assert ranges.quant_params(0.0, 0.0, 8, False) == (1.0, 0)
     scale, zp = ranges.quant_params(0.0, 6.0, 8, False)
@@ -212,6 +241,44 @@ def test_small_model_end_to_end(tmp_path):
     assert set(summary["op_kinds"]) >= {"conv", "mul", "add", "lut", "global_avgpool", "move"}
     # the ReLU was fused into conv1: its clamp is in the conv, there is no clamp op
     assert "clamp" not in summary["op_kinds"]
+
+
+def test_relative_range_error_serves_the_faint_images_of_a_mixed_calibration_set(tmp_path):
+    """`range_error = "relative"` reaches the ranges: calibrated on bright samples and a few
+    faint ones, the integer model is more accurate on faint images than with pooled errors."""
+    rng = np.random.default_rng(15)  # its own: the module's RNG feeds the tests after it
+    weights = [rng.normal(size=shape).astype(np.float32) * 0.3 for shape in ((4, 3, 3, 3), (6, 4, 1, 1))]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["c1"], ["r1"]),
+            helper.make_node("Conv", ["r1", "w2"], ["y"]),
+        ],
+        "no_biases",  # a bias would give faint and bright inputs the same power after it
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 8, 8])],
+        [numpy_helper.from_array(w, n) for w, n in zip(weights, ("w1", "w2"))],
+    )
+    model = onnx.shape_inference.infer_shapes(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    )
+    bright = rng.standard_t(3, size=(6, 3, 8, 8)).astype(np.float32) * 3
+    faint = rng.normal(size=(2, 3, 8, 8)).astype(np.float32) * 0.05
+    unseen_faint = rng.normal(size=(8, 3, 8, 8)).astype(np.float32) * 0.05
+    calibration = np.concatenate([bright, faint])
+    sqnr = {}
+    for choice in ("pooled", "relative"):
+        (tmp_path / choice).mkdir()
+        _, _, report, _ = pipeline(
+            tmp_path / choice,
+            model,
+            {**SETTINGS, "range_error": choice},
+            samples=calibration,
+            evaluation=unseen_faint,
+        )
+        (out,) = report["outputs"].values()
+        sqnr[choice] = out["sqnr_db"]
+    assert sqnr["relative"] > sqnr["pooled"] + 3, sqnr
 
 
 def test_int16_activations_are_more_accurate(tmp_path):

@@ -2,6 +2,12 @@
 
 The histogram spans [-R, R] with BINS bins; when data falls outside, R doubles and pairs of bins
 merge, which is exact. Non-finite values are counted and left out.
+
+Two histograms share those bins: `hist` counts values; `relative_hist` weighs each sample's
+values by the inverse of that sample's power (its sum of squares), so a squared error summed over
+it is each sample's error relative to its own signal, every sample weighing the same. A faint
+image's values sit low in ranges that bright ones set; counted, they are outvoted by the bright
+images' large values, weighed, they are not (docs/quantization.md, "Every image weighs the same").
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ class TensorStats:
         self.sumsq = 0.0
         self.radius = 0.0
         self.hist = np.zeros(BINS, dtype=np.int64)
+        self.relative_hist = np.zeros(BINS, dtype=np.float64)
         self.channel_sum: np.ndarray | None = None
         self.channel_absmax: np.ndarray | None = None
         self.channel_count = 0
@@ -55,12 +62,14 @@ class TensorStats:
         if self.radius == 0.0:
             self.radius = need if need > 0 else 1e-8
         while need > self.radius:
-            merged = self.hist.reshape(-1, 2).sum(axis=1)
-            self.hist = np.zeros(BINS, dtype=np.int64)
-            self.hist[BINS // 4 : BINS // 4 + BINS // 2] = merged
+            self.hist = _doubled(self.hist)
+            self.relative_hist = _doubled(self.relative_hist)
             self.radius *= 2
         counts, _ = np.histogram(values, bins=BINS, range=(-self.radius, self.radius))
         self.hist += counts
+        power = dot(values, values)
+        if power > 0:  # an all-zero sample has no error to weigh: zero is exact
+            self.relative_hist += counts / power
 
     def to_record(self) -> tuple[dict, dict[str, np.ndarray]]:
         mean = self.sum / self.count if self.count else 0.0
@@ -74,8 +83,15 @@ class TensorStats:
             "std": var**0.5,
             "radius": self.radius,
         }
-        arrays = {"hist": self.hist}
+        arrays = {"hist": self.hist, "relative_hist": self.relative_hist}
         if self.channel_sum is not None and self.channel_count:
             arrays["channel_mean"] = self.channel_sum / self.channel_count
             arrays["channel_absmax"] = self.channel_absmax
         return meta, arrays
+
+
+def _doubled(hist: np.ndarray) -> np.ndarray:
+    """The same counts over twice the radius: pairs of bins merged into the middle half."""
+    wider = np.zeros_like(hist)
+    wider[BINS // 4 : BINS // 4 + BINS // 2] = hist.reshape(-1, 2).sum(axis=1)
+    return wider

@@ -212,6 +212,8 @@ class Planner:
             lo, hi = -1.0, 1.0
         else:
             hist = self.stats_arrays[f"{name}/hist"]
+            if method == "mse" and self.config.get("range_error", "pooled") == "relative":
+                hist = self.stats_arrays[f"{name}/relative_hist"]  # every sample weighs the same
             activation = self.only_activation(name)
             if method == "mse" and bits == 8 and not self.config["symmetric_activations"]:
                 lo, hi = ranges.mse_through(meta, hist, bits, activation)
