@@ -71,6 +71,11 @@ class _Op(_Typed):
     def label(self) -> str:
         return self.node or self.outputs[0]
 
+    @property
+    def data_inputs(self) -> list[str]:
+        """The inputs other ops or the network make (not its constants), in input order."""
+        return [n for n in self.inputs if n and n not in self.constants]
+
 
 class QuantizeOp(_Op):
     """A float tensor (a network input, a float op's output) to codes on its grid."""

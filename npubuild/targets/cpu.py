@@ -106,11 +106,10 @@ class CpuSubgraph:
             consts = {i: self.arrays[k] for i, k in op.constants.items()}
             quantize_outputs = False
         else:
-            data = [i for i in op.inputs if i and i not in op.constants]
-            originals = _nodes_between(self.model, data, op.outputs)
+            originals = _nodes_between(self.model, op.data_inputs, op.outputs)
             consts = {}
             quantize_outputs = True
-        data_inputs = {i for i in op.inputs if i and i not in op.constants}
+        data_inputs = set(op.data_inputs)
         rename: dict[str, str] = {}
         for n in originals:
             for i in n.input:

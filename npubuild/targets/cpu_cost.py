@@ -25,8 +25,7 @@ def _size(shape) -> int:
 
 def op_work(op: Op, shapes: dict, arrays: dict) -> tuple[int, int]:
     """(multiply-accumulates, elements read and written) of one op."""
-    data = [n for n in op.inputs if n and n not in op.constants]
-    elements = sum(_size(shapes.get(n, [])) for n in [*data, *[o for o in op.outputs if o]])
+    elements = sum(_size(shapes.get(n, [])) for n in [*op.data_inputs, *[o for o in op.outputs if o]])
     out = _size(shapes.get(op.outputs[0], [])) if op.outputs and op.outputs[0] else 0
     weight_shape = None
     if op.kind in ("conv", "matmul"):

@@ -41,9 +41,8 @@ class Assembly:
         position = {i: k for k, sg in enumerate(plan["subgraphs"]) for i in sg["ops"]}
         self.readers: dict[str, set[int]] = {}
         for i, op in enumerate(ops):
-            for n in op.inputs:
-                if n and n not in op.constants:
-                    self.readers.setdefault(n, set()).add(position[i])
+            for n in op.data_inputs:
+                self.readers.setdefault(n, set()).add(position[i])
         # pixel inputs arrive as codes (the input DMA flips their sign bit), the rest as floats
         self.states = {n: "q" if n in program.pixel_inputs else "f" for n in program.inputs}
         self.code = bytearray()

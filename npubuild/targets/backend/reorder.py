@@ -13,7 +13,6 @@ subgraph, never past an op that makes one of their inputs.
 from __future__ import annotations
 
 from npubuild.intmodel.program import IntegerModel
-from npubuild.targets.backend.stripe_rows import data_inputs
 
 # a moved op's results together are at most this share of the bytes of the map it frees
 REDUCTION = 0.5
@@ -40,7 +39,7 @@ def early_reductions(program: IntegerModel, plan: dict, nbytes) -> tuple[Integer
         at = place[i]
         group = _with_tail(program, order, at)
         made = {n for j in group for n in program.ops[j].outputs}
-        inputs = [n for j in group for n in data_inputs(program.ops[j]) if n not in made]
+        inputs = [n for j in group for n in program.ops[j].data_inputs if n not in made]
         earliest = max((place[producer[n]] + 1 for n in inputs if n in producer), default=0)
         if earliest >= at or any(
             subgraph.get(order[p]) != subgraph[i] for p in range(earliest, at + len(group))
@@ -70,7 +69,7 @@ def _with_tail(program: IntegerModel, order: list[int], at: int) -> list[int]:
     made = set(program.ops[order[at]].outputs)
     for j in order[at + 1 :]:
         op = program.ops[j]
-        data = data_inputs(op)
+        data = op.data_inputs
         if not data or not all(n in made for n in data):
             break
         group.append(j)

@@ -59,10 +59,6 @@ def pool_pads_whole(op: Op, shapes: dict) -> list[int]:
     return pool_pads([int(d) for d in shapes[op.inputs[0]][2:]], maxpool_attrs(op))
 
 
-def data_inputs(op: Op) -> list[str]:
-    return [n for n in op.inputs if n and n not in op.constants]
-
-
 def row_invariant(name: str, shapes: dict) -> bool:
     """A 4-D tensor of one row (a squeeze-excite gate [1, C, 1, 1]): every stripe reads all of it."""
     shape = shapes.get(name, [])
@@ -72,7 +68,7 @@ def row_invariant(name: str, shapes: dict) -> bool:
 def row_maps(op: Op, shapes: dict) -> list[str]:
     """The data inputs of `op` a stripe holds rows of: all of them, but for the one-row operand
     of an element-wise op of two (`_joins`), which every stripe reads whole."""
-    data = data_inputs(op)
+    data = op.data_inputs
     distinct = list(dict.fromkeys(data))
     return distinct if len(data) < 2 else [n for n in distinct if not row_invariant(n, shapes)]
 

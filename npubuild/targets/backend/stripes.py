@@ -50,7 +50,6 @@ from npubuild.targets.backend.fusion import Fusion
 from npubuild.targets.backend.memory import tensor_bytes
 from npubuild.targets.backend.stripe_rows import (
     conv_pads_whole,
-    data_inputs,
     keeps_rows,
     pool_pads_whole,
     row_invariant,
@@ -81,7 +80,7 @@ class Striping:
 def _eligible(op: Op, shapes: dict, arrays: dict) -> bool:
     """An op a stripe can run on a band of rows: the same rule on every row, and one data input,
     or two for an element-wise add or mul (`_joins`)."""
-    data = data_inputs(op)
+    data = op.data_inputs
     if len(op.outputs) != 1 or len(shapes.get(op.outputs[0], [])) != 4:
         return False
     if op.kind in ("add", "mul"):
@@ -104,7 +103,7 @@ def _joins(op: Op, shapes: dict) -> bool:
     shape (the same rows) or one row the same for every row (`row_invariant`)."""
     out = [int(d) for d in shapes[op.outputs[0]]]
     return out[2] > 1 and all(
-        [int(d) for d in shapes.get(n, [])] == out or row_invariant(n, shapes) for n in data_inputs(op)
+        [int(d) for d in shapes.get(n, [])] == out or row_invariant(n, shapes) for n in op.data_inputs
     )
 
 
@@ -127,7 +126,7 @@ class _Regions:
             i
             for i in self.subgraph
             if _eligible(self.ops[i], shapes, arrays)
-            and (joins or len(data_inputs(self.ops[i])) == 1)
+            and (joins or len(self.ops[i].data_inputs) == 1)
             and (pools or not is_maxpool(self.ops[i]))
         }
         self.plan = plan
@@ -150,7 +149,7 @@ class _Regions:
         made = {ops[i].outputs[0] for i in part}
         outside = set()
         for i in part:
-            for n in data_inputs(ops[i]):
+            for n in ops[i].data_inputs:
                 if n not in row_maps(ops[i], self.shapes):
                     if self.producer.get(n, -1) >= part[0]:
                         # made after the region's first op, where the stripes run, or made by
@@ -159,7 +158,7 @@ class _Regions:
                     continue
                 if n not in made:
                     outside.add(n)
-        if not outside & set(data_inputs(ops[part[0]])):
+        if not outside & set(ops[part[0]].data_inputs):
             return None, False
         entries = tuple(dict.fromkeys(n for i in part for n in row_maps(ops[i], self.shapes) if n in outside))
         if any(ops[i].outputs[0] in self.outputs for i in part[:-1]):
