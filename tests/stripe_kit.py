@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 import numpy as np
 import onnx
+from onnx import helper
 from test_quantize import SETTINGS
 
 from conftest import integer_variants
@@ -21,6 +22,18 @@ from npubuild.targets.spec import BUILTIN_TARGETS
 
 # vnpu-m with a quarter of its SRAM: the test models' maps exceed it as real maps exceed 2 MiB
 SMALL = BUILTIN_TARGETS["vnpu-m"].model_copy(update={"name": "vnpu-m-512k", "sram_kib": 512})
+
+
+def squeeze_excite_tail(source: str, out: str) -> list[onnx.NodeProto]:
+    """`out = source + source * HardSigmoid(Conv(GlobalAveragePool(source), wse))`: the tail PP-OCR
+    det's feature pyramid puts on each level (nodes pool, excite, gate, gated and `out`)."""
+    return [
+        helper.make_node("GlobalAveragePool", [source], ["pool"], name="pool"),
+        helper.make_node("Conv", ["pool", "wse"], ["se"], name="excite"),
+        helper.make_node("HardSigmoid", ["se"], ["gate"], name="gate"),
+        helper.make_node("Mul", [source, "gate"], ["gated"], name="gated"),
+        helper.make_node("Add", [source, "gated"], [out], name=out),
+    ]
 
 
 class Built(NamedTuple):

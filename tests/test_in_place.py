@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper
-from stripe_kit import SMALL, assert_computes_the_codes, build_int8
+from stripe_kit import SMALL, assert_computes_the_codes, build_int8, squeeze_excite_tail
 
 from conftest import small_model
 from npubuild.targets.backend.allocation import allocate, verify_allocation
@@ -31,11 +31,7 @@ def _tail(rng: np.random.Generator) -> onnx.ModelProto:
     }
     nodes = [
         helper.make_node("Conv", ["x", "w0"], ["fine"], pads=[1, 1, 1, 1], name="fine_conv"),
-        helper.make_node("GlobalAveragePool", ["fine"], ["pool"], name="pool"),
-        helper.make_node("Conv", ["pool", "wse"], ["se"], name="excite"),
-        helper.make_node("HardSigmoid", ["se"], ["gate"], name="gate"),
-        helper.make_node("Mul", ["fine", "gate"], ["gated"], name="gated"),
-        helper.make_node("Add", ["fine", "gated"], ["tail"], name="tail"),
+        *squeeze_excite_tail("fine", "tail"),
         helper.make_node("Conv", ["tail", "w1"], ["y"], name="head"),
     ]
     return small_model(nodes, "tail", {"x": [1, 3, SIZE, SIZE]}, {"y": [1, 8, SIZE, SIZE]}, weights, 13)

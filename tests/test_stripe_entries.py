@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper
-from stripe_kit import SMALL, assert_computes_the_codes, build_int8, striping_of
+from stripe_kit import SMALL, assert_computes_the_codes, build_int8, squeeze_excite_tail, striping_of
 
 from conftest import small_model
 from npubuild.targets.backend.stripe_rows import traced
@@ -36,11 +36,7 @@ def _pyramid(rng: np.random.Generator, mode: str) -> onnx.ModelProto:
     }
     nodes = [
         helper.make_node("Conv", ["x", "w0"], ["fine"], pads=[1, 1, 1, 1], name="fine_conv"),
-        helper.make_node("GlobalAveragePool", ["fine"], ["pool"], name="pool"),
-        helper.make_node("Conv", ["pool", "wse"], ["se"], name="excite"),
-        helper.make_node("HardSigmoid", ["se"], ["gate"], name="gate"),
-        helper.make_node("Mul", ["fine", "gate"], ["gated"], name="gated"),
-        helper.make_node("Add", ["fine", "gated"], ["lateral"], name="lateral"),
+        *squeeze_excite_tail("fine", "lateral"),
         helper.make_node(
             "Conv", ["x", "w1"], ["coarse"], pads=[1, 1, 1, 1], strides=[2, 2], name="coarse_conv"
         ),
