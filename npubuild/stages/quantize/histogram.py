@@ -57,7 +57,8 @@ class TensorStats:
         self.min, self.max = min(self.min, lo), max(self.max, hi)
         self.count += values.size
         self.sum += float(values.sum())
-        self.sumsq += dot(values, values)
+        power = dot(values, values)
+        self.sumsq += power
         need = max(abs(lo), abs(hi))
         if self.radius == 0.0:
             self.radius = need if need > 0 else 1e-8
@@ -67,7 +68,6 @@ class TensorStats:
             self.radius *= 2
         counts, _ = np.histogram(values, bins=BINS, range=(-self.radius, self.radius))
         self.hist += counts
-        power = dot(values, values)
         if power > 0:  # an all-zero sample has no error to weigh: zero is exact
             self.relative_hist += counts / power
 
