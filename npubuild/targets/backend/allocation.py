@@ -441,16 +441,18 @@ def _place_resident(
         size = align(max(sizes.get(r, 1), 1))
         floor = align(budget) - min(room[first[r] : last[r] + 1]) if room else 0
         other = next((b for b in placed if b.root == partner.get(r)), None)
-        live = [b for b in placed if b.first <= last[r] and first[r] <= b.last and b is not other]
+        live = [b for b in placed if b.first <= last[r] and first[r] <= b.last]
         if (
             other is not None
             and other.size == size
             and other.start >= floor
-            and not any(b.start < other.start + size and other.start < b.start + b.size for b in live)
+            and not any(
+                b is not other and b.start < other.start + size and other.start < b.start + b.size
+                for b in live
+            )
         ):
             start = other.start
         else:
-            live += [other] if other is not None and other.first <= last[r] and first[r] <= other.last else []
             start = first_fit([(b.last, b.start, b.size) for b in live], size, floor)
         if start + size > align(budget):
             continue
