@@ -66,16 +66,18 @@ def test_the_tail_writes_its_result_where_its_map_was(built):
     assert allocation.resident["tail"] == allocation.resident["fine"]
 
 
-def test_in_place_keeps_both_maps_on_chip_and_computes_the_codes(built):
-    def compiled(in_place: bool):
-        choice = Grouping(BUDGET, 0.125, None, residency="lifetime", in_place=in_place)
-        return _compile(built.program, built.arrays, built.model, SMALL, built.plan, True, True, choice)
+def _compiled(built, in_place: bool) -> tuple[bytes, str, dict]:
+    """The binary at BUDGET resident bytes, resident tensors placed shortest-lived first."""
+    choice = Grouping(BUDGET, 0.125, None, residency="lifetime", in_place=in_place)
+    return _compile(built.program, built.arrays, built.model, SMALL, built.plan, True, True, choice)
 
-    data, _, stats = compiled(True)
+
+def test_in_place_keeps_both_maps_on_chip_and_computes_the_codes(built):
+    data, _, stats = _compiled(built, True)
     assert binary_hazards(data) == []
     assert_computes_the_codes(data, built)
     assert _allocation(built, in_place=False).in_place == {}
-    _, _, apart = compiled(False)
+    _, _, apart = _compiled(built, False)
     # apart, one of the two maps goes through DRAM: stored once and read once
     assert stats["dram_bytes"] <= apart["dram_bytes"] - 2 * MAP
 
@@ -83,3 +85,60 @@ def test_in_place_keeps_both_maps_on_chip_and_computes_the_codes(built):
 def test_the_code_generator_tries_results_in_place(built):
     _, _, stats = compile_npub(built.program, built.arrays, built.model, SMALL, built.plan)
     assert any(t.get("in_place") for t in stats["grouping_search"])
+
+
+def _chain(rng: np.random.Generator) -> onnx.ModelProto:
+    """The tail's result is itself the operand of an element-wise op that writes in its place (a
+    Sigmoid here; the pyramid join in PP-OCRv4 det): fine -> tail -> act, one map's place. Small
+    side convolutions between them make each of the three live longer than the one before, so
+    by lifetime `fine` is placed first and `tail` next, while `fine` still holds its bytes."""
+    weights = {
+        "w0": rng.normal(size=(16, 3, 3, 3)) * 0.4,
+        "wse": rng.normal(size=(16, 16, 1, 1)) * 0.3,
+        "ws": rng.normal(size=(4, 3, 1, 1)) * 0.5,
+        **{f"w{k}": rng.normal(size=(4, 4, 1, 1)) * 0.5 for k in range(2, 10)},
+        "w1": rng.normal(size=(8, 16, 1, 1)) * 0.3,
+    }
+    side = [helper.make_node("Conv", ["x", "ws"], ["s1"], strides=[4, 4], name="s1")]
+    side += [helper.make_node("Conv", [f"s{k - 1}", f"w{k}"], [f"s{k}"], name=f"s{k}") for k in range(2, 10)]
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["fine"], pads=[1, 1, 1, 1], name="fine_conv"),
+        *squeeze_excite_tail("fine", "tail"),
+        *side[:4],
+        helper.make_node("Sigmoid", ["tail"], ["act"], name="act"),
+        *side[4:],
+        helper.make_node("Conv", ["act", "w1"], ["y"], name="head"),
+    ]
+    outputs = {"y": [1, 8, SIZE, SIZE], "s9": [1, 4, SIZE // 4, SIZE // 4]}
+    return small_model(nodes, "chain", {"x": [1, 3, SIZE, SIZE]}, outputs, weights, 13)
+
+
+@pytest.fixture(scope="module")
+def chained(tmp_path_factory):
+    rng = np.random.default_rng(11)
+    samples = rng.normal(size=(6, 3, SIZE, SIZE)).astype(np.float32)
+    return build_int8(_chain(rng), tmp_path_factory.mktemp("chain"), samples)
+
+
+def test_a_chain_of_in_place_results_shares_one_place_and_computes_the_codes(chained):
+    shapes = model_shapes(chained.model)
+    allocation = allocate(
+        chained.program,
+        chained.arrays,
+        shapes,
+        chained.plan,
+        SMALL.sram_kib * 1024,
+        fuse(chained.program, chained.plan, shapes),
+        resident_bytes=BUDGET,
+        residency="lifetime",
+        in_place=True,
+    )
+    verify_allocation(allocation)
+    assert allocation.in_place == {"tail": "fine", "act": "tail"}
+    assert allocation.resident["fine"] == allocation.resident["tail"] == allocation.resident["act"]
+    data, _, stats = _compiled(chained, True)
+    assert binary_hazards(data) == []
+    assert_computes_the_codes(data, chained)
+    _, _, apart = _compiled(chained, False)
+    # apart, the middle map goes through DRAM: stored once and read once
+    assert stats["dram_bytes"] <= apart["dram_bytes"] - 2 * MAP
