@@ -157,7 +157,10 @@ def global_avgpool(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
     _, c, h, w = ctx.shapes[x]
     cb, rows = sched.extents
     bufs = sched.buffers(ctx.sram)
-    acc = ctx.sram.scratch_base()  # int64 accumulators, then the results
+    acc = ctx.sram.scratch_base()  # int64 accumulators
+    # the means go into the tile's own buffer after its rows: a tile of whole channels stores
+    # them while the next tile computes (in one scratch place its compute overwrote them first)
+    means = InTile(align(cb * rows * w * esize(ctx.bits(x))))
     at = op.attrs
     xs = row_major([1, c, h, w])
     commands: list[Command] = []
@@ -172,15 +175,13 @@ def global_avgpool(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
                 dict(
                     src=InTile(), c=c1 - c0, hw=(r1 - r0) * w, in_bits=ctx.bits(x), in_zp=ctx.zero_point(x),
                     acc=acc, first=int(r0 == 0), last=int(last), m0=at.m0, shift=at.shift,
-                    dst=acc + cb * 8, out_bits=ctx.bits(y), out_zp=ctx.zero_point(y),
+                    dst=means, out_bits=ctx.bits(y), out_zp=ctx.zero_point(y),
                 ),
             )  # fmt: skip
             result = None
             if last:  # the channels' means are complete after their last rows
                 box = [1, c1 - c0, 1, 1]
-                result = store(
-                    acc + cb * 8, ctx.addr[y], ctx.bits(y), box, row_major([1, c, 1, 1]), [0, c0, 0, 0]
-                )
+                result = store(means, ctx.addr[y], ctx.bits(y), box, row_major([1, c, 1, 1]), [0, c0, 0, 0])
             commands.append(Tile(bufs, [source], compute, result))
     return commands
 

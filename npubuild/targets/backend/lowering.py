@@ -426,7 +426,8 @@ def _in_place(tile: Tile, written: list[tuple[int, int]] | None = None) -> Tile:
     copy that pads its box is dropped only where it is a conv's or pool's input and pads with the
     code the op's own borders hold: the compute then takes the borders (INPUT_PADS). `written`
     (a tile of an op of several): the resident bytes the op's tiles store, which no copy of its
-    own is dropped for."""
+    own is dropped for, unless the tile stores exactly those bytes itself (an element-wise
+    result in place: it reads and writes them where they live)."""
     if tile.compute is None or tile.store_after != frozenset({"compute"}):
         return tile
     where: dict[InTile, int] = {}  # a dropped copy's buffer offset -> the resident address
@@ -447,8 +448,15 @@ def _in_place(tile: Tile, written: list[tuple[int, int]] | None = None) -> Tile:
                 borders = dict(zip(INPUT_PADS, pads))
         if offset is not None and written is not None:
             start, end = far_span(load.args, "dram")
-            if any(s < end and start < e for s, e in written):
-                offset = None  # a tile of the op writes those bytes: read a copy
+            others = list(written)
+            if tile.store is not None and tile.store.args["space"] == 1:
+                # an element-wise result in its operand's place (allocation.py): this tile writes
+                # back exactly the bytes it reads, and element k only reads element k
+                own = far_span(tile.store.args, "dram")
+                if own == (start, end) and own in others:
+                    others.remove(own)
+            if any(s < end and start < e for s, e in others):
+                offset = None  # another tile of the op writes those bytes: read a copy
         if offset is None or offset in where:
             kept.append(load)
         else:
