@@ -148,10 +148,18 @@ def conv(
         )
 
     step = og if group > 1 else 1  # whole groups per chunk
+    # a depthwise convolution of a resident map: whole channels first, as a max pool's. Its
+    # channels are independent and each is a dense box, which a tile then reads where it lies,
+    # borders and all (lowering._in_place); a tile of rows across every channel is a copy
+    # (PP-OCRv4 det's stride-2 depthwise layers: copies the MAC array waited for). Fewer channels
+    # per tile cost no array cycles: the depthwise mapping packs positions into spare columns.
+    order = (1, 0, 2)
+    if group > 1 and cg == 1 and space(ctx.addr.get(x, 0))[0] == 1:
+        order = (0, 1, 2)
     if group > 1 and cg == 1 and x in ctx.shuffled:  # depthwise on a shuffle: whole runs of g
-        step = ctx.shuffled[x]
+        step, order = ctx.shuffled[x], (1, 0, 2)
     try:
-        ocb, rows, cols = shrink(ctx.sram, sizes, (oc, oh, ow), order=(1, 0, 2), chunked=0, step=step)
+        ocb, rows, cols = shrink(ctx.sram, sizes, (oc, oh, ow), order=order, chunked=0, step=step)
     except DoesNotFit:
         if group == 1 or og == 1:
             raise
