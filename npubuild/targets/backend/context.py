@@ -10,7 +10,7 @@ import numpy as np
 
 from npubuild.intmodel.program import Op
 from npubuild.targets.backend.commands import Step
-from npubuild.targets.backend.memory import SramPlan, align, four, row_major
+from npubuild.targets.backend.memory import SramPlan, align, four, row_major, space
 from npubuild.targets.isa import Instruction
 
 
@@ -142,6 +142,10 @@ class OpContext:
         """The 4-D element strides of a data tensor where it lies: row-major, or for a window read
         through, those of the tensor it is a window of."""
         return self.windows.get(name) or row_major(four(self.shapes[name]))
+
+    def resident(self, name: str) -> bool:
+        """Whether a tensor lies in the resident SRAM area (no address yet: not resident)."""
+        return space(self.addr.get(name, 0))[0] == 1
 
     def bits(self, name: str) -> int:
         return self.tensors[name].bits

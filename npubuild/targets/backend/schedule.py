@@ -28,7 +28,6 @@ from npubuild.targets.backend.memory import (
     esize,
     four,
     halve,
-    space,
 )
 
 
@@ -154,7 +153,7 @@ def conv(
     # (PP-OCRv4 det's stride-2 depthwise layers: copies the MAC array waited for). Fewer channels
     # per tile cost no array cycles: the depthwise mapping packs positions into spare columns.
     order = (1, 0, 2)
-    if group > 1 and cg == 1 and space(ctx.addr.get(x, 0))[0] == 1:
+    if group > 1 and cg == 1 and ctx.resident(x):
         order = (0, 1, 2)
     if group > 1 and cg == 1 and x in ctx.shuffled:  # depthwise on a shuffle: whole runs of g
         step, order = ctx.shuffled[x], (1, 0, 2)
@@ -364,8 +363,7 @@ def global_avgpool(ctx: OpContext, op: Op, split: int) -> OpSchedule:
     # channel copied the map (PP-OCRv4 det's finest squeeze-excite pool: 614 KB, 9,638 cycles of
     # copies the MAC array waited for). In DRAM the map is loaded either way, and a tile of fewer
     # channels fills fewer of the array's columns (cycles.channelwise_cycles): rows first.
-    resident = space(ctx.addr.get(x, 0))[0] == 1
-    cb, rows = shrink(ctx.sram, sizes, (c, h), order=(0, 1) if resident else (1, 0))
+    cb, rows = shrink(ctx.sram, sizes, (c, h), order=(0, 1) if ctx.resident(x) else (1, 0))
     rows = -(-rows // split)
     return OpSchedule((cb, rows), *sizes(cb, rows))
 
