@@ -44,7 +44,7 @@ def built(tmp_path_factory):
     return build_int8(_tail(rng), tmp_path_factory.mktemp("tail"), samples)
 
 
-def _allocation(built, in_place: bool = True):
+def _allocation(built, in_place: bool = True, budget: int = BUDGET, residency: str = "definition"):
     shapes = model_shapes(built.model)
     fusion = fuse(built.program, built.plan, shapes)
     return allocate(
@@ -54,7 +54,8 @@ def _allocation(built, in_place: bool = True):
         built.plan,
         SMALL.sram_kib * 1024,
         fusion,
-        resident_bytes=BUDGET,
+        resident_bytes=budget,
+        residency=residency,
         in_place=in_place,
     )
 
@@ -128,18 +129,7 @@ def chained(tmp_path_factory):
 
 
 def test_a_chain_of_in_place_results_shares_one_place_and_computes_the_codes(chained):
-    shapes = model_shapes(chained.model)
-    allocation = allocate(
-        chained.program,
-        chained.arrays,
-        shapes,
-        chained.plan,
-        SMALL.sram_kib * 1024,
-        fuse(chained.program, chained.plan, shapes),
-        resident_bytes=CHAIN_BUDGET,
-        residency="lifetime",
-        in_place=True,
-    )
+    allocation = _allocation(chained, budget=CHAIN_BUDGET, residency="lifetime")
     verify_allocation(allocation)
     assert allocation.in_place == {"tail": "fine", "act": "tail"}
     assert allocation.resident["fine"] == allocation.resident["tail"] == allocation.resident["act"]

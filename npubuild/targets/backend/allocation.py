@@ -228,7 +228,7 @@ def allocate(
             placed[r] = on_chip[r]
             continue
         live = [b for b in live if b[0] >= first[r] or not reuse]
-        size = align(max(sizes.get(r, 1), 1))
+        size = _buffer_size(sizes, r)
         start = first_fit(live, size)
         placed[r] = start
         live.append((last[r], start, size))
@@ -448,7 +448,7 @@ def _place_resident(
     placed: list[Buffer] = []
 
     def place(members: list[str], begin: int, end: int) -> bool:
-        size = align(max(max(sizes.get(r, 1) for r in members), 1))
+        size = max(_buffer_size(sizes, r) for r in members)
         floor = align(budget) - min(room[begin : end + 1]) if room else 0
         live = [(b.last, b.start, b.size) for b in placed if b.first <= end and begin <= b.last]
         start = first_fit(live, size, floor)
@@ -468,14 +468,19 @@ def _place_resident(
     return placed
 
 
+def _buffer_size(sizes: dict[str, int], root: str) -> int:
+    """The aligned bytes of a root tensor's buffer (at least one alignment unit)."""
+    return align(max(sizes.get(root, 1), 1))
+
+
 def _in_place_chains(in_place: dict[str, str], eligible: set[str], sizes: dict) -> list[list[str]]:
     """The in-place pairs among `eligible` tensors of one size, joined into chains (operand,
     result, its result, ...), each in the order its tensors are made."""
-
-    def size(n: str) -> int:
-        return align(max(sizes.get(n, 1), 1))
-
-    after = {x: y for y, x in in_place.items() if x in eligible and y in eligible and size(x) == size(y)}
+    after = {
+        x: y
+        for y, x in in_place.items()
+        if x in eligible and y in eligible and _buffer_size(sizes, x) == _buffer_size(sizes, y)
+    }
     results = set(after.values())
     chains = []
     for head in sorted(x for x in after if x not in results):
