@@ -4,7 +4,7 @@ the float model (cos, SQNR: the minimum over outputs), the QDQ export against th
 (QDQ: the minimum output cosine), estimated latency, the NPU cycles against the roofline bound
 (xroof) and the DRAM bytes against the compulsory ones (xDRAM), whether the simulator was
 bit-exact, and the schedule checker's hazards in the binary (targets/hazards.py: a wait the
-cycle model's timeline lacks; 0 is right).
+cycle model's timeline lacks, on SRAM or DRAM bytes; 0 is right).
 
     python benchmarks/coverage.py                       # the whole corpus (long: a benchmark)
     python benchmarks/coverage.py --only squeezenet_m   # some npu_models, by name

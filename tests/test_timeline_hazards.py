@@ -45,6 +45,30 @@ def test_the_checker_finds_a_wait_taken_away():
     assert hazards(code, M, SRAM)[0].startswith("#2 store reads [1064, 1128)")
 
 
+def test_the_checker_finds_a_dram_read_before_its_store():
+    """DRAM too: the second op loads the tensor the first stores to DRAM. Its tiles lie in other
+    buffers, so without the first tile's wait nothing in SRAM overlaps and only the DRAM read of
+    bytes still being stored is wrong."""
+    first = _tile()
+    second = _tile(buffers=(3000, 4000))
+    second.loads[0].args["dram"] = 4096  # what the first op stores
+    second.store.args["dram"] = 8192
+    code = _lowered([first], [second])
+    assert hazards(code, M, SRAM) == []
+    load = next(k for k, i in enumerate(code) if i.op == "load" and i.args["dram"] == 4096)
+    code[load] = dataclasses.replace(code[load], wait=0)
+    found = hazards(code, M, SRAM)
+    assert len(found) == 1 and found[0].startswith(f"#{load} load reads DRAM [4096, 4160) at ")
+    # and a store over DRAM bytes a load still reads (a tensor's DRAM reused): the store's wait
+    # for its compute taken away, it starts before the load of the same bytes has ended
+    first = _tile(4000)
+    first.store.args["dram"] = 0  # in place over its own input
+    code = _lowered([first])
+    assert hazards(code, M, SRAM) == []
+    code[2] = dataclasses.replace(code[2], wait=0)
+    assert any(h.startswith("#2 store writes DRAM [0, 4000) at 0") for h in hazards(code, M, SRAM))
+
+
 def _resident_tile(n: int = 64) -> Tile:
     """One tile whose input and output are whole resident tensors (on-chip copies, `space` 1)."""
     box, strides = [1, 1, 1, n], [0, 0, 0, 1]

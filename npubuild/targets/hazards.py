@@ -1,5 +1,5 @@
 """A checker of the cycle model's schedule: no instruction starts before an earlier one in the
-stream that touches the same SRAM bytes has finished, when either of them writes them.
+stream that touches the same SRAM or DRAM bytes has finished, when either of them writes them.
 
 The simulator executes a stream in order, so a missing wait never changes its results; it only
 lets the timeline (`cycles.Timeline`, codegen's estimate) overlap two instructions that the
@@ -8,6 +8,9 @@ each instruction reads and writes: the data operands of every compute (source an
 boxes, a global pool's accumulators), the constants it reads (weights, requantization
 parameters, tables, index lists: as many bytes as the simulator reads there) and both sides of
 every on-chip transfer; a strided box counts as the bytes from its first to its last element.
+DRAM the same way (`dram_footprint`): a load from DRAM reads its source span, a store to DRAM
+writes its destination span, so a load of a tensor that a store has not finished writing, or a
+store over bytes a load is still reading (DRAM reused by a later tensor), is found as well.
 """
 
 from __future__ import annotations
@@ -120,26 +123,61 @@ def footprint(i: Instruction) -> tuple[list[tuple[int, int]], list[tuple[int, in
     return [], []
 
 
+def dram_footprint(i: Instruction) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(DRAM ranges read, DRAM ranges written) by one instruction: a load's source or a store's
+    destination where its far side is DRAM (`space` 0)."""
+    if i.op not in ("load", "store") or i.args["space"] != 0:
+        return [], []
+    far = [far_span(i.args, "dram")]
+    return (far, []) if i.op == "load" else ([], far)
+
+
+class _Uses:
+    """When the last writer and the last reader of each byte of one memory finish. SRAM is
+    indexed by byte; DRAM (tens of megabytes of weights) by the segments between the span ends
+    the program names (`bounds`), each of which every span covers whole or not at all."""
+
+    def __init__(self, memory: str, size: int, bounds: np.ndarray | None = None):
+        self.memory, self.bounds = memory, bounds
+        cells = size + 1 if bounds is None else max(len(bounds) - 1, 1)
+        self.written = np.zeros(cells, np.int64)
+        self.read = np.zeros(cells, np.int64)
+
+    def _cells(self, lo: int, hi: int) -> slice:
+        if self.bounds is None:
+            return slice(lo, hi)
+        return slice(int(np.searchsorted(self.bounds, lo)), int(np.searchsorted(self.bounds, hi)))
+
+    def check(self, k: int, i: Instruction, start: int, done: int, reads, writes) -> list[str]:
+        found = []
+        reads = [(lo, hi, self._cells(lo, hi)) for lo, hi in reads if hi > lo]
+        writes = [(lo, hi, self._cells(lo, hi)) for lo, hi in writes if hi > lo]
+        where = "" if self.memory == "SRAM" else f"{self.memory} "
+        for lo, hi, cells in reads:
+            if (late := int(self.written[cells].max())) > start:
+                found.append(f"#{k} {i.op} reads {where}[{lo}, {hi}) at {start}, written until {late}")
+        for lo, hi, cells in writes:
+            if (late := int(max(self.written[cells].max(), self.read[cells].max()))) > start:
+                found.append(f"#{k} {i.op} writes {where}[{lo}, {hi}) at {start}, in use until {late}")
+        for _, _, cells in reads:
+            self.read[cells] = np.maximum(self.read[cells], done)
+        for _, _, cells in writes:
+            self.written[cells] = np.maximum(self.written[cells], done)
+        return found
+
+
 def hazards(program: list[Instruction], target: dict, sram_bytes: int, most: int = 10) -> list[str]:
     """Up to `most` instructions that the timeline starts before an earlier instruction touching
-    the same bytes (a write on either side) has finished; empty when there is none."""
+    the same SRAM or DRAM bytes (a write on either side) has finished; empty when there is none."""
     timeline = Timeline(target)
-    written = np.zeros(sram_bytes + 1, np.int64)  # when each byte's last writer finishes
-    read = np.zeros(sram_bytes + 1, np.int64)  # when each byte's last reader finishes
-    found = []
+    spans = [span for i in program for side in dram_footprint(i) for span in side]
+    bounds = np.unique(np.array([end for span in spans for end in span] or [0], np.int64))
+    sram, dram = _Uses("SRAM", sram_bytes), _Uses("DRAM", 0, bounds)
+    found: list[str] = []
     for k, i in enumerate(program):
         start, done = timeline.add(i)
-        reads, writes = footprint(i)
-        for lo, hi in reads:
-            if hi > lo and (late := int(written[lo:hi].max())) > start:
-                found.append(f"#{k} {i.op} reads [{lo}, {hi}) at {start}, written until {late}")
-        for lo, hi in writes:
-            if hi > lo and (late := int(max(written[lo:hi].max(), read[lo:hi].max()))) > start:
-                found.append(f"#{k} {i.op} writes [{lo}, {hi}) at {start}, in use until {late}")
-        for lo, hi in reads:
-            read[lo:hi] = np.maximum(read[lo:hi], done)
-        for lo, hi in writes:
-            written[lo:hi] = np.maximum(written[lo:hi], done)
+        found += sram.check(k, i, start, done, *footprint(i))
+        found += dram.check(k, i, start, done, *dram_footprint(i))
         if len(found) >= most:
             break
     return found[:most]
