@@ -302,7 +302,7 @@ class Interpreter:
     def _move(self, op, env):
         x = env[op.inputs[0]]
         at = op.attrs
-        consts = [self.arrays[op.constants[i]] if i in op.constants else None for i in op.inputs[1:]]
+        consts = op.operand_arrays(self.arrays)
         kind = op.op_type
         outs = op.outputs
         if kind == "Reshape":

@@ -76,6 +76,11 @@ class _Op(_Typed):
         """The inputs other ops or the network make (not its constants), in input order."""
         return [n for n in self.inputs if n and n not in self.constants]
 
+    def operand_arrays(self, arrays: dict) -> list:
+        """The arrays of the inputs after the first, None where one is not a constant: a Slice's
+        starts, ends, axes and steps, a Reshape's shape, an Unsqueeze's axes."""
+        return [arrays[self.constants[n]] if n in self.constants else None for n in self.inputs[1:]]
+
 
 class QuantizeOp(_Op):
     """A float tensor (a network input, a float op's output) to codes on its grid."""

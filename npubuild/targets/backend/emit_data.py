@@ -101,7 +101,7 @@ def copy(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
         perm = op.attrs.get("perm") or list(range(rank))[::-1]
         pieces = [(op.outputs[0], [in_strides[p] for p in perm], 0)]
     elif kind == "Slice":
-        consts = [ctx.arrays[op.constants[i]] if i in op.constants else None for i in op.inputs[1:]]
+        consts = op.operand_arrays(ctx.arrays)
         starts, ends = consts[0], consts[1]
         axes = consts[2] if len(consts) > 2 and consts[2] is not None else range(len(starts))
         steps = slice_steps(op, ctx.arrays)

@@ -21,7 +21,7 @@ STRIDED_KINDS = ("add", "mul", "lut", "clamp", "conv", "avgpool")
 
 def slice_cut(op: Op, arrays: dict, shape: list[int]) -> tuple[int, int, int] | None:
     """(axis, first, end) of a step-1 Slice along one axis of a tensor of `shape`, or None."""
-    consts = [arrays[op.constants[i]] if i in op.constants else None for i in op.inputs[1:]]
+    consts = op.operand_arrays(arrays)
     if len(consts) < 2 or consts[0] is None or consts[1] is None or len(consts[0]) != 1:
         return None
     axes = consts[2] if len(consts) > 2 and consts[2] is not None else [0]
