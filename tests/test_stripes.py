@@ -17,6 +17,7 @@ from npubuild.targets.backend.fusion import fuse
 from npubuild.targets.backend.stripes import MAX_STRIPES, MIN_STRIPE_ROWS, stripe
 from npubuild.targets.compile import (
     DRAM_TIE,
+    MAX_RESIDENT_SHARE,
     RESIDENT_SHARES,
     Grouping,
     _compile,
@@ -203,6 +204,34 @@ def test_the_grouping_search_tries_each_striped_program_in_lifetime_order_at_onc
     for definition, lifetime in zip(firsts[::2], firsts[1::2]):
         assert (definition["residency"], lifetime["residency"]) == ("definition", "lifetime")
         assert same(definition, lifetime)
+
+
+def test_the_grouping_search_looks_past_its_top_share_while_that_wins(built):
+    """The grid's shares stop at half the SRAM; where the fastest choice keeps its tensors in the
+    top share, the search tries that choice with the share halfway to all of the SRAM (its chains
+    striped anew too), and goes on while the new share is the fastest's. This model's maps fit
+    three quarters of the target's SRAM better than half."""
+    model, program, arrays, _, plan = built
+    data, _, stats = compile_npub(program, arrays, model, SMALL, plan)
+    rows = stats["grouping_search"]
+    sram = SMALL.sram_kib * 1024
+    shares = [max(RESIDENT_SHARES)]
+    while shares[-1] < MAX_RESIDENT_SHARE:
+        shares.append((shares[-1] + 1) / 2)
+    budgets = [int(share * sram) for share in shares]
+    past = [k for k, r in enumerate(rows) if r["resident_bytes"] > budgets[0]]
+    assert past and stats["resident_bytes"] > budgets[0]
+    # each budget past the grid is tried after the fastest so far kept the one below it
+    for below, budget in zip(budgets, budgets[1:]):
+        first = next((k for k in past if rows[k]["resident_bytes"] == budget), None)
+        if first is None:
+            break
+        fastest = min(rows[:first], key=lambda r: r["estimated_cycles"])
+        assert fastest["resident_bytes"] == below
+    within = min(r["estimated_cycles"] for r in rows if r["resident_bytes"] <= budgets[0])
+    assert stats["estimated_cycles"] < within
+    assert_computes_the_codes(data, built)
+    assert binary_hazards(data) == []
 
 
 def test_finer_stripes_are_twice_as_many_and_compute_the_same_codes(built):
