@@ -145,6 +145,9 @@ def _grouping_search(
     tried: list[dict] = []
     seen: set[tuple] = set()
 
+    def budget_of(share: float) -> int:  # a share of SRAM in bytes
+        return int(share * target.sram_kib * 1024)
+
     def attempt(choice: Grouping) -> None:
         if _identity(choice) in seen:
             return  # (a refinement may reach a choice compiled before)
@@ -174,11 +177,11 @@ def _grouping_search(
         choices.append(choice)
 
     for share, const_share in shares:
-        attempt(Grouping(int(share * target.sram_kib * 1024), const_share))
+        attempt(Grouping(budget_of(share), const_share))
     if grouping:
         # chains too large for a resident budget run in stripes (stripes.py), tried with the
         # constant slot that was fastest unstriped at that budget
-        budgets = [int(share * target.sram_kib * 1024) for share in resident_shares]
+        budgets = [budget_of(share) for share in resident_shares]
         grid = _fastest_by(choices, results, lambda c: c.resident_bytes)
         budgets = [b for b in budgets if b in grid]
         for finer in (False, True):
@@ -203,7 +206,7 @@ def _grouping_search(
         # grid: SRAM for resident tensors is for fewer round trips (DenseNet-121 on vnpu-m found
         # 1.6% fewer cycles at 3/4 for 2.23x the compulsory bytes against 1.65x)
         share = max(resident_shares)
-        top = int(share * target.sram_kib * 1024)
+        top = budget_of(share)
         on_grid = min(range(len(results)), key=lambda k: _cycles(results[k]), default=None)
         grid_bytes = results[on_grid][2]["dram_bytes"] if on_grid is not None else 0
 
@@ -212,10 +215,10 @@ def _grouping_search(
 
         while results and share < MAX_RESIDENT_SHARE:
             fastest = choices[min(range(len(results)), key=lambda k: _cycles(results[k]))]
-            if fastest.resident_bytes != int(share * target.sram_kib * 1024):
+            if fastest.resident_bytes != budget_of(share):
                 break
             share = (share + 1) / 2
-            budget = int(share * target.sram_kib * 1024)
+            budget = budget_of(share)
             attempt(dataclasses.replace(fastest, resident_bytes=budget))
             # and its chains striped for that budget (coarser stripes: fewer halo rows)
             for _, striping in stripings(program, arrays, model, plan, [budget], False):
