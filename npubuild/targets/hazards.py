@@ -170,14 +170,14 @@ def hazards(program: list[Instruction], target: dict, sram_bytes: int, most: int
     """Up to `most` instructions that the timeline starts before an earlier instruction touching
     the same SRAM or DRAM bytes (a write on either side) has finished; empty when there is none."""
     timeline = Timeline(target)
-    spans = [span for i in program for side in dram_footprint(i) for span in side]
-    bounds = np.unique(np.array([end for span in spans for end in span] or [0], np.int64))
-    sram, dram = _Uses("SRAM", sram_bytes), _Uses("DRAM", 0, bounds)
+    far = [dram_footprint(i) for i in program]
+    ends = [end for sides in far for side in sides for span in side for end in span]
+    sram, dram = _Uses("SRAM", sram_bytes), _Uses("DRAM", 0, np.unique(np.array(ends or [0], np.int64)))
     found: list[str] = []
     for k, i in enumerate(program):
         start, done = timeline.add(i)
         found += sram.check(k, i, start, done, *footprint(i))
-        found += dram.check(k, i, start, done, *dram_footprint(i))
+        found += dram.check(k, i, start, done, *far[k])
         if len(found) >= most:
             break
     return found[:most]
