@@ -8,7 +8,7 @@ import pytest
 from test_mappings import _conv
 
 from npubuild.targets.backend.commands import InTile, Step, Tile
-from npubuild.targets.backend.lowering import _in_place
+from npubuild.targets.backend.in_place import in_place as _in_place
 from npubuild.targets.hazards import footprint
 from npubuild.targets.isa import NO_PADS, Instruction
 from npubuild.targets.npub import NpubError

@@ -499,3 +499,56 @@ def test_a_clip_with_bounds_the_graph_computes_stays_after_the_moves():
             helper.make_node("Clip", ["t", "lo"], ["y"]),
         ]
     )
+
+
+def test_a_transpose_that_moves_only_unit_axes_becomes_a_reshape():
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0, 2]),  # [4, 1, 6] -> [1, 4, 6]: no move
+        helper.make_node("Relu", ["t"], ["r"]),
+        helper.make_node("Transpose", ["r"], ["y"], perm=[0, 2, 1]),  # [1, 4, 6] -> [1, 6, 4]: a move
+    ]
+    m = model(nodes, [x_info([4, 1, 6])], [x_info([1, 6, 4], "y")])
+    out, log = optimize(m, [], 8)
+    assert any("unit_transposes_as_reshapes" in it["changes"] for it in log)
+    assert ops(out).count("Transpose") == 1 and "Reshape" in ops(out)
+    check_same(m, out, [4, 1, 6])
+
+
+def _magnitude_between_transposes(second_perm):
+    """x [4, 6, 5] -> Transpose -> two Slices of the middle axis -> Pow 2 each -> Add -> Sqrt ->
+    Transpose by `second_perm` (the STFT magnitude conv1d_as_2d leaves in Silero VAD)."""
+    const = [
+        ("s0", np.array([0], np.int64)),
+        ("e0", np.array([3], np.int64)),
+        ("e1", np.array([6], np.int64)),
+        ("ax", np.array([1], np.int64)),
+        ("two", np.array(2.0, np.float32)),
+    ]
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0, 2]),
+        helper.make_node("Slice", ["t", "s0", "e0", "ax"], ["re"]),
+        helper.make_node("Slice", ["t", "e0", "e1", "ax"], ["im"]),
+        helper.make_node("Pow", ["re", "two"], ["re2"]),
+        helper.make_node("Pow", ["im", "two"], ["im2"]),
+        helper.make_node("Add", ["re2", "im2"], ["sum"]),
+        helper.make_node("Sqrt", ["sum"], ["mag"]),
+        helper.make_node("Transpose", ["mag"], ["y"], perm=second_perm),
+    ]
+    shape = [3, 6, 5] if second_perm == [1, 0, 2] else [5, 6, 3]
+    return model(nodes, [x_info([6, 4, 5])], [x_info(shape, "y")], const)
+
+
+def test_element_wise_ops_between_a_transpose_and_its_inverse_run_without_both():
+    m = _magnitude_between_transposes([1, 0, 2])
+    out, log = optimize(m, [], 8)
+    assert any("transposes_through_elementwise" in it["changes"] for it in log)
+    assert "Transpose" not in ops(out)
+    check_same(m, out, [6, 4, 5])
+
+
+def test_transposes_around_element_wise_ops_stay_where_the_second_is_not_the_inverse():
+    m = _magnitude_between_transposes([2, 1, 0])
+    out, log = optimize(m, [], 8)
+    assert not any("transposes_through_elementwise" in it["changes"] for it in log)
+    assert ops(out).count("Transpose") == 2
+    check_same(m, out, [6, 4, 5])

@@ -18,7 +18,7 @@ from npubuild.targets.backend.allocation import Residency, allocate, verify_allo
 from npubuild.targets.backend.context import ConstantPool, OpContext
 from npubuild.targets.backend.fusion import Fusion, fuse
 from npubuild.targets.backend.intervals import crossing_bytes, interval_budgets
-from npubuild.targets.backend.memory import ALIGN, DoesNotFit, SramPlan, tensor_bytes
+from npubuild.targets.backend.memory import ALIGN, DoesNotFit, SramPlan, align, tensor_bytes
 from npubuild.targets.backend.pinning import pin, pinned_tables
 from npubuild.targets.backend.pipeline import fits, lower_subgraph
 from npubuild.targets.backend.reorder import early_reductions
@@ -40,6 +40,11 @@ RESIDENT_SHARES = (0.0, 0.25, 0.5)
 MAX_RESIDENT_SHARE = 0.875
 # Shares of the rest that each of the two constant slots takes (0: no prefetch of the next weights).
 CONST_SLOT_SHARES = (0.0, 0.125, 0.25)
+# Fresh constants (`_refine`): tried where the constants take at most this share of the SRAM the
+# resident tensors leave, in an area this many bytes larger than the constants section (each
+# group starts aligned; a subgraph may load a record twice)
+FRESH_CONSTANTS_MAX = 0.5
+FRESH_CONSTANTS_SLACK = 4096
 # A resident budget whose fastest grid choice is within this of the fastest overall is refined too
 # (compile_npub): the refinements have gained up to 8% on one budget.
 REFINE_WITHIN = 0.1
@@ -166,6 +171,7 @@ def _grouping_search(
                 **({"stripe_spills": stats["stripe_spills"]} if choice.striping else {}),
                 "residency": choice.residency,
                 "join_constants": choice.join_constants,
+                **({"fresh_constants": choice.fresh_constants} if choice.fresh_constants else {}),
                 **({"in_place": True} if choice.in_place else {}),
                 "intervals": len(set(dict(choice.caps).values())),
                 **({"pinned_tables": stats["pinned_tables"]} if choice.pin_tables else {}),
@@ -246,7 +252,7 @@ def _grouping_search(
                 if striped and _cycles(results[k]) > _cycles(results[plain]) * (1 + STRIPED_WITHIN):
                     continue
                 if _cycles(results[k]) <= fastest_first * (1 + REFINE_WITHIN):
-                    _refine(choices, results, attempt, family)
+                    _refine(choices, results, attempt, family, budget_of(1.0))
             past_grid()
     return results, tried
 
@@ -285,6 +291,9 @@ class Grouping:
     pin_tables: PinTables = ""
     # element-wise results take their dying operand's resident bytes (backend/allocation.py)
     in_place: bool = False
+    # bytes of one constant area in place of the two slots, each constant group in bytes of its
+    # own (lowering.py); 0: the slots (const_share)
+    fresh_constants: int = 0
 
 
 def _cycles(result: tuple[bytes, str, dict]) -> int:
@@ -314,7 +323,7 @@ def _family(choice: Grouping) -> tuple:
     return choice.resident_bytes, id(choice.striping), choice.caps
 
 
-def _refine(choices: list[Grouping], results: list, attempt, family: tuple) -> None:
+def _refine(choices: list[Grouping], results: list, attempt, family: tuple, sram_bytes: int) -> None:
     """The refinements of the fastest choice of one resident budget and striping, each from the
     fastest so far of that family: constant slots halfway to their neighbours on the grid; the
     resident tensors claiming SRAM shortest-lived first; weight-bound ops' constants joining the
@@ -348,6 +357,13 @@ def _refine(choices: list[Grouping], results: list, attempt, family: tuple) -> N
     # 480's pyramid region 1.6% slower with them, the example det's 0.3% faster), so a refinement
     if family[0]:
         attempt(dataclasses.replace(best(), in_place=True))
+    # every constant in SRAM of its own, where they all fit a share of what the ops have
+    # (lowering.py, "fresh constants"); sized by the constants section of the fastest so far
+    here = [k for k, c in enumerate(choices) if _family(c) == family]
+    fastest = min(here, key=lambda k: _cycles(results[k]))
+    need = results[fastest][2].get("constant_bytes", 0)
+    if 0 < need <= FRESH_CONSTANTS_MAX * (sram_bytes - choices[fastest].resident_bytes):
+        attempt(dataclasses.replace(choices[fastest], fresh_constants=need + FRESH_CONSTANTS_SLACK))
 
 
 def _identity(choice: Grouping) -> tuple:
@@ -503,12 +519,21 @@ def _compile(
         ctx.pinned = pin(tables, allocation.tile_sram)
     tiles = min([allocation.tile_sram, *ctx.pinned.values()])
     const_slot = int(choice.const_share * tiles) // ALIGN * ALIGN
+    if choice.fresh_constants:  # one area for all constants: two "slots" that add up to it
+        const_slot = align(-(-choice.fresh_constants // 2))
     sram = ctx.sram = SramPlan(tiles, const_slot)
     dtypes = {**input_dtypes(model), **{n: "uint8" for n in program.pixel_inputs}}
     assembly = Assembly(program, arrays, shapes, target, plan, allocation, dtypes)
     lowered = {
         k: lower_subgraph(
-            ctx, ops, sg["ops"], fusion, allocation, assembly.target_fields, choice.join_constants
+            ctx,
+            ops,
+            sg["ops"],
+            fusion,
+            allocation,
+            assembly.target_fields,
+            choice.join_constants,
+            bool(choice.fresh_constants),
         )
         for k, sg in enumerate(plan["subgraphs"])
         if sg["device"] == "npu"

@@ -20,6 +20,8 @@ PASS_NAMES = (
     "merge_untouched_axes",
     "squeeze_unit_axes",
     "conv1d_as_2d",
+    "unit_transposes_as_reshapes",
+    "transposes_through_elementwise",
     "clamps_before_moves",
     "softmax_to_last_axis",
     "linear_resize_as_matmuls",

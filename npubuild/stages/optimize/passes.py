@@ -28,6 +28,7 @@ from npubuild.stages.optimize.graph import NPUBUILD_DOMAIN, Graph, node_attr
 from npubuild.stages.optimize.prequantized import absorb_qdq
 from npubuild.stages.optimize.qoperator import dequantize_qoperator
 from npubuild.stages.optimize.recognise import decompose_lrn, fuse_gelu, fuse_layernorm
+from npubuild.stages.optimize.transposes import transposes_through_elementwise, unit_transposes_as_reshapes
 
 # Folding would grow the model past this many elements per tensor (Expand, ConstantOfShape...).
 MAX_FOLDED_ELEMENTS = 1 << 20
@@ -490,6 +491,8 @@ PASSES: dict[str, Callable[[Graph], int]] = {
         merge_untouched_axes,
         squeeze_unit_axes,
         conv1d_as_2d,
+        unit_transposes_as_reshapes,
+        transposes_through_elementwise,
         clamps_before_moves,
         softmax_to_last_axis,
         linear_resize_as_matmuls,

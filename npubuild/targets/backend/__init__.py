@@ -10,7 +10,9 @@ The phases, in the order `targets/compile.py` runs them, each handing the next p
 4. `emit_*`: each op's high-level tile commands (`commands`: constant loads; per tile, loads, a
    compute and a store), addressed relative to the tile's buffer and the constant area.
 5. `lowering`: one pass that assigns the ping-pong buffers, the synchronisation tokens and the
-   constant slots, and hoists constant loads ahead so weights prefetch.
+   constant slots (or, with fresh constants, each group its own SRAM), and hoists constant loads
+   ahead so weights prefetch; `in_place`: tiles that read and write resident tensors where they
+   lie.
 6. `targets/isa.py` encodes the instructions.
 
 `memory` holds the SRAM arithmetic every phase shares; `context` the view of the integer model the

@@ -10,7 +10,7 @@ import numpy as np
 from npubuild.intmodel.program import Op
 from npubuild.targets.backend.commands import Command, InTile, Step, Tile, load, store
 from npubuild.targets.backend.context import OpContext
-from npubuild.targets.backend.memory import align, esize, four, row_major
+from npubuild.targets.backend.memory import align, esize, four, row_major, space
 from npubuild.targets.backend.schedule import OpSchedule, boxes, resize_indices
 from npubuild.targets.support import slice_steps
 
@@ -99,6 +99,9 @@ def copy(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
     kind = op.op_type
     if kind == "Transpose":
         perm = op.attrs.get("perm") or list(range(rank))[::-1]
+        scattered = _scattered_store(ctx, x, op.outputs[0], perm, sched.parts[0])
+        if scattered is not None:
+            return scattered
         pieces = [(op.outputs[0], [in_strides[p] for p in perm], 0)]
     elif kind == "Slice":
         consts = op.operand_arrays(ctx.arrays)
@@ -124,6 +127,26 @@ def copy(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
     for (y, src_strides, origin), part in zip(pieces, sched.parts):
         commands += _copy(ctx, x, y, src_strides, origin, part)
     return commands
+
+
+def _scattered_store(
+    ctx: OpContext, x: str, y: str, perm: list[int], part: OpSchedule
+) -> list[Command] | None:
+    """A Transpose of a whole resident tensor into DRAM as one store: the DMA reads the input
+    where it lies, in its own order, and writes each element to its place in the output (the
+    output's strides, permuted back onto the input's axes), with no copy through a tile buffer.
+    None where that is not the case. (Silero VAD's last encoder result, [128, 16] to [16, 128]
+    for its LSTM on the CPU: a 36-cycle copy before the store.)"""
+    in_shape = [int(d) for d in ctx.shapes[x]]
+    out4 = four(ctx.shapes[y])
+    where, at = space(ctx.addr[x])
+    if where != 1 or space(ctx.addr[y])[0] != 0 or list(part.extents) != list(out4):
+        return None
+    rank = len(in_shape)
+    out_strides = row_major(out4)[4 - rank :]
+    strides = [0] * (4 - rank) + [out_strides[perm.index(axis)] for axis in range(rank)]
+    scatter = store(at, ctx.addr[y], ctx.bits(x), four(in_shape), strides, [0, 0, 0, 0])
+    return [Tile(part.buffers(ctx.sram), [], None, scatter, frozenset())]
 
 
 def _copy(

@@ -8,7 +8,7 @@ overlaps the computation of tile t.
 
 An op of one tile whose input or output is contiguous bytes of a resident tensor (a whole tensor,
 or whole channels of one) reads or writes them where they live: the on-chip copy into or out of
-its tile buffer is dropped and the compute's operand is the resident address (`_in_place`). An
+its tile buffer is dropped and the compute's operand is the resident address (in_place.py). An
 op's first instructions then wait for the op before it to have computed as well as stored, since
 such an op signals no store. An op of several tiles does the same tile by tile (a fully-connected
 layer's 256 weight chunks each copied the whole 18 KB input into a tile buffer: ZFNet-512's FC6,
@@ -16,6 +16,12 @@ layer's 256 weight chunks each copied the whole 18 KB input into a tile buffer: 
 tile without loads waits as its loads would have (the first two for everything before the op, the
 others for the store that last used their buffer), and a tile without a store holds its buffer
 until its compute ends (`unstored`).
+
+With fresh constants (`fresh`: the grouping search's `fresh_constants`, where a subgraph's
+constants all fit one area of SRAM), the two slots are that one area and each group takes the
+next bytes of it: no group overwrites another, so no constant load waits for a compute, and a
+group may load any time before its op. Where in the in-order DMA queue each goes is then chosen
+by the estimate (`_late_anchors`).
 
 An op whose constants take the DMA longer to load than the op takes to compute (a squeeze-excite
 convolution on a 1 x 1 map: ten cycles of MACs on 10 KB of weights) may join the constant group
@@ -43,21 +49,21 @@ from npubuild.targets.backend.commands import (
     box_bytes,
     is_pinned,
 )
-from npubuild.targets.backend.memory import SramPlan, align
+from npubuild.targets.backend.in_place import in_place
+from npubuild.targets.backend.memory import DoesNotFit, SramPlan, align
 from npubuild.targets.cycles import cost, estimate
 from npubuild.targets.isa import (
-    INPUT_PADS,
-    LOAD_PADS,
     NO_SIGNAL,
     Instruction,
-    border_code,
-    far_box,
     far_span,
 )
 
 T_CONST, T_IN, T_DONE, T_STORED = 0, (1, 2), (3, 4), (5, 6)
 SLOT_TOKENS = (0, 7)  # the token each constant slot's loads signal
 EARLY_GROUPS = 8  # how many groups back a group of pinned tables may be hoisted (`_early_anchors`)
+LATE_PASSES = 2  # passes of `_late_anchors` over the groups
+LATE_PLACES = 16  # how many input loads before a fresh group it is tried after (`_late_anchors`)
+START = -1  # a group's place before the stream's first instruction (`_late_anchors`)
 
 
 class Lowering:
@@ -70,8 +76,14 @@ class Lowering:
         const_token: int = T_CONST,
         target: dict | None = None,
         join: bool = False,
+        fresh: bool = False,
     ):
         self.sram = sram
+        # with `fresh`, the two slots are one area that the groups fill in order, each in bytes
+        # of its own (module docstring); `fresh_base` is the open group's place in it
+        self.fresh = fresh
+        self.fresh_base = 0
+        self.fresh_end = 0
         self.target = target  # to cost an op's constant loads against its computes
         self.join = join  # whether weight-bound ops may join the open constant group
         self.code: list[Instruction] = []
@@ -89,24 +101,26 @@ class Lowering:
         self.const_shift = 0  # where this op's constants start in the group they joined
         self.pinned: set[int] = set()  # SRAM addresses of the pinned tables loaded so far
         self.unstored = [False, False]  # per tile buffer: whether its last tile stored nothing
+        self.input_loads: list[int] = []  # every tile's input load (later places for a group)
 
     def trial(self) -> Lowering:
         """An empty stream in this one's constant state: to cost an op's alternatives."""
-        trial = Lowering(self.sram, self.slot, self.const_token)
+        trial = Lowering(self.sram, self.slot, self.const_token, fresh=self.fresh)
         trial.pinned = set(self.pinned)
+        trial.fresh_base, trial.fresh_end = self.fresh_base, self.fresh_end
         return trial
 
     def add_op(self, op: Op, commands: list[Command]) -> None:
         commands = self._unpinned(commands)
         tiles = [c for c in commands if isinstance(c, Tile)]
         if len(tiles) == 1:
-            commands = [_in_place(c) if isinstance(c, Tile) else c for c in commands]
+            commands = [in_place(c) if isinstance(c, Tile) else c for c in commands]
         elif tiles:
             # the resident bytes the op's tiles write (stores of space 1): no tile reads those in place
             written = [
                 far_span(t.store.args, "dram") for t in tiles if t.store and t.store.args["space"] == 1
             ]
-            commands = [_in_place(c, written) if isinstance(c, Tile) else c for c in commands]
+            commands = [in_place(c, written) if isinstance(c, Tile) else c for c in commands]
         joining = self._joining_offset(commands)
         if joining is None:
             self._add(op, commands, None)
@@ -138,6 +152,7 @@ class Lowering:
         twin.group_tokens = list(self.group_tokens)
         twin.compute_anchors, twin.hoisted_before = set(self.compute_anchors), dict(self.hoisted_before)
         twin.unstored = list(self.unstored)
+        twin.input_loads = list(self.input_loads)
         return twin
 
     def _cycles(self) -> int:
@@ -149,23 +164,31 @@ class Lowering:
         self.marks.append((len(self.code), op))
         self.const_shift = joining or 0
         tile = 0
+        chunk_tile = 0  # tiles since the op's last constant group (a weight chunk's tiles)
         buffers = None
-        first_loads_end = None  # where the op's first tile's loads end, while its second may join them
+        first_loads_end = None  # where a chunk's first tile's loads end, while its second may join them
         for command in commands:
             if isinstance(command, ConstLoads):
                 for k, step in enumerate(command.loads):
                     self._const(step, last=k == len(command.loads) - 1, join=joining is not None)
                 first_loads_end = None
+                chunk_tile = 0
                 continue
             b = tile % 2
             tile += 1
+            chunk_tile += 1
             # a tile in other buffers than the tile before (a Concat tiles each input its own
             # way) may overlap either of the old ones: it waits as an op's first tiles do
             start = len(self.code)
             self._tile(command, b, first_two=tile <= 2 or command.buffers != buffers)
-            if tile == 2 and first_loads_end is not None and command.buffers == buffers and command.loads:
+            if (
+                chunk_tile == 2
+                and first_loads_end is not None
+                and command.buffers == buffers
+                and command.loads
+            ):
                 self._hoist_second_loads(first_loads_end, start, len(command.loads))
-            first_loads_end = start + len(command.loads) if tile == 1 and command.loads else None
+            first_loads_end = start + len(command.loads) if chunk_tile == 1 and command.loads else None
             buffers = command.buffers
 
     def _joining_offset(self, commands: list[Command]) -> int | None:
@@ -183,7 +206,8 @@ class Lowering:
         if any(is_pinned(step) for step in loads):
             return None  # a pinned table's load writes no slot
         at = align(self.group_end)
-        if at + max(step.args["sram"].offset + box_bytes(step) for step in loads) > self.sram.const_slot:
+        room = 2 * self.sram.const_slot - self.fresh_base if self.fresh else self.sram.const_slot
+        if at + max(step.args["sram"].offset + box_bytes(step) for step in loads) > room:
             return None
         loading = sum(cost(Instruction(step.op, step.args), self.target) for step in loads)
         computing = sum(
@@ -209,6 +233,7 @@ class Lowering:
                     self.slot ^= 1
                     self.const_token = SLOT_TOKENS[self.slot]
                     self.group_end = 0
+                    self.fresh_base = align(self.fresh_end)
                 self.groups.append([])
                 self.first_input.append(None)
                 self.group_tokens.append(self.const_token)
@@ -216,7 +241,7 @@ class Lowering:
                     self.pinned_groups.add(len(self.groups) - 1)
         at = len(self.code)
         wait = (1 << T_DONE[0]) | (1 << T_DONE[1])
-        if pinned:
+        if pinned or self.fresh:
             wait = 0  # SRAM no other instruction of the program touches: only the DMA queue orders it
         elif not self.sram.const_slot:
             # one area for constants and tiles: this op's constants land where the op before kept
@@ -229,6 +254,10 @@ class Lowering:
             if not pinned:
                 end = self.const_shift + step.args["sram"].offset + box_bytes(step)
                 self.group_end = max(self.group_end, end)
+                if self.fresh:
+                    self.fresh_end = max(self.fresh_end, self.fresh_base + end)
+                    if self.fresh_end > 2 * self.sram.const_slot:
+                        raise DoesNotFit  # the subgraph's constants outgrow the area
 
     def _tile(self, tile: Tile, b: int, first_two: bool) -> None:
         buffer = tile.buffers[b]
@@ -254,7 +283,8 @@ class Lowering:
             self._emit(tile.compute, buffer, wait, T_DONE[b])
         self.unstored[b] = tile.compute is not None and tile.store is None
         if tile.store is not None:
-            wait = 0
+            # a tile that is only a store (of resident bytes: emit_data) waits as its loads would
+            wait = load_wait if not tile.loads and tile.compute is None else 0
             if "compute" in tile.store_after:
                 wait |= 1 << T_DONE[b]
             if "load" in tile.store_after:
@@ -269,6 +299,10 @@ class Lowering:
         second tile loads into the other buffer while the first computes."""
         self.code[to:to] = self.code[start : start + count]
         del self.code[start + count : start + 2 * count]
+        self.input_loads = sorted(
+            i + count if to <= i < start else to + i - start if start <= i < start + count else i
+            for i in self.input_loads
+        )
         if self.first_input and self.first_input[-1] == to - 1:
             # the next constant group goes after both tiles' loads: before the second's, the
             # DMA queue (in order) would hold the second tile back by the constants' time
@@ -276,6 +310,8 @@ class Lowering:
 
     def _emit(self, step: Step, buffer: int | None, wait: int, signal: int) -> None:
         const_base = self.slot * self.sram.const_slot if self.sram.const_slot else 0
+        if self.fresh:
+            const_base = self.fresh_base
         args = {}
         for name, value in step.args.items():
             if isinstance(value, InTile):
@@ -285,6 +321,8 @@ class Lowering:
             args[name] = value
         if step.op == "load" and signal in T_IN and self.first_input and self.first_input[-1] is None:
             self.first_input[-1] = len(self.code)
+        if step.op == "load" and signal in T_IN:
+            self.input_loads.append(len(self.code))
         self.in_group = False
         self.code.append(Instruction(step.op, args, wait, signal))
 
@@ -300,7 +338,8 @@ class Lowering:
     def _hoist_constants(self) -> tuple[list[int], set[int]]:
         """Move each constant group up (`_hoisted_order`, with `_early_anchors`). Returns each old
         index's new one and the old indices that moved."""
-        self.code, order, moved, self.hoisted_before = self._arranged(self._early_anchors())
+        early = self._early_anchors()
+        self.code, order, moved, self.hoisted_before = self._arranged(early, self._late_anchors(early))
         position = [0] * len(order)
         for new, old in enumerate(order):
             position[old] = new
@@ -326,12 +365,62 @@ class Lowering:
             chosen[j] = min(candidates, key=lambda k, j=j: (self._ends({**chosen, j: k}), -k))
         return chosen
 
-    def _ends(self, early: dict[int, int]) -> int:
-        """The estimated end of the stream with its groups hoisted, pinned ones as `early` says."""
-        return estimate(self._arranged(early)[0], self.target)["cycles"]
+    def _late_anchors(self, early: dict[int, int]) -> dict[int, int]:
+        """With fresh constants, the place of each group in the stream: the start, or after an
+        input load before the group, back to the first input load of the slots' group
+        `EARLY_GROUPS` before it (up to `LATE_PLACES` of them, evenly spaced), where the
+        estimate finds the stream ends sooner than at `_hoisted_order`'s place for it; each
+        group in stream order given the others' places, in `LATE_PASSES` passes. A fresh group
+        waits for nothing, so it may go anywhere before its op; what decides is the DMA queue,
+        which is in order: hoisted after the first input load of the group before (the slots'
+        rule), Silero VAD's 64 KiB square root table held its STFT convolution's third tile
+        load back by 2,198 cycles, where after the fourth it still loads before the square root
+        runs; and its first encoder's weights, which nothing but the STFT's loads can go ahead
+        of, want to be as early as they can. (With slots a group cannot go earlier than that
+        rule's place, and later would hold the slot's next group back as well: not tried.)"""
+        chosen: dict[int, int] = {}
+        if not (self.fresh and self.target):
+            return chosen
+        for _ in range(LATE_PASSES):
+            self._late_pass(early, chosen)
+        return chosen
+
+    def _late_pass(self, early: dict[int, int], chosen: dict[int, int]) -> None:
+        """One pass of `_late_anchors` over the groups in stream order, each placed given the
+        places of the others in `chosen` (updated)."""
+        slotted: list[int] = []
+        for j in range(len(self.groups)):
+            chosen.pop(j, None)
+            if not self.groups[j]:
+                continue
+            k = (
+                early.get(j, slotted[-1] if slotted else -1)
+                if j in self.pinned_groups
+                else (slotted[-1] if slotted else -1)
+            )
+            back = slotted[-EARLY_GROUPS] if len(slotted) >= EARLY_GROUPS else None
+            floor = self.first_input[back] if back is not None else None
+            floor = START if floor is None else floor
+            places = [x for x in self.input_loads if floor <= x < self.groups[j][0]]
+            places = ([START] if floor == START else []) + _spread(places, LATE_PLACES)
+            default = self.first_input[k] if self._anchor(k, j) else None
+            stay = self._ends(early, chosen) if default is None else None
+            ends = {x: self._ends(early, {**chosen, j: x}) for x in places if x != default}
+            if default is not None:
+                ends[default] = self._ends(early, {**chosen, j: default})
+            best = min(ends, key=lambda x: (ends[x], x != default, -x), default=None)
+            if best is not None and (stay is None or ends[best] < stay):
+                chosen[j] = best
+            if j not in self.pinned_groups:
+                slotted.append(j)
+
+    def _ends(self, early: dict[int, int], late: dict[int, int] | None = None) -> int:
+        """The estimated end of the stream with its groups hoisted, pinned ones as `early` says
+        and slots' groups as `late` says."""
+        return estimate(self._arranged(early, late)[0], self.target)["cycles"]
 
     def _arranged(
-        self, early: dict[int, int]
+        self, early: dict[int, int], late: dict[int, int] | None = None
     ) -> tuple[list[Instruction], list[int], set[int], dict[int, int]]:
         """The instructions in their hoisted order (`_hoisted_order`), with each group of pinned
         tables moved after group k's first input load signalling the slot token k's op does not
@@ -339,7 +428,7 @@ class Lowering:
         k's, it would hold k's computes back by the table's load. A wait names the latest signal
         of a token before it, which is the table's or a later load's (the DMA queue is in order).
         Also the order, the moved indices and the compute anchors' counts."""
-        order, moved, before, anchors = self._hoisted_order(early)
+        order, moved, before, anchors = self._hoisted_order(early, late or {})
         code = list(self.code)
         starts = sorted(at for at, _ in self.marks)
         for j, k in anchors.items():
@@ -364,7 +453,7 @@ class Lowering:
         return anchor is not None and anchor < self.groups[j][0]
 
     def _hoisted_order(
-        self, early: dict[int, int]
+        self, early: dict[int, int], late: dict[int, int]
     ) -> tuple[list[int], set[int], dict[int, int], dict[int, int]]:
         """The stream's order with each constant group moved up to just after the first input
         load of the slots' group before it (a group of pinned tables: of the group `early` names,
@@ -379,13 +468,16 @@ class Lowering:
         for j in range(len(self.groups)):
             k = early.get(j, slotted) if j in self.pinned_groups else slotted
             if self._anchor(k, j):
-                moves.setdefault(self.first_input[k], []).extend(self.groups[j])
+                moves.setdefault(late.get(j, self.first_input[k]), []).extend(self.groups[j])
                 anchors[j] = k
+            elif j in late:  # a place of `_late_anchors` where this rule has none
+                moves.setdefault(late[j], []).extend(self.groups[j])
             if j not in self.pinned_groups:
                 slotted = j
         moved = {i for group in moves.values() for i in group}
         order: list[int] = []
         before: dict[int, int] = dict(self.hoisted_before)
+        order.extend(moves.get(START, []))
         for i in range(len(self.code)):
             if i in moved:
                 continue
@@ -401,95 +493,6 @@ class Lowering:
         return order, moved, before, anchors
 
 
-def _contiguous(step: Step) -> InTile | None:
-    """The tile-buffer offset of an on-chip copy (`space` 1) of a dense box: a load of contiguous
-    bytes of a resident tensor (with borders it adds, possibly) or a store of them, which the
-    compute can address where they are."""
-    a = step.args
-    dims = far_box(a)
-    strides = [a[f"s{k}"] for k in range(4)]
-    dense = 1
-    for k in (3, 2, 1, 0):
-        if dims[k] > 1 and strides[k] != dense:
-            return None
-        dense *= dims[k]
-    if a["space"] != 1 or not isinstance(a["sram"], InTile):
-        return None
-    return a["sram"]
-
-
-def _in_place(tile: Tile, written: list[tuple[int, int]] | None = None) -> Tile:
-    """The tile with its on-chip copies of contiguous resident bytes dropped and its compute's operands
-    pointing at the resident tensors (module docstring). Only where the operands are unambiguous:
-    each dropped copy's buffer offset is a compute operand exactly, no other operand points into
-    its bytes, and no input and the output share an offset (a compute in place in its buffer). A
-    copy that pads its box is dropped only where it is a conv's or pool's input and pads with the
-    code the op's own borders hold: the compute then takes the borders (INPUT_PADS). `written`
-    (a tile of an op of several): the resident bytes the op's tiles store, which no copy of its
-    own is dropped for, unless the tile stores exactly those bytes itself (an element-wise
-    result in place: it reads and writes them where they live)."""
-    if tile.compute is None or tile.store_after != frozenset({"compute"}):
-        return tile
-    where: dict[InTile, int] = {}  # a dropped copy's buffer offset -> the resident address
-    borders: dict[str, int] = {}
-    kept = []
-    for load in tile.loads:
-        offset = _contiguous(load)
-        pads = [load.args[p] for p in LOAD_PADS]
-        if any(pads) and offset is not None:
-            compute = tile.compute
-            if (
-                borders
-                or offset != compute.args.get("src")
-                or load.args["pad_value"] != border_code(compute.op, compute.args)
-            ):
-                offset = None  # the copy stays: not the op's input, or padded with another code
-            else:
-                borders = dict(zip(INPUT_PADS, pads))
-        if offset is not None and written is not None:
-            start, end = far_span(load.args, "dram")
-            others = list(written)
-            if tile.store is not None and tile.store.args["space"] == 1:
-                # an element-wise result in its operand's place (allocation.py): this tile writes
-                # back exactly the bytes it reads, and element k only reads element k
-                own = far_span(tile.store.args, "dram")
-                if own == (start, end) and own in others:
-                    others.remove(own)
-            if any(s < end and start < e for s, e in others):
-                offset = None  # another tile of the op writes those bytes: read a copy
-        if offset is None or offset in where:
-            kept.append(load)
-        else:
-            where[offset] = load.args["dram"]
-    out = _contiguous(tile.store) if tile.store is not None else None
-    if out is not None and out in where:
-        return tile
-    operands = [v for v in tile.compute.args.values() if isinstance(v, InTile)]
-    dropped = [*where, *([out] if out is not None else [])]
-    if not dropped or any(o not in operands for o in dropped):
-        return tile
-    sizes = {}
-    for load in tile.loads:
-        if load.args["sram"] in where:
-            sizes[load.args["sram"]] = box_bytes(load)
-    if out is not None:
-        sizes[out] = box_bytes(tile.store)
-    for v in operands:
-        for offset, size in sizes.items():
-            if v != offset and offset.offset <= v.offset < offset.offset + size:
-                return tile  # an operand inside a dropped copy's bytes
-    if out is not None:
-        where[out] = tile.store.args["dram"]
-    args = {k: where.get(v, v) if isinstance(v, InTile) else v for k, v in tile.compute.args.items()}
-    return Tile(
-        tile.buffers,
-        kept,
-        Step(tile.compute.op, {**args, **borders}),
-        None if out is not None else tile.store,
-        tile.store_after,
-    )
-
-
 def _first_kept(at: int, position: list[int], moved: set[int], before: dict[int, int]) -> int:
     """Where an op's first instruction that stayed in place went (its start after hoisting). The
     constant loads hoisted to just before an op's compute (an op without input loads) belong to
@@ -499,3 +502,9 @@ def _first_kept(at: int, position: list[int], moved: set[int], before: dict[int,
     if at in before:
         return position[at] - before[at]
     return position[at] if at < len(position) else len(position)
+
+
+def _spread(items: list[int], count: int) -> list[int]:
+    """Up to `count` of `items`, evenly spaced, the last among them."""
+    step = max(1, -(-len(items) // count))
+    return items[::-1][::step][::-1]

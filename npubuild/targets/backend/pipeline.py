@@ -88,10 +88,12 @@ def lower_subgraph(
     allocation: Allocation,
     target: dict,
     join: bool = False,
+    fresh: bool = False,
 ) -> tuple[list[Instruction], list[tuple[int, Op]]]:
     """The subgraph's instructions and where each of its ops starts; with `join`, weight-bound ops
-    load their constants with the group before (lowering.py)."""
-    lowering = Lowering(ctx.sram, target=target, join=join)
+    load their constants with the group before; with `fresh`, every constant group loads into
+    SRAM of its own (lowering.py)."""
+    lowering = Lowering(ctx.sram, target=target, join=join, fresh=fresh)
     whole = ctx.sram
     for i in indices:
         # an interval that leaves resident tensors less SRAM gives its ops' tiles the rest

@@ -149,7 +149,7 @@ def conv(
     step = og if group > 1 else 1  # whole groups per chunk
     # a depthwise convolution of a resident map: whole channels first, as a max pool's. Its
     # channels are independent and each is a dense box, which a tile then reads where it lies,
-    # borders and all (lowering._in_place); a tile of rows across every channel is a copy
+    # borders and all (in_place.in_place); a tile of rows across every channel is a copy
     # (PP-OCRv4 det's stride-2 depthwise layers: copies the MAC array waited for). Fewer channels
     # per tile cost no array cycles: the depthwise mapping packs positions into spare columns.
     order = (1, 0, 2)
@@ -359,7 +359,7 @@ def global_avgpool(ctx: OpContext, op: Op, split: int) -> OpSchedule:
         return 0, align(cb * rows * w * xb) + cb * 2, cb * 8
 
     # a resident map: whole channels first, as a max pool's. A map's channels are dense boxes,
-    # which the tiles then read where they lie (lowering._in_place); tiles of rows across every
+    # which the tiles then read where they lie (in_place.in_place); tiles of rows across every
     # channel copied the map (PP-OCRv4 det's finest squeeze-excite pool: 614 KB, 9,638 cycles of
     # copies the MAC array waited for). In DRAM the map is loaded either way, and a tile of fewer
     # channels fills fewer of the array's columns (cycles.channelwise_cycles): rows first.
@@ -390,7 +390,7 @@ def pool(ctx: OpContext, op: Op, split: int, maxpool: bool = False) -> OpSchedul
         return 0, align(tile) + align(cb * rows * cols * yb) + (0 if maxpool else rows * cols * 16)
 
     # a max pool's tiles are whole channels first (a resident map's channels are dense boxes, read
-    # in place: lowering._in_place); an average pool's rows first, since each tile loads its
+    # in place: in_place.in_place); an average pool's rows first, since each tile loads its
     # positions' (M0, shift) and tiles of channels would load all of them each
     cb, rows, cols = shrink(ctx.sram, sizes, (c, oh, ow), order=(0, 1, 2) if maxpool else (1, 0, 2))
     rows = -(-rows // split)
