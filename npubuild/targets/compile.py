@@ -96,6 +96,7 @@ def compile_npub(
     reuse_dram: bool = True,
     group: bool = True,
     resident_shares: tuple[float, ...] = RESIDENT_SHARES,
+    fresh: bool = True,
 ) -> tuple[bytes, str, dict]:
     """The binary with the least estimated latency over the grouping choices (or one within DRAM_TIE
     of it that saves a larger share of DRAM traffic than it costs in cycles): how much SRAM
@@ -104,8 +105,9 @@ def compile_npub(
     at each share whether chains of layers whose maps exceed it run in row stripes
     (stripes.py). Where early reductions (backend/reorder.py) change the order of the ops, the
     choices are compiled in both orders. Without grouping (or when checking every op's result),
-    every tensor goes through DRAM."""
-    options = (reuse_dram, group, resident_shares)
+    every tensor goes through DRAM. Without `fresh`, no choice has fresh constants (the precision
+    search's price compiles: docs/mixed-precision.md, "Cost estimate")."""
+    options = (reuse_dram, group, resident_shares, fresh)
     results, tried = _grouping_search(program, arrays, model, target, plan, *options)
     if group and reuse_dram:  # the order only matters where tensors may stay on chip
         shapes = model_shapes(model)
@@ -141,6 +143,7 @@ def _grouping_search(
     reuse_dram: bool,
     group: bool,
     resident_shares: tuple[float, ...],
+    fresh: bool = True,
 ) -> tuple[list[tuple[bytes, str, dict]], list[dict]]:
     """Every grouping choice compiled for this order of the ops: the results, and what each was."""
     grouping = group and reuse_dram
@@ -252,7 +255,7 @@ def _grouping_search(
                 if striped and _cycles(results[k]) > _cycles(results[plain]) * (1 + STRIPED_WITHIN):
                     continue
                 if _cycles(results[k]) <= fastest_first * (1 + REFINE_WITHIN):
-                    _refine(choices, results, attempt, family, budget_of(1.0))
+                    _refine(choices, results, attempt, family, budget_of(1.0) if fresh else 0)
             past_grid()
     return results, tried
 
@@ -323,16 +326,21 @@ def _family(choice: Grouping) -> tuple:
     return choice.resident_bytes, id(choice.striping), choice.caps
 
 
-def _refine(choices: list[Grouping], results: list, attempt, family: tuple, sram_bytes: int) -> None:
+def _refine(choices: list[Grouping], results: list, attempt, family: tuple, fresh_sram: int) -> None:
     """The refinements of the fastest choice of one resident budget and striping, each from the
     fastest so far of that family: constant slots halfway to their neighbours on the grid; the
     resident tensors claiming SRAM shortest-lived first; weight-bound ops' constants joining the
     group before (backend/lowering.py; it needs constant slots); tables pinned, with the constant
-    slots halfway to their neighbours again; element-wise results in place."""
+    slots halfway to their neighbours again; element-wise results in place; every constant group
+    in SRAM of its own (fresh constants), where they fit half of `fresh_sram` less the resident
+    tensors (0: not tried)."""
+
+    def fastest() -> int:  # the index of the family's fastest result so far
+        here = [k for k, c in enumerate(choices) if _family(c) == family]
+        return min(here, key=lambda k: _cycles(results[k]))
 
     def best() -> Grouping:
-        here = [k for k, c in enumerate(choices) if _family(c) == family]
-        return choices[min(here, key=lambda k: _cycles(results[k]))]
+        return choices[fastest()]
 
     base = best()
     for finer in _between(base.const_share, CONST_SLOT_SHARES):
@@ -359,11 +367,10 @@ def _refine(choices: list[Grouping], results: list, attempt, family: tuple, sram
         attempt(dataclasses.replace(best(), in_place=True))
     # every constant in SRAM of its own, where they all fit a share of what the ops have
     # (lowering.py, "fresh constants"); sized by the constants section of the fastest so far
-    here = [k for k, c in enumerate(choices) if _family(c) == family]
-    fastest = min(here, key=lambda k: _cycles(results[k]))
-    need = results[fastest][2].get("constant_bytes", 0)
-    if 0 < need <= FRESH_CONSTANTS_MAX * (sram_bytes - choices[fastest].resident_bytes):
-        attempt(dataclasses.replace(choices[fastest], fresh_constants=need + FRESH_CONSTANTS_SLACK))
+    k = fastest()
+    need = results[k][2].get("constant_bytes", 0)
+    if 0 < need <= FRESH_CONSTANTS_MAX * (fresh_sram - choices[k].resident_bytes):
+        attempt(dataclasses.replace(choices[k], fresh_constants=need + FRESH_CONSTANTS_SLACK))
 
 
 def _identity(choice: Grouping) -> tuple:

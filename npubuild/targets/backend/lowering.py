@@ -393,11 +393,8 @@ class Lowering:
             chosen.pop(j, None)
             if not self.groups[j]:
                 continue
-            k = (
-                early.get(j, slotted[-1] if slotted else -1)
-                if j in self.pinned_groups
-                else (slotted[-1] if slotted else -1)
-            )
+            last = slotted[-1] if slotted else -1
+            k = early.get(j, last) if j in self.pinned_groups else last  # `_hoisted_order`'s anchor
             back = slotted[-EARLY_GROUPS] if len(slotted) >= EARLY_GROUPS else None
             floor = self.first_input[back] if back is not None else None
             floor = START if floor is None else floor
