@@ -235,6 +235,25 @@ def test_lowering_alternates_buffers_and_chains_the_tokens():
     assert spans[1][0] < spans[2][1]  # the second load starts before the first compute ends
 
 
+def test_each_weight_chunk_s_second_tile_loads_while_its_first_computes():
+    """An op whose weights come in chunks (a constant group each) runs each chunk's tiles as an op
+    runs its own: the chunk's second tile loads before its first computes, in the other buffer
+    (Silero VAD's STFT convolution in two chunks: the fourth tile's load sat behind the third's
+    compute and store, and the constant groups hoisted after the third's load)."""
+    lowering = Lowering(SramPlan(1 << 16, const_slot=4096))
+    chunk = [ConstLoads([const_load(0, 0, 64)]), _tile(), _tile()]
+    lowering.add_op(CLAMP, [*chunk, ConstLoads([const_load(0, 64, 64)]), _tile(), _tile()])
+    code, _ = lowering.finish()
+    tile_loads = [k for k, i in enumerate(code) if i.op == "load" and i.args["sram"] in (1000, 2000)]
+    assert len(tile_loads) == 4
+    first, second = tile_loads[2:]
+    assert second == first + 1, [i.op for i in code]  # no compute or store between them
+    timeline = Timeline(BUILTIN_TARGETS["vnpu-m"].model_dump())
+    spans = [timeline.add(i) for i in code]
+    third_compute = next(k for k in range(first, len(code)) if code[k].op == "clamp")
+    assert spans[second][0] < spans[third_compute][1]  # it loads while the third tile computes
+
+
 def test_constant_groups_alternate_slots_and_hoist_ahead():
     lowering = Lowering(SramPlan(1 << 16, const_slot=4096))
     group = ConstLoads([const_load(0, 0, 64), const_load(64, 64, 64)])
