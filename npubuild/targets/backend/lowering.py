@@ -377,7 +377,11 @@ class Lowering:
         load back by 2,198 cycles, where after the fourth it still loads before the square root
         runs; and its first encoder's weights, which nothing but the STFT's loads can go ahead
         of, want to be as early as they can. (With slots a group cannot go earlier than that
-        rule's place, and later would hold the slot's next group back as well: not tried.)"""
+        rule's place, and later would hold the slot's next group back as well: not tried.) A
+        group of pinned tables placed before its anchor group keeps the token `_arranged` gives
+        it against that anchor's: an op between that waits for the same token then waits for
+        the table too, a delay the estimate sees (a wait names the latest signal, and the DMA
+        queue is in order), never a hazard."""
         chosen: dict[int, int] = {}
         if not (self.fresh and self.target):
             return chosen
