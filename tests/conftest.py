@@ -305,11 +305,11 @@ def integer_variants(model, tmp: Path, samples, variants: dict) -> dict:
 
 def npu_instructions(binary) -> list:
     """Every instruction of a read `.npub`'s NPU subgraphs, decoded, in stream order."""
-    from npubuild.targets.isa import decode
+    from npubuild.targets.isa import subgraph_program
 
     return [
         i
-        for sg in binary.meta["subgraphs"]
+        for k, sg in enumerate(binary.meta["subgraphs"])
         if sg["device"] == "npu"
-        for i in decode(binary.code[sg["code"][0] : sg["code"][0] + sg["code"][1]], binary.version[0])
+        for i in subgraph_program(binary, sg, k)
     ]

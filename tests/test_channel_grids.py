@@ -14,7 +14,7 @@ import pytest
 from onnx import helper
 from test_quantize import SETTINGS  # the quantizer defaults the other quantize tests use
 
-from conftest import integer_variants, small_model
+from conftest import integer_variants, npu_instructions, small_model
 from npubuild.intmodel.interpreter import load_integer_model
 from npubuild.stages import calibrate
 from npubuild.stages.feeds import session
@@ -120,12 +120,7 @@ def test_the_simulator_computes_the_integer_models_codes(tmp_path, standalone):
         assert binary_hazards(data) == []
         binary = npub.read(data)
         assert binary.version[0] >= 6  # per-channel shifts: format 6.0 on
-        instructions = [
-            i
-            for sg in binary.meta["subgraphs"]
-            if sg["device"] == "npu"
-            for i in decode(binary.code[sg["code"][0] : sg["code"][0] + sg["code"][1]], binary.version[0])
-        ]
+        instructions = npu_instructions(binary)
         if standalone:
             assert any(i.op == "lut" and i.args["shifts"] >= 0 for i in instructions)
         else:

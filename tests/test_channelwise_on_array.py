@@ -12,12 +12,12 @@ import pytest
 from onnx import helper
 from test_quantize import SETTINGS
 
-from conftest import integer_variants, small_model
+from conftest import integer_variants, npu_instructions, small_model
 from npubuild.targets import npub
 from npubuild.targets.compile import compile_npub, plan_partition
 from npubuild.targets.cycles import cost, engine
 from npubuild.targets.hazards import binary_hazards
-from npubuild.targets.isa import Instruction, decode
+from npubuild.targets.isa import Instruction
 from npubuild.targets.runtime import Runtime
 from npubuild.targets.spec import BUILTIN_TARGETS, TargetSpec
 
@@ -108,12 +108,7 @@ def test_a_squeeze_excite_network_runs_its_pools_and_gates_on_the_array(built, g
         data, _, stats = compile_npub(program, arrays, model, target, plan, group=group)
         assert binary_hazards(data) == []
         binary = npub.read(data)
-        code = [
-            i
-            for sg in binary.meta["subgraphs"]
-            if sg["device"] == "npu"
-            for i in decode(binary.code[sg["code"][0] : sg["code"][0] + sg["code"][1]], binary.version[0])
-        ]
+        code = npu_instructions(binary)
         fields = target.model_dump()
         ops = {i.op for i in code if engine(i, fields) == "mac"} - {"conv"}
         assert ops == ({"gap", "pool", "mul"} if target is on else set()), ops

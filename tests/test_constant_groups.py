@@ -16,7 +16,7 @@ from onnx import helper
 from test_quantize import SETTINGS
 
 import npubuild.targets.compile as compile_module
-from conftest import integer_variants, small_model
+from conftest import integer_variants, npu_instructions, small_model
 from npubuild.targets import isa, npub
 from npubuild.targets.backend import lowering
 from npubuild.targets.backend.memory import DoesNotFit
@@ -99,15 +99,11 @@ def _compile(built, choice: Grouping) -> tuple[bytes, dict]:
 def _constant_loads(data: bytes) -> list[isa.Instruction]:
     binary = npub.read(data)
     base = binary.meta["constants_base"]
-    loads = []
-    for subgraph in binary.meta["subgraphs"]:
-        if subgraph["device"] == "npu":
-            at, size = subgraph["code"]
-            program = isa.decode(binary.code[at : at + size], binary.version[0])
-            loads += [
-                i for i in program if i.op == "load" and i.args["space"] == 0 and i.args["dram"] >= base
-            ]
-    return loads
+    return [
+        i
+        for i in npu_instructions(binary)
+        if i.op == "load" and i.args["space"] == 0 and i.args["dram"] >= base
+    ]
 
 
 def test_fresh_constants_load_without_waiting_and_compute_the_integer_model(built):

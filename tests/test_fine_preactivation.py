@@ -12,7 +12,7 @@ import pytest
 from onnx import helper
 from test_quantize import SETTINGS  # the quantizer defaults the other quantize tests use
 
-from conftest import integer_variants, small_model
+from conftest import integer_variants, npu_instructions, small_model
 from npubuild.intmodel.codes import qrange
 from npubuild.intmodel.lut import lut_function
 from npubuild.intmodel.ops import LUT_OPS
@@ -21,7 +21,6 @@ from npubuild.stages.quantize.planning import TensorParams
 from npubuild.stages.quantize.tables import WIDE_INPUT_SHIFT, table_op
 from npubuild.targets import npub
 from npubuild.targets.compile import compile_npub, plan_partition
-from npubuild.targets.isa import decode
 from npubuild.targets.runtime import Runtime
 from npubuild.targets.spec import BUILTIN_TARGETS
 
@@ -97,12 +96,7 @@ def test_the_table_runs_in_the_convolutions_output_path_and_the_simulator_agrees
     plan = plan_partition(program, arrays, model, target)
     data, _, _ = compile_npub(program, arrays, model, target, plan)
     binary = npub.read(data)
-    instructions = [
-        i
-        for sg in binary.meta["subgraphs"]
-        if sg["device"] == "npu"
-        for i in decode(binary.code[sg["code"][0] : sg["code"][0] + sg["code"][1]], binary.version[0])
-    ]
+    instructions = npu_instructions(binary)
     shifted = [i for i in instructions if i.op == "conv" and i.args["lut"] >= 0]
     assert shifted and all(i.args["lut_shift"] == WIDE_INPUT_SHIFT for i in shifted)
     assert all(i.args["out_bits"] == 16 and i.args["lut_bits"] == 8 for i in shifted)

@@ -10,6 +10,7 @@ import struct
 import numpy as np
 import pytest
 
+from conftest import npu_instructions
 from npubuild.targets.cycles import conv_cycles, conv_mapping
 from npubuild.targets.isa import MAPPINGS, OPERANDS, Instruction, decode, encode
 from npubuild.targets.npub import NpubError
@@ -205,13 +206,7 @@ def test_the_real_direction_classifier_runs_its_depthwise_layers_in_the_depthwis
     binary = npub.read(cls_binary.read_bytes())
     rows, cols = BUILTIN_TARGETS["vnpu-m"].mac_rows, BUILTIN_TARGETS["vnpu-m"].mac_cols
     bands = BUILTIN_TARGETS["vnpu-m"].row_bands
-    convs = [
-        i
-        for sg in binary.meta["subgraphs"]
-        if sg["device"] == "npu"
-        for i in decode(binary.code[sg["code"][0] : sg["code"][0] + sg["code"][1]], binary.version[0])
-        if i.op == "conv"
-    ]
+    convs = [i for i in npu_instructions(binary) if i.op == "conv"]
     depthwise = [i for i in convs if i.args["group"] > 1 and i.args["group"] == i.args["in_c"]]
     assert depthwise and all(i.args["mapping"] == MAPPINGS["depthwise"] for i in depthwise)
     assert {i.args["mapping"] for i in convs if i not in depthwise} <= {

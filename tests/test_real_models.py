@@ -10,7 +10,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from conftest import EXAMPLE, run_build
+from conftest import EXAMPLE, npu_instructions, run_build
 from npubuild.cache.store import Store
 
 # Left out of the quick tier (pytest -m "not slow"): it builds the example workspace's three
@@ -233,14 +233,10 @@ def test_simulator_is_bit_exact_with_the_integer_model_on_every_npu_op(example, 
 
 
 def _bordered_reads(binary) -> int:
-    from npubuild.targets.isa import INPUT_PADS, decode
+    from npubuild.targets.isa import INPUT_PADS
 
     return sum(
-        1
-        for sg in binary.meta["subgraphs"]
-        if sg["device"] == "npu"
-        for i in decode(binary.code[sg["code"][0] : sg["code"][0] + sg["code"][1]], binary.version[0])
-        if i.op in ("conv", "pool") and any(i.args[k] for k in INPUT_PADS)
+        1 for i in npu_instructions(binary) if i.op in ("conv", "pool") and any(i.args[k] for k in INPUT_PADS)
     )
 
 

@@ -35,9 +35,8 @@ def test_a_resident_tensor_transposed_into_dram_is_one_store(tmp_path, target):
     spec = BUILTIN_TARGETS[target]
     data, _, _ = compile_npub(program, arrays, model, spec, plan_partition(program, arrays, model, spec))
     binary = npub.read(data)
-    (subgraph,) = [s for s in binary.meta["subgraphs"] if s["device"] == "npu"]
-    at, size = subgraph["code"]
-    code = isa.decode(binary.code[at : at + size], binary.version[0])
+    ((k, subgraph),) = [(k, s) for k, s in enumerate(binary.meta["subgraphs"]) if s["device"] == "npu"]
+    code = isa.subgraph_program(binary, subgraph, k)
     marks = [k for k, name, _ in subgraph["marks"] if name == "to_rows"]
     transpose = code[marks[0] :]
     stores = [i for i in transpose if i.op == "store" and i.args["space"] == 0]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from npubuild.targets import npub
-from npubuild.targets.isa import decode
+from npubuild.targets.isa import subgraph_program
 
 
 def disassemble(binary: npub.Npub) -> str:
@@ -27,8 +27,7 @@ def disassemble(binary: npub.Npub) -> str:
         if sg["device"] == "cpu":
             lines.append(f"; CPU subgraph {k} (onnxruntime): {', '.join(sg['ops'])}")
             continue
-        start, size = sg["code"]
-        program = decode(binary.code[start : start + size], binary.version[0])
+        program = subgraph_program(binary, sg, k)
         lines.append(f"; NPU subgraph {k}: {len(sg['ops'])} ops, {len(program)} instructions")
         for spec in sg["inputs"]:
             lines.append(f";   in  {spec['name']} int{spec['bits']} {spec['shape']} @ {spec['dram']:#x}")

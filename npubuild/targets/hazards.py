@@ -186,14 +186,13 @@ def hazards(program: list[Instruction], target: dict, sram_bytes: int, most: int
 def binary_hazards(data: bytes, most: int = 10) -> list[str]:
     """`hazards` over every NPU subgraph of a `.npub`, each entry naming its subgraph."""
     from npubuild.targets import npub
-    from npubuild.targets.isa import decode
+    from npubuild.targets.isa import subgraph_program
 
     binary = npub.read(data)
     target = binary.meta["target"]
     found = []
     for k, sg in enumerate(binary.meta["subgraphs"]):
         if sg["device"] == "npu":
-            start, size = sg["code"]
-            code = decode(binary.code[start : start + size], binary.version[0])
+            code = subgraph_program(binary, sg, k)
             found += [f"subgraph {k}: {h}" for h in hazards(code, target, target["sram_kib"] * 1024, most)]
     return found[:most]

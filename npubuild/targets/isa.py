@@ -390,3 +390,12 @@ def decode(code: bytes, format_major: int = FORMAT_MAJOR) -> list[Instruction]:
     if any(i.op == "end" for i in out[:-1]):
         raise NpubError("'end' before the end of an instruction stream")
     return out
+
+
+def subgraph_program(binary, sg: dict, k: int) -> list[Instruction]:
+    """NPU subgraph `k`'s instruction stream (`sg`: its metadata entry), decoded from the
+    binary's code section; NpubError where its span lies outside the section."""
+    start, size = sg["code"]
+    if start + size > len(binary.code):
+        raise NpubError(f"subgraph {k}: instruction stream outside the code section")
+    return decode(binary.code[start : start + size], binary.version[0])

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from npubuild.errors import one_line
 from npubuild.intmodel.codes import dequantize, fits_integer
 from npubuild.targets import npub
-from npubuild.targets.isa import decode
+from npubuild.targets.isa import subgraph_program
 from npubuild.targets.meta import Meta
 from npubuild.targets.npub import NpubError
 from npubuild.targets.simulator import DTYPES, Simulator
@@ -100,10 +100,7 @@ class Runtime:
         self.programs = {}
         for k, sg in enumerate(self.subgraphs):
             if sg["device"] == "npu":
-                start, size = sg["code"]
-                if start + size > len(binary.code):
-                    raise NpubError(f"subgraph {k}: instruction stream outside the code section")
-                self.programs[k] = decode(binary.code[start : start + size], binary.version[0])
+                self.programs[k] = subgraph_program(binary, sg, k)
             else:
                 start, size = sg["model"]
                 if start + size > len(binary.sections.get("cpu", b"")):
