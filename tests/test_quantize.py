@@ -243,9 +243,24 @@ def test_small_model_end_to_end(tmp_path):
     assert "clamp" not in summary["op_kinds"]
 
 
+def test_power_spread_counts_decades_between_the_tenth_and_ninetieth_percentile_sample():
+    stats = TensorStats()
+    for scale in (1.0,) * 5 + (10.0,) * 5:  # mean squares 1 and 100: two decades apart
+        stats.update(np.full(64, scale) * np.where(np.arange(64) % 2, 1.0, -1.0))
+    stats.update(np.zeros(64))  # an all-zero sample has no error to weigh: left out
+    meta, _ = stats.to_record()
+    assert meta["power_spread"] == pytest.approx(2.0)
+    same = TensorStats()
+    for seed in range(6):
+        same.update(np.random.default_rng(seed).normal(size=4096))
+    assert same.to_record()[0]["power_spread"] < 0.05
+
+
 def test_relative_range_error_serves_the_faint_images_of_a_mixed_calibration_set(tmp_path):
     """`range_error = "relative"` reaches the ranges: calibrated on bright samples and a few
-    faint ones, the integer model is more accurate on faint images than with pooled errors."""
+    faint ones, the integer model is more accurate on faint images than with pooled errors.
+    "spread" (the default) takes relative where the samples' powers spread over more than
+    `spread_decades` (here every tensor: about four decades), pooled where they do not."""
     rng = np.random.default_rng(15)  # its own: the module's RNG feeds the tests after it
     weights = [rng.normal(size=shape).astype(np.float32) * 0.3 for shape in ((4, 3, 3, 3), (6, 4, 1, 1))]
     graph = helper.make_graph(
@@ -267,18 +282,23 @@ def test_relative_range_error_serves_the_faint_images_of_a_mixed_calibration_set
     unseen_faint = rng.normal(size=(8, 3, 8, 8)).astype(np.float32) * 0.05
     calibration = np.concatenate([bright, faint])
     sqnr = {}
-    for choice in ("pooled", "relative"):
-        (tmp_path / choice).mkdir()
-        _, _, report, _ = pipeline(
-            tmp_path / choice,
-            model,
-            {**SETTINGS, "range_error": choice},
-            samples=calibration,
-            evaluation=unseen_faint,
+    choices = {
+        "pooled": {"range_error": "pooled"},
+        "relative": {"range_error": "relative"},
+        "spread": {},
+        "spread over 10 decades": {"range_error": "spread", "spread_decades": 10.0},
+    }
+    for k, (choice, settings) in enumerate(choices.items()):
+        (tmp_path / str(k)).mkdir()
+        cal, _, report, _ = pipeline(
+            tmp_path / str(k), model, {**SETTINGS, **settings}, samples=calibration, evaluation=unseen_faint
         )
         (out,) = report["outputs"].values()
         sqnr[choice] = out["sqnr_db"]
+    spreads = {name: t["power_spread"] for name, t in tensorfile.load(cal["stats"])[1]["tensors"].items()}
+    assert min(spreads.values()) > 3, spreads
     assert sqnr["relative"] > sqnr["pooled"] + 3, sqnr
+    assert sqnr["spread"] == sqnr["relative"] and sqnr["spread over 10 decades"] == sqnr["pooled"], sqnr
 
 
 def test_int16_activations_are_more_accurate(tmp_path):

@@ -137,10 +137,12 @@ class QuantizeConfig(Strict):
     percentile: float = Field(99.99, gt=50, le=100)
     # the error `mse` minimises over the calibration samples: "pooled", the squared error of
     # every value, where the samples with the largest values decide; "relative", each sample's
-    # squared error over its own power, summed, so a faint image weighs as much as a bright one
-    # (docs/quantization.md, "Every image weighs the same": it gains on the text detector and
-    # loses 3.4 dB on the orientation classifier's validation split, so it is not the default)
-    range_error: Literal["pooled", "relative"] = "pooled"
+    # squared error over its own power, summed, so a faint image weighs as much as a bright one;
+    # "spread", relative for the tensors whose samples' powers spread over more than
+    # `spread_decades` (10th to 90th percentile sample), pooled for the others
+    # (docs/quantization.md, "Every image weighs the same": chosen on the validation split)
+    range_error: Literal["pooled", "relative", "spread"] = "spread"
+    spread_decades: float = Field(0.3, ge=0)
     weight_bits: Literal[8] = 8
     activation_bits: Literal[8, 16] = 8
     per_channel: bool = True

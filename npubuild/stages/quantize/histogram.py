@@ -8,6 +8,8 @@ values by the inverse of that sample's power (its sum of squares), so a squared 
 it is each sample's error relative to its own signal, every sample weighing the same. A faint
 image's values sit low in ranges that bright ones set; counted, they are outvoted by the bright
 images' large values, weighed, they are not (docs/quantization.md, "Every image weighs the same").
+How far the samples' powers spread (`power_spread`: decades between the 10th and the 90th
+percentile sample's mean square) says whether that matters for a tensor: one float per sample.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class TensorStats:
         self.channel_sum: np.ndarray | None = None
         self.channel_absmax: np.ndarray | None = None
         self.channel_count = 0
+        self.sample_power: list[float] = []  # each sample's mean square
 
     def update(self, x: np.ndarray, channel_axis: int | None = None) -> None:
         x = np.asarray(x, dtype=np.float64)
@@ -59,6 +62,7 @@ class TensorStats:
         self.sum += float(values.sum())
         power = dot(values, values)
         self.sumsq += power
+        self.sample_power.append(power / values.size)
         need = max(abs(lo), abs(hi))
         if self.radius == 0.0:
             self.radius = need if need > 0 else 1e-8
@@ -82,6 +86,7 @@ class TensorStats:
             "mean": mean,
             "std": var**0.5,
             "radius": self.radius,
+            "power_spread": power_spread(self.sample_power),
         }
         arrays = {"hist": self.hist, "relative_hist": self.relative_hist}
         if self.channel_sum is not None and self.channel_count:
@@ -95,3 +100,13 @@ def _doubled(hist: np.ndarray) -> np.ndarray:
     wider = np.zeros_like(hist)
     wider[BINS // 4 : BINS // 4 + BINS // 2] = hist.reshape(-1, 2).sum(axis=1)
     return wider
+
+
+def power_spread(sample_power: list[float]) -> float:
+    """Decades between the 10th and the 90th percentile of the samples' mean squares (all-zero
+    samples left out: their error is zero whatever the range). 0 when fewer than two remain."""
+    powers = np.asarray([p for p in sample_power if p > 0], dtype=np.float64)
+    if powers.size < 2:
+        return 0.0
+    low, high = np.percentile(np.log10(powers), [10, 90])
+    return float(high - low)

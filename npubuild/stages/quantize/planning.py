@@ -212,8 +212,8 @@ class Planner:
             lo, hi = -1.0, 1.0
         else:
             hist = self.stats_arrays[f"{name}/hist"]
-            if method == "mse" and self.config.get("range_error", "pooled") == "relative":
-                hist = self.stats_arrays[f"{name}/relative_hist"]  # every sample weighs the same
+            if method == "mse" and self.each_sample_weighs_the_same(meta):
+                hist = self.stats_arrays[f"{name}/relative_hist"]
             activation = self.only_activation(name)
             if method == "mse" and bits == 8 and not self.config["symmetric_activations"]:
                 lo, hi = ranges.mse_through(meta, hist, bits, activation)
@@ -231,6 +231,18 @@ class Planner:
                 )
         scale, zp = ranges.quant_params(float(lo), float(hi), bits, self.config["symmetric_activations"])
         return TensorParams(scale, zp, bits), warnings
+
+    def each_sample_weighs_the_same(self, meta: dict) -> bool:
+        """Whether `mse` sums each calibration sample's error relative to its own power (else
+        every value counts once). `range_error = "spread"` (the default) weighs them alike where
+        the samples' powers spread over more than `spread_decades` (a faint image's values sit
+        in the lowest steps of a range the bright ones set), and pools them elsewhere, where the
+        weights differ little and pooling keeps the rare large values that matter downstream
+        (docs/quantization.md, "Every image weighs the same")."""
+        choice = self.config.get("range_error", "spread")
+        if choice == "spread":
+            return meta.get("power_spread", 0.0) > self.config.get("spread_decades", 0.3)
+        return choice == "relative"
 
     def only_activation(self, name: str):
         """The float function of the one lookup-table activation that reads `name`, if that is
