@@ -1,5 +1,6 @@
 """calibrate: run the optimized float model over the calibration set in onnxruntime, one sample
-at a time, and stream per-tensor statistics (memory does not grow with the number of samples)."""
+at a time, and stream per-tensor statistics (fixed-size histograms; 8 bytes per sample and tensor
+for the samples' powers)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Streaming per-tensor statistics whose memory does not grow with the number of samples.
+"""Streaming per-tensor statistics: fixed-size histograms and sums, plus one mean square (8 bytes)
+per sample.
 
 The histogram spans [-R, R] with BINS bins; when data falls outside, R doubles and pairs of bins
 merge, which is exact. Non-finite values are counted and left out.
@@ -9,10 +10,12 @@ it is each sample's error relative to its own signal, every sample weighing the 
 image's values sit low in ranges that bright ones set; counted, they are outvoted by the bright
 images' large values, weighed, they are not (docs/quantization.md, "Every image weighs the same").
 How far the samples' powers spread (`power_spread`: decades between the 10th and the 90th
-percentile sample's mean square) says whether that matters for a tensor: one float per sample.
+percentile sample's mean square) says whether that matters for a tensor.
 """
 
 from __future__ import annotations
+
+from array import array
 
 import numpy as np
 
@@ -35,7 +38,7 @@ class TensorStats:
         self.channel_sum: np.ndarray | None = None
         self.channel_absmax: np.ndarray | None = None
         self.channel_count = 0
-        self.sample_power: list[float] = []  # each sample's mean square
+        self.sample_power = array("d")  # each sample's mean square
 
     def update(self, x: np.ndarray, channel_axis: int | None = None) -> None:
         x = np.asarray(x, dtype=np.float64)
@@ -102,10 +105,11 @@ def _doubled(hist: np.ndarray) -> np.ndarray:
     return wider
 
 
-def power_spread(sample_power: list[float]) -> float:
+def power_spread(sample_power: array) -> float:
     """Decades between the 10th and the 90th percentile of the samples' mean squares (all-zero
     samples left out: their error is zero whatever the range). 0 when fewer than two remain."""
-    powers = np.asarray([p for p in sample_power if p > 0], dtype=np.float64)
+    powers = np.frombuffer(sample_power, dtype=np.float64) if len(sample_power) else np.zeros(0)
+    powers = powers[powers > 0]
     if powers.size < 2:
         return 0.0
     low, high = np.percentile(np.log10(powers), [10, 90])
