@@ -36,7 +36,9 @@ def test_without_a_goal_nothing_of_the_search_runs(small_ws, store):
 
 
 def test_goal_is_met_at_least_cost_and_changing_it_reruns_only_the_search(small_ws, store):
-    set_attr(small_ws, '    mixed_precision = {"goal": {"cosine": 0.9999}},\n')
+    # a goal the all-int8 model misses: with the spread default it reaches 0.999946 on the
+    # search's two photos, past the 0.9999 this test asked for before
+    set_attr(small_ws, '    mixed_precision = {"goal": {"cosine": 0.99999}},\n')
     first = run_build(small_ws, store)
     assert first.ok, first.errors
     assert {SENSITIVITY, SEARCH} <= first.executed()
@@ -54,8 +56,8 @@ def test_goal_is_met_at_least_cost_and_changing_it_reruns_only_the_search(small_
     assert int8["action"] == "all layers int8" and not int8["goal_met"]
     # searched on the even-numbered evaluation photos (2 of 3), judged on the held-out one
     split, held = search["search_split"], search["held_out"]
-    assert (split["samples"], held["samples"]) == (2, 1) and split["reached"] and split["cosine"] >= 0.9999
-    assert search["reached"] == (held["cosine"] >= 0.9999) and search["cosine"] == held["cosine"]
+    assert (split["samples"], held["samples"]) == (2, 1) and split["reached"] and split["cosine"] >= 0.99999
+    assert search["reached"] == (held["cosine"] >= 0.99999) and search["cosine"] == held["cosine"]
     if not search["reached"]:  # the search's own figure does not hold on the image it never saw
         (warning,) = search["warnings"]
         assert "held-out" in warning and f"{held['cosine']:.5f}" in warning
@@ -83,7 +85,7 @@ def test_goal_is_met_at_least_cost_and_changing_it_reruns_only_the_search(small_
     assert all(not p["goal_met"] for p in hand_backs if p["action"].split()[1] in promoted)
 
     build = small_ws / "models" / "BUILD"
-    build.write_text(build.read_text().replace('"cosine": 0.9999}', '"cosine": 0.99985}'))
+    build.write_text(build.read_text().replace('"cosine": 0.99999}', '"cosine": 0.999985}'))
     second = run_build(small_ws, store)
     assert second.executed() == AFTER_SEARCH or second.executed() == {SEARCH}  # identical table: early cutoff
     assert SENSITIVITY not in second.executed()
