@@ -190,18 +190,24 @@ class Reader:
 
 
 def onnxruntime_rows(canonical: Path, calib: list[dict], evaluation: list[dict], tmp: Path) -> list[tuple]:
+    """onnxruntime's recipe: quant_pre_process, then quantize_static with each calibration method.
+    Where pre-processing fails (sympy missing, or the model: PP-OCR cls), the rows are of the
+    unprepared model and say so in their labels, which the summary's "best other tool" repeats."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     reference = [session(canonical).run(None, feed) for feed in evaluation]
     prepared = tmp / "prepared.onnx"
+    unprepared = ""
     try:
         quant_pre_process(str(canonical), str(prepared))
     except Exception as exc:  # record, and quantize the unprepared model
-        print(f"    quant_pre_process failed ({type(exc).__name__}); quantizing without it")
+        print(f"    quant_pre_process failed ({type(exc).__name__}: {exc}); quantizing without it")
         shutil.copy(canonical, prepared)
+        unprepared = " (unprepared)"
     rows = []
     for method in (CalibrationMethod.MinMax, CalibrationMethod.Entropy, CalibrationMethod.Percentile):
+        label = f"onnxruntime {method.name}{unprepared}"
         out = tmp / f"ort_{method.name}.onnx"
         start = time.perf_counter()
         try:
@@ -216,9 +222,9 @@ def onnxruntime_rows(canonical: Path, calib: list[dict], evaluation: list[dict],
                 calibrate_method=method,
             )
         except Exception as exc:
-            rows.append(failed(f"onnxruntime {method.name}", exc))
+            rows.append(failed(label, exc))
             continue
-        rows.append(scored(f"onnxruntime {method.name}", out, start, evaluation, reference))
+        rows.append(scored(label, out, start, evaluation, reference))
     return rows
 
 
@@ -325,15 +331,15 @@ def main() -> None:
             rows += onnxruntime_rows(out / "canonical.onnx", calib, evaluation, mtmp)
             rows += nncf_rows(out / "canonical.onnx", calib, evaluation)
             print(f"\n{target} ({source}): {len(calib)} calibration, {len(evaluation)} evaluation images")
-            print(f"  {'':<24} {'cosine':>8} {'SQNR dB':>8} {'time s':>7}")
+            print(f"  {'':<36} {'cosine':>8} {'SQNR dB':>8} {'time s':>7}")
             for label, cos, sqnr, t, note in rows:
                 if cos is None:
-                    print(f"  {label:<24} {note}")
+                    print(f"  {label:<36} {note}")
                 else:
-                    print(f"  {label:<24} {cos:>8.4f} {sqnr:>8.2f} {t:>7.2f} {note}")
+                    print(f"  {label:<36} {cos:>8.4f} {sqnr:>8.2f} {t:>7.2f} {note}")
             ort_rows = [r for r in rows[1:] if r[1] is not None]
             best = max(ort_rows, key=lambda r: r[2]) if ort_rows else None  # by SQNR
-            pct = next((r for r in ort_rows if r[0].endswith("Percentile")), None)
+            pct = next((r for r in ort_rows if r[0].startswith("onnxruntime Percentile")), None)
             summary.append((target, rows[0], best, pct))
         print("\nsummary")
         for target, ours, best, pct in summary:
