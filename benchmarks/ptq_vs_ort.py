@@ -191,8 +191,10 @@ class Reader:
 
 def onnxruntime_rows(canonical: Path, calib: list[dict], evaluation: list[dict], tmp: Path) -> list[tuple]:
     """onnxruntime's recipe: quant_pre_process, then quantize_static with each calibration method.
-    Where pre-processing fails (sympy missing, or the model: PP-OCR cls), the rows are of the
-    unprepared model and say so in their labels, which the summary's "best other tool" repeats."""
+    Where pre-processing fails (sympy missing; PP-OCR cls, whose shape Concat onnxruntime's
+    symbolic shape inference asserts on), it is tried again without the symbolic shapes; where
+    that fails too, the rows are of the unprepared model and say so in their labels, which the
+    summary's "best other tool" repeats."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
@@ -201,10 +203,14 @@ def onnxruntime_rows(canonical: Path, calib: list[dict], evaluation: list[dict],
     unprepared = ""
     try:
         quant_pre_process(str(canonical), str(prepared))
-    except Exception as exc:  # record, and quantize the unprepared model
-        print(f"    quant_pre_process failed ({type(exc).__name__}: {exc}); quantizing without it")
-        shutil.copy(canonical, prepared)
-        unprepared = " (unprepared)"
+    except Exception as exc:  # as a user would: again without the symbolic shapes, then without
+        print(f"    quant_pre_process failed ({type(exc).__name__}: {exc}); again without symbolic shapes")
+        try:
+            quant_pre_process(str(canonical), str(prepared), skip_symbolic_shape=True)
+        except Exception as again:
+            print(f"    quant_pre_process failed ({type(again).__name__}: {again}); quantizing without it")
+            shutil.copy(canonical, prepared)
+            unprepared = " (unprepared)"
     rows = []
     for method in (CalibrationMethod.MinMax, CalibrationMethod.Entropy, CalibrationMethod.Percentile):
         label = f"onnxruntime {method.name}{unprepared}"
