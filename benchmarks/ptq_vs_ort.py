@@ -20,8 +20,9 @@ detector with the same calibration is also judged on 8 crops of a scanned typewr
 npubuild: its own defaults (calibrate + quantize timed from the build's own action timings),
 accuracy of the golden integer interpreter's outputs against the float model. onnxruntime: the
 imported model (input pinned, opset >= 13, as a user would prepare it), quant_pre_process (its
-symbolic shape inference needs sympy, in the `bench` extra; without it the run says so and
-quantizes the unprepared model), then quantize_static with QDQ, per-channel int8 weights and int8
+symbolic shape inference needs sympy, in the `bench` extra; where it fails, pre-processing runs
+again without it, and where that fails too the rows are of the unprepared model, labelled so),
+then quantize_static with QDQ, per-channel int8 weights and int8
 activations for MinMax, Entropy and Percentile, evaluated in onnxruntime. quantize_static passes
 no bin counts to its Entropy calibrator, whose defaults (128 bins, 128 quantized bins) leave one
 candidate threshold, the whole range: its Entropy row is MinMax's (equal on every row measured).

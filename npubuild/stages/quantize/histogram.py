@@ -108,7 +108,7 @@ def _doubled(hist: np.ndarray) -> np.ndarray:
 def power_spread(sample_power: array) -> float:
     """Decades between the 10th and the 90th percentile of the samples' mean squares (all-zero
     samples left out: their error is zero whatever the range). 0 when fewer than two remain."""
-    powers = np.frombuffer(sample_power, dtype=np.float64) if len(sample_power) else np.zeros(0)
+    powers = np.asarray(sample_power, dtype=np.float64)  # (the buffer protocol: no copy per value)
     powers = powers[powers > 0]
     if powers.size < 2:
         return 0.0
