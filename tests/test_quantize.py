@@ -662,3 +662,48 @@ def test_squares_and_their_sum_get_16_bits():
     assert results[16][0] == {"re2": 16, "im2": 16, "power": 16}
     (narrow,), (wide,) = (r[1]["outputs"].values() for r in (results[8], results[16]))
     assert wide["sqnr_db"] > narrow["sqnr_db"] + 6
+
+
+def test_a_grid_a_max_pool_alone_reads_is_ranged_on_the_pooled_values(tmp_path):
+    """A MaxPool passes its input's codes on, and max(q(x)) = q(max(x)): what flows on is the
+    pooled values on that grid. So the grid is chosen on the pooled tensor's statistics, whose
+    top the range must keep, not on the input's, whose squared error lets the rare large values
+    (the ones the pool keeps) clip. Checked against the range that minimises the error over the
+    input's own values, found by brute force here."""
+    rng = np.random.default_rng(21)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"]),
+            helper.make_node("Relu", ["c"], ["r"]),
+            helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[4, 4], strides=[4, 4]),
+            helper.make_node("Conv", ["p", "h"], ["y"]),
+        ],
+        "pool",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 128, 128])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 32, 32])],
+        [
+            numpy_helper.from_array(np.ones((1, 1, 1, 1), np.float32), "w"),
+            numpy_helper.from_array(np.array([1, -1], np.float32).reshape(2, 1, 1, 1), "h"),
+        ],
+    )
+    model = onnx.shape_inference.infer_shapes(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    )
+    data = rng.standard_t(3, size=(16, 1, 128, 128)).astype(np.float32)  # a long, thin tail
+    _, q, _, _ = pipeline(tmp_path, model, samples=data)
+    from npubuild.intmodel.interpreter import load_integer_model
+
+    program = load_integer_model(q["integer"])[0]
+    grid = program.tensors["p"]
+    assert (grid.scale, grid.zero_point) == (program.tensors["r"].scale, program.tensors["r"].zero_point)
+    r = np.maximum(data.astype(np.float64), 0)  # the identity convolution's ReLU
+    p = r.reshape(16, 32, 4, 32, 4).max(axis=(2, 4))
+
+    def error(x: np.ndarray, top: float) -> float:  # a ReLU's grid: [0, top], zero at code -128
+        step = top / 255
+        return float(np.mean((np.clip(np.rint(x / step), 0, 255) * step - x) ** 2))
+
+    best_for_r = min(np.linspace(0.05, 1, 120) * r.max(), key=lambda top: error(r, top))
+    top = (127 - grid.zero_point) * grid.scale
+    assert grid.zero_point == -128 and top > best_for_r, (top, best_for_r)
+    assert error(p, top) < 0.8 * error(p, best_for_r), (error(p, top), error(p, best_for_r))

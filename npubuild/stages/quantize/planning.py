@@ -506,6 +506,24 @@ class Planner:
             name = self._shared[name]
         return name
 
+    def _ranged_on(self, name: str) -> str:
+        """The tensor whose statistics set `name`'s grid: the output of the MaxPool that alone
+        reads it (through a chain of such pools), else `name` itself. Rounding and clipping are
+        monotone, so max(q(x)) = q(max(x)): what flows on is the pooled values on this grid, and
+        the values the pool drops never matter. A range that minimises the error over `name`'s
+        own histogram clips its top, the values the pool keeps (docs/quantization.md, "Ranged
+        where it is read")."""
+        while (
+            name not in self.info.outputs
+            and len(readers := self.info.consumers.get(name, [])) == 1
+            and readers[0].op_type == "MaxPool"
+            and readers[0].input[0] == name
+            and self._choices[id(readers[0])].integer
+            and readers[0].output[0] in self.stats_meta
+        ):
+            name = readers[0].output[0]
+        return name
+
     def _is_result(self, name: str) -> bool:
         """Whether `name` is a network output or reaches one through moves only (a Flatten)."""
         seen, todo = set(), [name]
@@ -548,7 +566,7 @@ class Planner:
         else:
             grid = self._shared_grid(out)  # a Concat's, or its own
             method = self._choices[id(self._concats[grid])].method if grid != out else choice.method
-            params = self.from_stats(grid, self._width(node, out), method)  # (its warnings, even for Resize)
+            params = self.from_stats(self._ranged_on(grid), self._width(node, out), method)  # (warnings too)
             params = self._channel_grid(node, out, params)
             plan.params[out] = plan.params[node.input[0]] if node.op_type == "Resize" else params
         plan.steps.append(Step("integer", node=node, choice=choice, activation=activation))
