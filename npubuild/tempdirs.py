@@ -5,18 +5,31 @@ same host deletes those of its kind whose owning process is gone."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
 import shutil
 import socket
 import tempfile
+from collections.abc import Iterator
 
 
 def owned_tempdir(kind: str) -> str:
     """A new temporary directory of this process, after deleting the orphans of its kind."""
     sweep_orphans(kind)
     return tempfile.mkdtemp(prefix=f"{_prefix(kind)}{os.getpid()}-")
+
+
+@contextlib.contextmanager
+def owned_scratch(kind: str) -> Iterator[str]:
+    """An owned temporary directory for the length of a `with` block, deleted on leaving it;
+    if the process is killed inside it, by the next build that makes one of its kind."""
+    path = owned_tempdir(kind)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def sweep_orphans(kind: str) -> list[str]:

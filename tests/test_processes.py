@@ -110,3 +110,26 @@ def test_ctrl_c_is_quiet_and_exits_130(small_ws, tmp_path):
     # What the interrupted build left in the cache is sound: the next build finishes.
     again = cli(["build", "//...", "-j", "2"], small_ws, tmp_path / "cache")
     assert again.returncode == 0, again.stderr
+
+
+def test_a_single_process_build_killed_outright_leaves_its_scratch_to_the_next(small_ws, tmp_path):
+    """With -j 1 the actions run in the build's own process: killed outright (SIGKILL, the OOM
+    killer) it cannot delete the action's scratch directory, so the next build does."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    proc = cli_build(small_ws, tmp_path / "cache", "-j", "1", new_session=True, env={"TMPDIR": str(temp)})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None and not _ours(temp):
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    left = _ours(temp)
+    assert left and all(name.startswith("npubuild-action-") for name in left), left
+    again = cli(
+        ["build", "//models:cls_npu", "--until", "import", "-j", "1"],
+        small_ws,
+        tmp_path / "cache2",
+        env={"TMPDIR": str(temp)},
+    )
+    assert again.returncode == 0, again.stderr
+    assert _ours(temp) == [], "the killed build's scratch outlived the next build"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib
 import sqlite3
-import tempfile
 from pathlib import Path
 
 from npubuild.cache.remote import RemoteCache, RemoteCacheConfig
@@ -18,6 +17,7 @@ from npubuild.cache.shared import download_blob, upload_action
 from npubuild.cache.store import CorruptBlob, Store
 from npubuild.engine.isolated import StageFailed, failure, run_stage
 from npubuild.stages import STAGES
+from npubuild.tempdirs import owned_scratch
 
 _stores: dict[str, Store] = {}
 _remotes: dict[str, RemoteCache] = {}
@@ -54,7 +54,8 @@ def execute(store_dir: str, desc: dict, remote_config: dict | None = None) -> di
 
 def _execute(store: Store, desc: dict, remote: RemoteCache | None) -> dict:
     stage = STAGES[desc["stage"]]
-    with tempfile.TemporaryDirectory(prefix=f"npubuild-{stage.name}-") as tmp:
+    # owned: a build killed outright (-j 1 runs actions in its own process) leaves it to the next
+    with owned_scratch("action") as tmp:
         inputs: dict[str, Path] = {}
         for name, digest in sorted(desc["inputs"].items()):
             dest = Path(tmp) / "in" / name.replace("/", "__")

@@ -5,11 +5,11 @@ from __future__ import annotations
 import hashlib
 import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 
 from npubuild.errors import UserError
+from npubuild.tempdirs import owned_scratch
 
 
 def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
@@ -20,7 +20,7 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
         params["sha256"],
     )
     what = f"pypi_file {package}=={version} {member}"
-    with tempfile.TemporaryDirectory(prefix="npubuild-fetch-") as tmp:
+    with owned_scratch("fetch") as tmp:
         cmd = [
             sys.executable,
             "-m",
