@@ -521,6 +521,7 @@ def _compile(
         allocation.shuffled,
         allocation.windows,
         upsampled=allocation.upsampled,
+        mac_cols=target.mac_cols,
     )
     if tables:
         ctx.pinned = pin(tables, allocation.tile_sram)

@@ -137,6 +137,9 @@ class OpContext:
     # tables loaded once into SRAM kept for them (pinning.py): `table_key` -> SRAM address; the
     # ops' constants and tiles lie below the lowest
     pinned: dict[str, int] = field(default_factory=dict)
+    # the MAC array's columns: a banded convolution's chunks are as wide (schedule.band_chunk);
+    # 0 where no code is made (the partition's fit test)
+    mac_cols: int = 0
 
     def strides(self, name: str) -> list[int]:
         """The 4-D element strides of a data tensor where it lies: row-major, or for a window read

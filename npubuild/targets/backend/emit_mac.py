@@ -73,24 +73,41 @@ def conv(
     group = at.group
     og, cg = oc // group, c // group
     xb = esize(ctx.bits(x))
-    waddr = ctx.consts.add(op.arrays.weight, weight.astype(np.int8))
-    paddr = ctx.consts.add(op.arrays.bias + "#params", ctx.mac_params(op))
     ocb, rows, cols = sched.extents
+    chunks = conv_chunks(oc, group, ocb)
+    reads = (
+        {o0: _read_channels(weight, o0, n_out, c) for o0, n_out in chunks}
+        if group == 1 and x not in ctx.shuffled
+        else {}
+    )
+    if any(k0 == 0 and k1 == c for k0, k1 in reads.values()) or not reads:
+        waddr = ctx.consts.add(op.arrays.weight, weight.astype(np.int8))
+    paddr = ctx.consts.add(op.arrays.bias + "#params", ctx.mac_params(op))
     bufs = sched.buffers(ctx.sram)
     output_path = _residual_operands(ctx, y, residual)
     commands: list[Command] = []
     inside = group > 1 and ocb < og  # chunks of one group's output channels
-    for o0, n_out in conv_chunks(oc, group, ocb):
+    for o0, n_out in chunks:
         wbase = table_bytes
         consts = []
         if activation and (o0 == 0 or ctx.sram.const_slot):  # each slot needs its own copy
             consts.append(const_load(0, taddr, table_size))
-        consts.append(const_load(wbase, waddr + o0 * cg * kh * kw, n_out * cg * kh * kw))
-        params_at = params_offset(wbase, n_out * cg * kh * kw, n_out, sched.fixed)
-        consts.append(const_load(params_at, paddr + o0 * CHANNEL_PARAM_BYTES, n_out * CHANNEL_PARAM_BYTES))
-        commands.append(ConstLoads(consts))
         ci0 = 0 if group == 1 else (o0 // og) * cg
         cin = c if group == 1 else cg if inside else (n_out // og) * cg
+        k0, k1 = reads.get(o0, (0, c))
+        if (k0, k1) != (0, c):  # the chunk's weights, those input channels only, in a record of its own
+            ci0, cin = k0, k1 - k0
+            trimmed = np.ascontiguousarray(weight[o0 : o0 + n_out, k0:k1]).astype(np.int8)
+            weight_at, weight_bytes = (
+                ctx.consts.add(f"{op.arrays.weight}#{o0}:{k0}-{k1}", trimmed),
+                trimmed.size,
+            )
+        else:
+            weight_at, weight_bytes = waddr + o0 * cg * kh * kw, n_out * cg * kh * kw
+        consts.append(const_load(wbase, weight_at, weight_bytes))
+        params_at = params_offset(wbase, weight_bytes, n_out, sched.fixed)
+        consts.append(const_load(params_at, paddr + o0 * CHANNEL_PARAM_BYTES, n_out * CHANNEL_PARAM_BYTES))
+        commands.append(ConstLoads(consts))
         for r0 in range(0, oh, rows):
             r1 = min(r0 + rows, oh)
             for c0 in range(0, ow, cols):
@@ -136,6 +153,22 @@ def conv(
                 result = store(dst, ctx.addr[z], ctx.bits(z), box, ctx.strides(z), start)
                 commands.append(Tile(bufs, loads, compute, result))
     return commands
+
+
+def _read_channels(weight: np.ndarray, o0: int, n_out: int, c: int) -> tuple[int, int]:
+    """The input channels [k0, k1) that output channels o0.. o0 + n_out - 1 of a convolution of
+    one group have weights other than zero for: the chunk reads and sums only those, as a
+    convolution of fewer input channels (an LRN's channel window: a band of 5 in a 96 x 96 1x1
+    convolution, 36 of 96 input channels per chunk of 32 outputs). A weight of zero adds nothing
+    (the input's zero point is taken off before the products), so the sums are the same. Only
+    where that is at most half of them; else all of them."""
+    used = np.flatnonzero(np.any(weight[o0 : o0 + n_out] != 0, axis=(0, 2, 3)))
+    if used.size == 0:
+        return 0, 1  # no weights: the bias alone, from one channel of zeros
+    k0, k1 = int(used[0]), int(used[-1]) + 1
+    # a record of its own per chunk is worth it where the band is narrow (schedule.band_chunk's
+    # rule); a dense layer with a dead channel at an edge keeps its one record
+    return (k0, k1) if 2 * (k1 - k0) <= c else (0, c)
 
 
 def _input_box(

@@ -166,8 +166,27 @@ def conv(
         # groups' in one chunk
         sizes = inside_group
         ocb, rows, cols = shrink(ctx.sram, sizes, (og, oh, ow), order=(1, 0, 2), chunked=0)
+    if group == 1 and x not in ctx.shuffled:
+        ocb = band_chunk(ctx.arrays[op.arrays.weight], ocb, ctx.mac_cols)
     rows = -(-rows // split)
     return OpSchedule((ocb, rows, cols), *sizes(ocb, rows, cols))
+
+
+def band_chunk(weight: np.ndarray, ocb: int, cols: int) -> int:
+    """Output channels per weight chunk of a convolution whose weights are a band, as an LRN's
+    channel window is (recognise.decompose_lrn: 5 of 96 input channels per output): chunks as wide
+    as the array's columns, each of which reads and sums only the input channels its weights
+    touch (emit_mac._read_channels), where no chunk then reads more than half of them. Otherwise
+    `ocb`: a chunk reads every input channel, and more chunks only cost more loads."""
+    oc, c = weight.shape[:2]
+    if not cols or ocb <= cols:
+        return ocb
+    nonzero = np.any(weight != 0, axis=(2, 3))
+    widest = 0
+    for o0 in range(0, oc, cols):
+        used = np.flatnonzero(nonzero[o0 : o0 + cols].any(axis=0))
+        widest = max(widest, int(used[-1] - used[0] + 1) if used.size else 1)
+    return cols if 2 * widest <= c else ocb
 
 
 def output_bytes(ctx: OpContext, result: str, residual: Op | None) -> int:
