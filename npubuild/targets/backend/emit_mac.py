@@ -28,6 +28,7 @@ from npubuild.targets.backend.schedule import (
     TransposeRows,
     conv_chunks,
     output_bytes,
+    weighted_channels,
     window,
 )
 from npubuild.targets.isa import NO_PADS, NO_RESIDUAL, NO_SUM_CLAMP, SUM_OPERANDS
@@ -162,10 +163,7 @@ def _read_channels(weight: np.ndarray, o0: int, n_out: int, c: int) -> tuple[int
     convolution, 36 of 96 input channels per chunk of 32 outputs). A weight of zero adds nothing
     (the input's zero point is taken off before the products), so the sums are the same. Only
     where that is at most half of them; else all of them."""
-    used = np.flatnonzero(np.any(weight[o0 : o0 + n_out] != 0, axis=(0, 2, 3)))
-    if used.size == 0:
-        return 0, 1  # no weights: the bias alone, from one channel of zeros
-    k0, k1 = int(used[0]), int(used[-1]) + 1
+    k0, k1 = weighted_channels(weight, o0, n_out)
     # a record of its own per chunk is worth it where the band is narrow (schedule.band_chunk's
     # rule); a dense layer with a dead channel at an edge keeps its one record
     return (k0, k1) if 2 * (k1 - k0) <= c else (0, c)

@@ -181,12 +181,16 @@ def band_chunk(weight: np.ndarray, ocb: int, cols: int) -> int:
     oc, c = weight.shape[:2]
     if not cols or ocb <= cols:
         return ocb
-    nonzero = np.any(weight != 0, axis=(2, 3))
-    widest = 0
-    for o0 in range(0, oc, cols):
-        used = np.flatnonzero(nonzero[o0 : o0 + cols].any(axis=0))
-        widest = max(widest, int(used[-1] - used[0] + 1) if used.size else 1)
+    widest = max(k1 - k0 for k0, k1 in (weighted_channels(weight, o0, cols) for o0 in range(0, oc, cols)))
     return cols if 2 * widest <= c else ocb
+
+
+def weighted_channels(weight: np.ndarray, o0: int, n_out: int) -> tuple[int, int]:
+    """The input channels [k0, k1) from the first to the last that output channels o0 .. o0 +
+    n_out - 1 have a weight other than zero for; (0, 1) where they have none (the bias alone,
+    from one channel of zeros)."""
+    used = np.flatnonzero(np.any(weight[o0 : o0 + n_out] != 0, axis=(0, 2, 3)))
+    return (int(used[0]), int(used[-1]) + 1) if used.size else (0, 1)
 
 
 def output_bytes(ctx: OpContext, result: str, residual: Op | None) -> int:
