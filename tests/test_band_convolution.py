@@ -1,6 +1,6 @@
 """A convolution whose weights are a band (an LRN's channel window, recognise.decompose_lrn) runs in
 chunks as wide as the MAC array's columns, each reading and summing only the input channels its
-weights touch (schedule.band_chunk, emit_mac._read_channels): bit-exact, hazard-free, and below
+weights touch (schedule.band_chunk, schedule.band_reads): bit-exact, hazard-free, and below
 what the dense reduction would take the array."""
 
 from __future__ import annotations

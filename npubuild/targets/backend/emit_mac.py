@@ -26,9 +26,9 @@ from npubuild.targets.backend.memory import CHANNEL_PARAM_BYTES, align, esize, f
 from npubuild.targets.backend.schedule import (
     OpSchedule,
     TransposeRows,
+    band_reads,
     conv_chunks,
     output_bytes,
-    weighted_channels,
     window,
 )
 from npubuild.targets.isa import NO_PADS, NO_RESIDUAL, NO_SUM_CLAMP, SUM_OPERANDS
@@ -77,7 +77,7 @@ def conv(
     ocb, rows, cols = sched.extents
     chunks = conv_chunks(oc, group, ocb)
     reads = (
-        {o0: _read_channels(weight, o0, n_out, c) for o0, n_out in chunks}
+        {o0: band_reads(weight, o0, n_out) for o0, n_out in chunks}
         if group == 1 and x not in ctx.shuffled
         else {}
     )
@@ -154,19 +154,6 @@ def conv(
                 result = store(dst, ctx.addr[z], ctx.bits(z), box, ctx.strides(z), start)
                 commands.append(Tile(bufs, loads, compute, result))
     return commands
-
-
-def _read_channels(weight: np.ndarray, o0: int, n_out: int, c: int) -> tuple[int, int]:
-    """The input channels [k0, k1) that output channels o0.. o0 + n_out - 1 of a convolution of
-    one group have weights other than zero for: the chunk reads and sums only those, as a
-    convolution of fewer input channels (an LRN's channel window: a band of 5 in a 96 x 96 1x1
-    convolution, 36 of 96 input channels per chunk of 32 outputs). A weight of zero adds nothing
-    (the input's zero point is taken off before the products), so the sums are the same. Only
-    where that is at most half of them; else all of them."""
-    k0, k1 = weighted_channels(weight, o0, n_out)
-    # a record of its own per chunk is worth it where the band is narrow (schedule.band_chunk's
-    # rule); a dense layer with a dead channel at an edge keeps its one record
-    return (k0, k1) if 2 * (k1 - k0) <= c else (0, c)
 
 
 def _input_box(
