@@ -23,6 +23,7 @@ PASS_NAMES = (
     "unit_transposes_as_reshapes",
     "transposes_through_elementwise",
     "clamps_before_moves",
+    "pools_before_widening_convs",
     "softmax_to_last_axis",
     "linear_resize_as_matmuls",
     "fold_scale_into_conv",

@@ -484,3 +484,52 @@ def clamps_before_moves(g: Graph) -> int:
 def _single_use(g: Graph, name: str) -> bool:
     """Whether one node reads `name` and it is not a graph output."""
     return len(g.consumers().get(name, [])) == 1 and name not in g.output_names()
+
+
+def pools_before_widening_convs(g: Graph) -> int:
+    """GlobalAveragePool(Conv(x)) -> Conv(GlobalAveragePool(x)) where the convolution is pointwise
+    (1 x 1, stride 1, no padding, one group) and widens its input (more output channels than
+    input ones): a pointwise convolution is the same affine map at every pixel, so the mean of its
+    outputs is its output for the mean pixel, bias included. The pool then reads the narrower map,
+    and the wide one is no longer needed whole before anything can use it. The case: each level of
+    PP-OCRv4 det's feature pyramid widens a lateral map (12 channels at 120 x 120) to 96 and
+    squeezes and excites the result; its pool needed the whole 1.4 MB map before the gate could
+    multiply it, so the map made a DRAM round trip. The convolution itself stays where other ops
+    read its result; the pooled pixel's convolution is a second one, on one pixel."""
+    changed = 0
+    for pool in list(g.nodes):
+        if pool.op_type != "GlobalAveragePool" or pool not in g.nodes:
+            continue
+        conv = g.producers().get(pool.input[0])
+        if conv is None or not _pointwise_widening(g, conv):
+            continue
+        pooled = g.fresh_name(f"{conv.input[0]}_pooled")
+        early = onnx.helper.make_node(
+            "GlobalAveragePool", [conv.input[0]], [pooled], name=g.fresh_name(pool.name)
+        )
+        late = onnx.helper.make_node(
+            "Conv", [pooled, *conv.input[1:]], [pool.output[0]], name=g.fresh_name(f"{conv.name}_pooled")
+        )
+        at = g.nodes.index(pool)
+        g.nodes[at : at + 1] = [early, late]
+        changed += 1
+    return changed
+
+
+def _pointwise_widening(g: Graph, conv: onnx.NodeProto) -> bool:
+    """A Conv whose output pixel is one affine map of its input pixel, with constant weights of
+    more output channels than input ones."""
+    if conv.op_type != "Conv" or len(conv.output) != 1:
+        return False
+    weight = g.constant(conv.input[1])
+    if weight is None or weight.ndim != 4 or tuple(weight.shape[2:]) != (1, 1):
+        return False
+    if len(conv.input) > 2 and conv.input[2] and g.constant(conv.input[2]) is None:
+        return False
+    plain = (
+        node_attr(conv, "group", 1) == 1
+        and all(s == 1 for s in node_attr(conv, "strides", [1, 1]))
+        and not any(node_attr(conv, "pads", [0, 0, 0, 0]))
+        and node_attr(conv, "auto_pad", b"NOTSET") in (b"NOTSET", b"VALID", "NOTSET", "VALID")
+    )
+    return plain and weight.shape[0] > weight.shape[1]

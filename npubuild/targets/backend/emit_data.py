@@ -69,7 +69,8 @@ def resize_nearest(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
         lo, hi = int(row_idx[r0:r1].min()), int(row_idx[r0:r1].max())
         # per band: its rows' indices relative to the first input row it reads, then the columns'
         index = np.concatenate([row_idx[r0:r1] - lo, col_idx]).astype(np.int32)
-        iaddr = ctx.consts.add(f"{op.node}#resize{r0}", index)
+        # keyed by the result: a layer's stripes (stripes.py) are ops of one node whose bands differ
+        iaddr = ctx.consts.add(f"{y}#resize{r0}", index)
         for c0 in range(0, c, cb):
             c1 = min(c0 + cb, c)
             dst = InTile(align((c1 - c0) * (hi - lo + 1) * w * e))

@@ -88,6 +88,8 @@ def _eligible(op: Op, shapes: dict, arrays: dict) -> bool:
         if not all(np.ndim(arrays[k]) < 2 or np.shape(arrays[k])[-2] == 1 for k in op.constants.values()):
             return False
         return _joins(op, shapes) if len(data) == 2 else len(data) == 1 and len(shapes.get(data[0], [])) == 4
+    if op.kind == "concat":
+        return _channel_concat(op, shapes)
     if len(data) != 1 or len(shapes.get(data[0], [])) != 4:
         return False
     if op.kind == "conv":
@@ -104,6 +106,19 @@ def _joins(op: Op, shapes: dict) -> bool:
     out = [int(d) for d in shapes[op.outputs[0]]]
     return out[2] > 1 and all(
         [int(d) for d in shapes.get(n, [])] == out or row_invariant(n, shapes) for n in op.data_inputs
+    )
+
+
+def _channel_concat(op: Op, shapes: dict) -> bool:
+    """A concatenation along channels of maps as tall and wide as its result (a feature pyramid's
+    levels, upsampled, joined for its head): rows of the result are the same rows of each map."""
+    out = [int(d) for d in shapes[op.outputs[0]]]
+    maps = [[int(d) for d in shapes.get(n, [])] for n in op.data_inputs]
+    return (
+        op.attrs.axis % 4 == 1
+        and not op.constants
+        and out[2] > 1
+        and all(len(m) == 4 and m[2:] == out[2:] for m in maps)
     )
 
 
@@ -151,9 +166,8 @@ class _Regions:
         for i in part:
             for n in ops[i].data_inputs:
                 if n not in row_maps(ops[i], self.shapes):
-                    if self.producer.get(n, -1) >= part[0]:
-                        # made after the region's first op, where the stripes run, or made by
-                        # the region itself (a gate computed on one row has no rows to stripe)
+                    if self._made_from(n, part):
+                        # a gate computed from the region's own rows has no rows to stripe
                         return None, False
                     continue
                 if n not in made:
@@ -174,6 +188,31 @@ class _Regions:
         if not self._one_span_each(part):
             return None, False
         return entries, True
+
+    def _made_from(self, name: str, part: list[int]) -> bool:
+        """Whether the one-row tensor `name` is made from the results of `part`'s ops. One made
+        after the region's first op from other maps is fine: the stripes then run after it (a
+        squeeze-excite gate pooled from the map before a pointwise convolution, docs/optimize.md
+        `pools_before_widening_convs`, made after that convolution)."""
+        inside, seen, todo = set(part), set(), [name]
+        while todo:
+            k = self.producer.get(todo.pop(), -1)
+            if k in inside:
+                return True
+            if k < part[0] or k in seen:
+                continue
+            seen.add(k)
+            todo.extend(self.ops[k].data_inputs)
+        return False
+
+    def late_operands(self, part: list[int]) -> list[str]:
+        """The one-row tensors `part` reads that are made after its first op."""
+        return [
+            n
+            for i in part
+            for n in self.ops[i].data_inputs
+            if n not in row_maps(self.ops[i], self.shapes) and self.producer.get(n, -1) >= part[0]
+        ]
 
     def _one_span_each(self, part: list[int]) -> bool:
         """Whether every map the region's ops read is needed in one span of rows for a stripe: rows
@@ -273,15 +312,8 @@ def _plan_region(
     if not big:
         return None
     last = len(region) - 1 if to_the_end else big[-1]
-    part, entries = next(
-        (
-            (region[first : end + 1], entries)
-            for most in (1, len(region) + 1)
-            for end in range(last, len(region))
-            for first in range(big[0], -1, -1)
-            if (entries := regions.entries(region[first : end + 1])) is not None and len(entries) <= most
-        ),
-        (None, None),
+    part, entries = _first_part(
+        region, regions, big[0], last, lambda n: _stored_bytes(n, program, shapes, fused_away)
     )
     if part is None or len(part) < 2:
         return None
@@ -292,6 +324,27 @@ def _plan_region(
     while count < MAX_STRIPES and peak / count > share and rows // (count * 2) >= MIN_STRIPE_ROWS:
         count *= 2
     return (part, count, entries) if count > 1 else None
+
+
+def _first_part(
+    region: list[int], regions: _Regions, first_big: int, last: int, stored
+) -> tuple[list[int] | None, tuple[str, ...] | None]:
+    """The run of `region` to stripe and its entries: the shortest run from at most `first_big` to
+    at least `last` that is a region of one entry; else, over the runs of several entries ending
+    at the first end that has one, the one whose entries are the fewest bytes (each stripe reads
+    them through a Slice: the levels before their upsamples rather than after, where the
+    upsamples can join the run)."""
+    ok = lambda first, end: regions.entries(region[first : end + 1])  # noqa: E731
+    for end in range(last, len(region)):
+        for first in range(first_big, -1, -1):
+            if (entries := ok(first, end)) is not None and len(entries) == 1:
+                return region[first : end + 1], entries
+    for end in range(last, len(region)):
+        runs = [(first, entries) for first in range(first_big, -1, -1) if (entries := ok(first, end))]
+        if runs:
+            first, entries = min(runs, key=lambda run: (sum(stored(n) for n in run[1]), -run[0]))
+            return region[first : end + 1], entries
+    return None, None
 
 
 def stripe(
@@ -337,10 +390,11 @@ def stripe(
     inner: set[str] = set()
     counts: dict[int, int] = {}
     for k, (part, count, entries) in enumerate(planned):
-        # the stripes run where the region's first op ran, or, where an entry is made later (a
-        # join's second map), at the first of its ops after every entry is made (its other ops'
-        # results are read only inside it, so nothing between needs them sooner)
-        made = max((regions.producer.get(n, -1) for n in entries), default=-1)
+        # the stripes run where the region's first op ran, or, where an entry or a one-row operand
+        # is made later (a join's second map, a gate), at the first of its ops after all are made
+        # (its other ops' results are read only inside it, so nothing between needs them sooner)
+        late = (*entries, *regions.late_operands(part))
+        made = max((regions.producer.get(n, -1) for n in late), default=-1)
         at = next(i for i in part if i > made)
         replaced[at], counts[k] = _striped(part, count, entries, ops, tensors, arrays, shapes, rows, inner, k)
         dropped.update(i for i in part if i != at)
