@@ -31,6 +31,7 @@ and keeps the faster (compile.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -327,14 +328,17 @@ def _plan_region(
 
 
 def _first_part(
-    region: list[int], regions: _Regions, first_big: int, last: int, stored
+    region: list[int], regions: _Regions, first_big: int, last: int, stored: Callable[[str], int]
 ) -> tuple[list[int] | None, tuple[str, ...] | None]:
     """The run of `region` to stripe and its entries: the shortest run from at most `first_big` to
     at least `last` that is a region of one entry; else, over the runs of several entries ending
     at the first end that has one, the one whose entries are the fewest bytes (each stripe reads
     them through a Slice: the levels before their upsamples rather than after, where the
     upsamples can join the run)."""
-    ok = lambda first, end: regions.entries(region[first : end + 1])  # noqa: E731
+
+    def ok(first: int, end: int) -> tuple[str, ...] | None:
+        return regions.entries(region[first : end + 1])
+
     for end in range(last, len(region)):
         for first in range(first_big, -1, -1):
             if (entries := ok(first, end)) is not None and len(entries) == 1:
