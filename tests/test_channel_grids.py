@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper
-from test_quantize import SETTINGS  # the quantizer defaults the other quantize tests use
+from test_quantize import SETTINGS  # the settings the other quantize tests use
 
 from conftest import integer_variants, npu_instructions, small_model
 from npubuild.intmodel.interpreter import load_integer_model

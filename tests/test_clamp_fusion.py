@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from onnx import helper
-from test_quantize import SETTINGS  # the quantizer defaults the other quantize tests use
+from test_quantize import SETTINGS  # the settings the other quantize tests use
 
 from conftest import integer_variants, small_model
 from npubuild.targets import npub

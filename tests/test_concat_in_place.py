@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper
-from test_quantize import SETTINGS  # the quantizer defaults the other quantize tests use
+from test_quantize import SETTINGS  # the settings the other quantize tests use
 
 from conftest import calibration_stats, integer_variants, small_model
 from npubuild.targets import npub

@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from test_quantize import SETTINGS  # the quantizer defaults the other quantize tests use
+from test_quantize import SETTINGS  # the settings the other quantize tests use
 
 from npubuild.intmodel.interpreter import load_integer_model
 from npubuild.stages import calibrate

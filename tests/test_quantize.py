@@ -8,6 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from npubuild.intmodel import tensorfile
+from npubuild.rules.attrs import QuantizeConfig
 from npubuild.stages import calibrate
 from npubuild.stages import evaluate as evaluate_stage
 from npubuild.stages.quantize import ranges
@@ -15,19 +16,17 @@ from npubuild.stages.quantize import stage as quantize_stage
 from npubuild.stages.quantize.histogram import BINS, TensorStats
 
 RNG = np.random.default_rng(5)
-SETTINGS = {
-    "method": "mse",
-    "percentile": 99.99,
-    "weight_bits": 8,
-    "activation_bits": 8,
-    "per_channel": True,
-    "symmetric_activations": False,
-    "bias_correction": True,
-    "float_output_activations": True,
-    "preactivation_bits": 16,
-    "output_bits": 16,
-    "overrides": [],
-}
+# Every key given (the quantizer reads a complete configuration, as QuantizeConfig makes it). These
+# tests pin the graph rules they test, so the later defaults that change other tensors' grids
+# (per-channel depthwise inputs, 16-bit absorbed and squared tensors, shared Concat grids, the
+# measured bias correction) are off here, and their own tests switch them on.
+SETTINGS = QuantizeConfig(
+    empirical_bias=False,
+    square_bits=8,
+    depthwise_inputs="tensor",
+    absorbed_bits=8,
+    concat_grids="own",
+).model_dump() | {"overrides": []}
 
 
 def test_histogram_widening_is_exact():

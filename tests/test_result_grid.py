@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 from onnx import helper
-from test_quantize import SETTINGS  # the quantizer defaults the other quantize tests use
+from test_quantize import SETTINGS  # the settings the other quantize tests use
 
 from conftest import calibration_stats, small_model
 from npubuild.intmodel.interpreter import Interpreter

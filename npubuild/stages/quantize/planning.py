@@ -163,7 +163,7 @@ class Planner:
             # what optimize could not fold (a network output, or too large): no grid to read
             return NodeChoice(False, 0, "", "reads constants only")
         if (
-            cfg.get("float_output_activations")
+            cfg["float_output_activations"]
             and node.op_type in LUT_OPS
             and any(o in self.info.outputs for o in node.output)
         ):
@@ -239,9 +239,9 @@ class Planner:
         in the lowest steps of a range the bright ones set), and pools them elsewhere, where the
         weights differ little and pooling keeps the rare large values that matter downstream
         (docs/quantization.md, "Every image weighs the same")."""
-        choice = self.config.get("range_error", "spread")
+        choice = self.config["range_error"]
         if choice == "spread":
-            return meta.get("power_spread", 0.0) > self.config.get("spread_decades", 0.3)
+            return meta.get("power_spread", 0.0) > self.config["spread_decades"]
         return choice == "relative"
 
     def only_activation(self, name: str):
@@ -319,7 +319,7 @@ class Planner:
         is an integer lookup-table activation (of either width), whose table reads the result's
         top 10 bits; the code generator runs the table in the MAC's output path, so the finer
         grid is never stored. A pre-quantized model's own grid wins."""
-        fine = self.config.get("preactivation_bits", 8)
+        fine = self.config["preactivation_bits"]
         if fine <= choice.bits or self.only_activation(out) is None or out in self.given:
             return False
         (reader,) = self.info.consumers[out]
@@ -374,18 +374,18 @@ class Planner:
         """The width an integer node's result gets outside fine pre-activations and Softmax."""
         bits = self._choices[id(node)].bits
         if out in self._tail and out not in self.given:
-            bits = max(bits, self.config.get("output_bits", 8))
+            bits = max(bits, self.config["output_bits"])
         if (
             out in self._depthwise_inputs
             and out not in self.given
-            and self.config.get("depthwise_inputs", "tensor") == "int16"
+            and self.config["depthwise_inputs"] == "int16"
         ):
             bits = 16
         if self._table_chains.get(out) and out not in self.given:
             # absorbed into the table that makes it (absorb.py): never stored, so never narrow
-            bits = max(bits, self.config.get("absorbed_bits", 8))
+            bits = max(bits, self.config["absorbed_bits"])
         if out not in self.given and squares.wide_by_content(node, self.info, self.plan.params):
-            bits = max(bits, self.config.get("square_bits", 8))
+            bits = max(bits, self.config["square_bits"])
         return bits
 
     def _channel_grid(self, node: onnx.NodeProto, out: str, params: TensorParams) -> TensorParams:
@@ -397,7 +397,7 @@ class Planner:
         ranges differ 100x (a MobileNet-style expansion), and most channels get a handful of codes."""
         absmax = self.stats_arrays.get(f"{out}/channel_absmax")
         if (
-            self.config.get("depthwise_inputs", "tensor") != "channel"
+            self.config["depthwise_inputs"] != "channel"
             or out not in self._table_chains
             or params.bits != 8
             or absmax is None
@@ -465,7 +465,7 @@ class Planner:
         earlier Concat took it. The code generator then writes it straight into its place in the
         concatenation (targets/backend/allocation.py)."""
         self._concats: dict[str, onnx.NodeProto] = {}
-        if self.config.get("concat_grids", "own") != "shared":
+        if self.config["concat_grids"] != "shared":
             return {}
         producers = self.info.producers
         keeps_grid = MOVE_OPS | {"Relu", "Clip", "Resize"}
@@ -554,7 +554,7 @@ class Planner:
             plan.params[out] = plan.params[node.input[0]]
         elif node.op_type == "Softmax":  # a fixed grid; a network output's probabilities at int16
             bits = choice.bits
-            if self.config.get("float_output_activations") and self._is_result(out):
+            if self.config["float_output_activations"] and self._is_result(out):
                 bits = 16
             scale, zero_point = SOFTMAX_GRID[bits]
             plan.params[out] = TensorParams(scale, zero_point, bits)

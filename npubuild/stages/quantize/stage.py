@@ -39,7 +39,7 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
             "overrides": list(params["overrides"]) + precision_overrides(layers.expand(table)),
         }
     rounding = None
-    if params.get("weight_rounding") == "gptq" and "calibration" in inputs:
+    if params["weight_rounding"] == "gptq" and "calibration" in inputs:
         grams, samples = _weight_grams(model, inputs["calibration"])
         stats_arrays = {**stats_arrays, **grams}
         rounding = {"method": "gptq", "layers": len(grams), "samples": samples}
@@ -47,13 +47,11 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     absorbed_meta, absorbed = absorb_into_tables(meta, arrays, known_ranks(model))
     integer = parse(absorbed_meta, "the integer model quantize made")  # what every later stage reads
     corrected, bias_summary = {}, None
-    if params.get("empirical_bias") and "calibration" in inputs:
+    if params["empirical_bias"] and "calibration" in inputs:
         corrected, bias_summary = _empirical_bias(model, integer, absorbed, inputs["calibration"])
         arrays = {**arrays, **corrected}  # the same MAC layers before the tables absorbed anything
     try:  # from every op the float graph has (the tables have not absorbed any yet)
-        qdq = export_qdq(
-            model, parse(meta, "the integer model quantize made"), arrays, params.get("qdq_export", "exact")
-        )
+        qdq = export_qdq(model, parse(meta, "the integer model quantize made"), arrays, params["qdq_export"])
     except NotImplementedError as exc:
         raise UserError(f"cannot export a QDQ model: {exc}") from None
     meta, arrays = absorbed_meta, {**absorbed, **corrected}
