@@ -10,8 +10,9 @@ bandwidth) with compulsory bytes = weights + network inputs + outputs, and DRAM 
 compulsory bytes. Goal (issue 19): on vnpu-m grouped <= 1.5x the bound (YOLOv8n <= 1.15x), DRAM <=
 2x compulsory; the ratio is printed to three decimals so that a figure at the bar reads as one.
 The last column is the grouped latency against the bound with each MAC layer at the array's rate
-for its input width (`int16_rate` for 16-bit inputs): for a model a precision table keeps partly in
-int16 (the example's det), what the array allows for that table; the goal is on the column before.
+for its operands' width (`int16_rate` where one is 16-bit: codegen's `roofline_cycles_at_widths`):
+for a model a precision table keeps partly in int16 (the example's det), what the array allows for
+that table; the goal is on the column before.
 The row "PP-OCRv4 det int8" is the example's det without its precision table (every layer int8):
 the model issue 19 measured when it was filed (5.47x, 6.92M cycles on vnpu-m), so the back end's
 figure on it does not move with what the precision search picks.
@@ -84,24 +85,11 @@ def main() -> None:
                     f"{grouped['estimated_cycles'] / bound:>12.3f}x {flat['dram_bytes'] / mib:>12.2f} "
                     f"{grouped['dram_bytes'] / mib:>8.2f} {grouped['compulsory_dram_bytes'] / mib:>10.2f} "
                     f"{grouped['dram_bytes'] / grouped['compulsory_dram_bytes']:>11.2f}x "
-                    f"{grouped['estimated_cycles'] / width_bound(program, flat, target):>12.3f}x"
+                    f"{grouped['estimated_cycles'] / grouped['roofline_cycles_at_widths']:>12.3f}x"
                 )
         store.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def width_bound(program, stats: dict, target) -> float:
-    """max(int8 MACs / peak + 16-bit-input MACs / (peak x int16_rate), compulsory bytes / bandwidth):
-    the roofline with each layer at its width's rate (`stats`: an unstriped compile's)."""
-    by_label = {op.label: op for op in program.ops if op.kind in ("conv", "matmul")}
-    peak = target.mac_rows * target.mac_cols
-    cycles = 0.0
-    for row in stats["layers"]:
-        op = by_label.get(row["node"])
-        wide = op is not None and program.tensors[op.inputs[0]].bits == 16
-        cycles += row["macs"] / (peak * (target.int16_rate if wide else 1.0))
-    return max(cycles, stats["compulsory_dram_bytes"] / target.dram_bytes_per_cycle)
 
 
 if __name__ == "__main__":

@@ -170,10 +170,16 @@ def _back_end(label, part: dict, gen: dict, sim: dict | None) -> list[str]:
     ]
     if gen.get("roofline_cycles"):
         bound_ms = gen["roofline_cycles"] / gen["estimated_cycles"] * npu_ms
+        at_widths = gen.get("roofline_cycles_at_widths", gen["roofline_cycles"])
+        widths = (  # a table with 16-bit layers: the bound with those at the array's int16 rate
+            f", {gen['estimated_cycles'] / at_widths:.1f}x the bound at the layers' widths"
+            if at_widths != gen["roofline_cycles"]
+            else ""
+        )
         lines.append(
             f"  roofline bound {bound_ms:.2f} ms "
             f"(estimate {gen['estimated_cycles'] / gen['roofline_cycles']:.1f}x "
-            f"the bound); DRAM traffic {gen['dram_bytes'] / 2**20:.1f} MiB, "
+            f"the bound{widths}); DRAM traffic {gen['dram_bytes'] / 2**20:.1f} MiB, "
             f"{gen['dram_bytes'] / max(gen['compulsory_dram_bytes'], 1):.1f}x the compulsory "
             f"{gen['compulsory_dram_bytes'] / 2**20:.1f} MiB"
         )

@@ -463,6 +463,15 @@ def stripings(
     return found
 
 
+def _multiplies_16_bit(program: IntegerModel, op) -> bool:
+    """Whether a MAC op multiplies a 16-bit operand (its input; either side of a product of two
+    activations): the array runs it at `int16_rate` (cycles.array_rate)."""
+    operands = op.inputs[:2] if op.kind == "batch_matmul" else op.inputs[:1]
+    return op.kind in ("conv", "matmul", "batch_matmul") and any(
+        t in program.tensors and program.tensors[t].bits == 16 for t in operands
+    )
+
+
 def _compile(
     program: IntegerModel,
     arrays: dict,
@@ -477,11 +486,10 @@ def _compile(
     shapes = model_shapes(model)
     # the network's multiply-accumulates, for the roofline bound (Assembly.finish), counted on the
     # program before any striping
-    network_macs = sum(
-        op_work(program.ops[i], shapes, arrays)[0]
-        for sg in plan["subgraphs"]
-        if sg["device"] == "npu"
-        for i in sg["ops"]
+    npu_ops = [program.ops[i] for sg in plan["subgraphs"] if sg["device"] == "npu" for i in sg["ops"]]
+    network_macs = (
+        sum(op_work(op, shapes, arrays)[0] for op in npu_ops),
+        sum(op_work(op, shapes, arrays)[0] for op in npu_ops if _multiplies_16_bit(program, op)),
     )
     if striping is not None:  # chains run in row stripes (stripes.py): another program, same codes
         program, arrays, shapes, plan = striping.program, striping.arrays, striping.shapes, striping.plan
@@ -558,7 +566,7 @@ def _compile(
                     if o and o in cpu.current:
                         assembly.states[o] = cpu.current[o][1]
             assembly.add_cpu(k, cpu)
-    data, listing, stats = assembly.finish(bytes(consts.data), sram, network_macs)
+    data, listing, stats = assembly.finish(bytes(consts.data), sram, *network_macs)
     stats["stripes"] = striping.chains if striping is not None else []
     if ctx.pinned:
         stats["pinned_tables"] = len(ctx.pinned)

@@ -74,6 +74,15 @@ def depthwise_cycles(taps: int, channels: int, positions: int, rows: int, cols: 
     )
 
 
+def array_rate(i: Instruction, target: dict) -> float:
+    """The MAC array's throughput for an instruction relative to int8: `int16_rate` where an
+    operand it multiplies is 16-bit (a convolution's or fully-connected layer's input, either
+    side of a product of two activations), 1 otherwise."""
+    a = i.args
+    wide = 16 in (a.get("in_bits", 8), a.get("a_bits", 8), a.get("b_bits", 8))
+    return target["int16_rate"] if wide else 1.0
+
+
 def cost(i: Instruction, target: dict) -> int:
     a = i.args
     rows, cols, lanes = target["mac_rows"], target["mac_cols"], target["vector_lanes"]
@@ -82,20 +91,17 @@ def cost(i: Instruction, target: dict) -> int:
         if a["space"] == 1:  # on-chip copy of a resident tensor: no DRAM latency, SRAM bandwidth
             return SRAM_COPY_LATENCY + math.ceil(max(moved, 0) / target["sram_bytes_per_cycle"])
         return target["dram_latency_cycles"] + math.ceil(max(moved, 0) / target["dram_bytes_per_cycle"])
-    slow = 1.0 / target["int16_rate"] if a.get("in_bits", 8) == 16 else 1.0
     if i.op == "conv":
-        return math.ceil(conv_cycles(a, a["mapping"], rows, cols, target.get("row_bands", False)) * slow)
-    if i.op == "bmm":
-        slow = 1.0 / target["int16_rate"] if max(a["a_bits"], a["b_bits"]) == 16 else 1.0
-        return math.ceil(math.ceil(a["n"] / cols) * math.ceil(a["k"] / rows) * a["m"] * slow)
-    if i.op == "matmul":
-        return math.ceil(math.ceil(a["n"] / cols) * math.ceil(a["k"] / rows) * a["m"] * slow)
+        folds = conv_cycles(a, a["mapping"], rows, cols, target.get("row_bands", False))
+        return math.ceil(folds / array_rate(i, target))
+    if i.op in ("matmul", "bmm"):
+        folds = math.ceil(a["n"] / cols) * math.ceil(a["k"] / rows) * a["m"]
+        return math.ceil(folds / array_rate(i, target))
     if i.op == "end":
         return 0
     if engine(i, target) == "mac":  # a pool or a per-channel multiply on the depthwise path
-        wide = 16 in (a.get("in_bits", 8), a.get("a_bits", 8), a.get("b_bits", 8))
         shape = (rows, cols, target.get("row_bands", False))
-        return math.ceil(channelwise_cycles(i, *shape) / (target["int16_rate"] if wide else 1.0))
+        return math.ceil(channelwise_cycles(i, *shape) / array_rate(i, target))
     width = 2 if max(a.get("out_bits", 8), a.get("bits", 8), a.get("in_bits", 8)) == 16 else 1
     if i.op in ("add", "mul"):
         elements = a["o0"] * a["o1"] * a["o2"] * a["o3"]
@@ -272,7 +278,7 @@ def per_op(program: list[Instruction], marks: list, target: dict) -> list[dict]:
         if start not in names or all(i.op == "end" for i in program[start:end]):
             continue  # no op here, or one that emits nothing at the stream's end (a fused Add)
         first = last = None
-        compute = dma = moved = work = 0
+        compute = dma = moved = work = wide_work = 0
         mappings = set()
         for i in program[start:end]:
             if i.op == "conv":
@@ -289,6 +295,8 @@ def per_op(program: list[Instruction], marks: list, target: dict) -> list[dict]:
             elif ENGINES[i.op] in ("mac", "vector"):  # engine() only moves vector ops to the array
                 compute += spent
             work += macs(i)
+            if array_rate(i, target) < 1.0:
+                wide_work += macs(i)
         node, kind = names[start]
         rows.append(
             {
@@ -300,13 +308,16 @@ def per_op(program: list[Instruction], marks: list, target: dict) -> list[dict]:
                 "dma_cycles": dma,
                 "dram_bytes": moved,
                 "macs": work,
+                **({"int16_macs": wide_work} if wide_work else {}),
                 **({"mapping": "+".join(sorted(mappings))} if mappings else {}),
             }
         )
     return rows
 
 
-def roofline(macs_count: int, compulsory_bytes: int, target: dict) -> int:
-    """max(MACs / peak MACs per cycle, compulsory DRAM bytes / bandwidth), in cycles."""
+def roofline(macs_count: int, compulsory_bytes: int, target: dict, int16_macs: int = 0) -> int:
+    """max(MACs / peak MACs per cycle, compulsory DRAM bytes / bandwidth), in cycles; the
+    `int16_macs` among the MACs at the array's 16-bit peak (peak x `int16_rate`)."""
     peak = target["mac_rows"] * target["mac_cols"]
-    return math.ceil(max(macs_count / peak, compulsory_bytes / target["dram_bytes_per_cycle"]))
+    mac_cycles = (macs_count - int16_macs) / peak + int16_macs / (peak * target["int16_rate"])
+    return math.ceil(max(mac_cycles, compulsory_bytes / target["dram_bytes_per_cycle"]))

@@ -95,7 +95,9 @@ class Assembly:
         self.macs += timing["macs"]
         for row in per_op(code, entry["marks"], self.target_fields):
             row["weight_bytes"] = self.weight_bytes.get(row["node"], 0)
-            row["roofline_cycles"] = roofline(row["macs"], row["weight_bytes"], self.target_fields)
+            row["roofline_cycles"] = roofline(
+                row["macs"], row["weight_bytes"], self.target_fields, row.get("int16_macs", 0)
+            )
             self.layers.append(row)
         self.subgraphs.append(entry)
         for o in produced:
@@ -123,11 +125,13 @@ class Assembly:
             "bits": t.bits,
         }
 
-    def finish(self, constants: bytes, sram: SramPlan, network_macs: int) -> tuple[bytes, str, dict]:
+    def finish(
+        self, constants: bytes, sram: SramPlan, network_macs: int, network_int16_macs: int
+    ) -> tuple[bytes, str, dict]:
         """The binary, its listing and its statistics; `network_macs`, the network's own
         multiply-accumulates (compile.py), make the roofline bound, which counts them once
         whatever the binary executes (a stripe's halo rows, the input rows two tiles of a
-        transposed convolution share)."""
+        transposed convolution share); `network_int16_macs` of them multiply a 16-bit operand."""
         program, shapes, target, allocation = self.program, self.shapes, self.target, self.allocation
         tensors = {
             n: {**program.tensors[n].model_dump(), "shape": shapes[n], "dram": allocation.addr[n]}
@@ -193,7 +197,12 @@ class Assembly:
             "mac_utilisation": mac_count / (cycles * target.mac_rows * target.mac_cols) if cycles else 0.0,
             "dram_bytes": sum(r["dram_bytes"] for r in self.layers),
             "compulsory_dram_bytes": compulsory,
+            # every MAC at the int8 peak (issue 19's bound), and each at its operands' width's peak:
+            # what the array allows for this precision table
             "roofline_cycles": roofline(network_macs, compulsory, self.target_fields),
+            "roofline_cycles_at_widths": roofline(
+                network_macs, compulsory, self.target_fields, network_int16_macs
+            ),
             "layers": self.layers,
             "npu_subgraphs": sum(1 for s in self.subgraphs if s["device"] == "npu"),
             "cpu_subgraphs": sum(1 for s in self.subgraphs if s["device"] == "cpu"),
