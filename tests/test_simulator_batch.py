@@ -150,3 +150,40 @@ def test_bytes_known_in_some_images_rows_are_not_known_in_the_others():
     sim.use_rows(0, 2)
     with pytest.raises(_Uneven):  # image 1's SRAM never got the copy
         sim.sram.same_in_every_row(1024, 8, (64,))
+
+
+def test_a_groups_weights_and_parameters_are_known_and_a_kept_rule_reads_its_own_copy():
+    """A layer's constants arrive in one DMA (its weights, then its requantization parameters):
+    each lies inside the known range and is read under a token, without comparing the images'
+    rows. The output rule worked out for those parameters is kept by that token, so it must not
+    read the SRAM it came from: loaded again elsewhere after the first place was written over, the
+    same constants still compute what a fresh simulator computes."""
+    rng = np.random.default_rng(13)
+    n = 8 * 16 * 9
+    weights = rng.integers(-128, 128, n).astype(np.int8)
+    params = np.array([[5 * (c + 1), (1 << 30) + c, 9 + c % 3] for c in range(8)], np.int64)
+    group = np.concatenate([weights, params.reshape(-1).view(np.int8)])  # n + 192 bytes, one DMA
+    base = 4096
+    xs = rng.integers(-128, 128, (2, 16 * 12 * 12)).astype(np.int8)
+    sim = Simulator(M["sram_kib"] * 1024, 8192, M, batch=2)
+    sim.dram.write(base, 8, np.repeat(group[None], 2, axis=0))
+    sim.dram.mark(base, base + group.size, "constants")
+    sim.sram.write(0, 8, xs)
+
+    def conv_at(at: int) -> np.ndarray:
+        a = {**_conv(in_c=16, out_c=8), "mapping": MAPPINGS["channels"], "weights": at, "params": at + n}
+        sim.execute([Instruction("load", _copy(group.size, base, at)), Instruction("conv", a)])
+        assert sim.sram.same_in_every_row(at, 8, (n,))[1] is not None
+        assert sim.sram.same_in_every_row(at + n, 64, (8, 3))[1] is not None
+        return np.array(sim.sram.view(a["dst"], 8, (8 * 100,)))
+
+    one = Simulator(M["sram_kib"] * 1024, 1024, M, batch=2)
+    a = {**_conv(in_c=16, out_c=8), "mapping": MAPPINGS["channels"]}
+    one.sram.write(0, 8, xs)
+    one.sram.write(a["weights"], 8, np.repeat(weights[None], 2, axis=0))
+    one.sram.write(a["params"], 64, np.repeat(params.reshape(1, -1), 2, axis=0))
+    one.execute([Instruction("conv", a), Instruction("end", {})])
+    want = np.array(one.sram.view(a["dst"], 8, (8 * 100,)))
+    np.testing.assert_array_equal(conv_at(4096), want)
+    sim.sram.write(4096, 8, np.zeros((2, group.size), np.int8))  # the first place written over
+    np.testing.assert_array_equal(conv_at(8192), want)

@@ -151,7 +151,9 @@ class OutputRule:
     def __init__(self, bias, m0, shift, axis: int, ndim: int, zero_point: int, lo: int, hi: int):
         shape = [1] * ndim
         shape[axis] = -1
-        self.bias, m0, self.shift = (np.asarray(p).reshape(shape) for p in (bias, m0, shift))
+        # copies: a caller may pass views of a memory that is written later (the simulator's
+        # parameters in SRAM) and keep the rule for the next tile that reads the same parameters
+        self.bias, m0, self.shift = (np.array(p).reshape(shape) for p in (bias, m0, shift))
         self.m0 = m0.astype(np.int64)
         total = 31 + self.shift.astype(np.int64)
         self.scale = np.ldexp(self.m0.astype(np.float64), -total)

@@ -149,9 +149,13 @@ class Memory:
         constants) and the token naming it, None where the rows had to be compared; _Uneven where
         they differ."""
         rows = self.view(addr, bits, shape)
-        known = self._known.get((addr, addr + rows[0].nbytes))
-        if known is not None and self._covers(known[1:]):
-            return rows[0], known[0]
+        # a layer's constants arrive in one DMA with its group's (docs/npu.md, "A constant group
+        # is one DMA"): its weights or parameters lie inside a known range, named by the range's
+        # token, where in it they start and how many bytes they take
+        end = addr + rows[0].nbytes
+        within = self.token_within(addr, end)
+        if within is not None:
+            return rows[0], (*within, end - addr)
         return _same_in_every_row(rows), None
 
     def strided(self, addr: int, dtype: np.dtype, shape: tuple, strides: tuple) -> np.ndarray:
