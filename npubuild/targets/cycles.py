@@ -84,6 +84,9 @@ def array_rate(i: Instruction, target: dict) -> float:
 
 
 def cost(i: Instruction, target: dict) -> int:
+    # (a fold count times 1 / rate on the array's MAC paths, divided by the rate on the
+    # channel-wise one: as each was first written, so that a target's int16_rate that is not a
+    # power of two rounds as before)
     a = i.args
     rows, cols, lanes = target["mac_rows"], target["mac_cols"], target["vector_lanes"]
     if i.op in ("load", "store"):
@@ -93,10 +96,10 @@ def cost(i: Instruction, target: dict) -> int:
         return target["dram_latency_cycles"] + math.ceil(max(moved, 0) / target["dram_bytes_per_cycle"])
     if i.op == "conv":
         folds = conv_cycles(a, a["mapping"], rows, cols, target.get("row_bands", False))
-        return math.ceil(folds / array_rate(i, target))
+        return math.ceil(folds * (1.0 / array_rate(i, target)))
     if i.op in ("matmul", "bmm"):
         folds = math.ceil(a["n"] / cols) * math.ceil(a["k"] / rows) * a["m"]
-        return math.ceil(folds / array_rate(i, target))
+        return math.ceil(folds * (1.0 / array_rate(i, target)))
     if i.op == "end":
         return 0
     if engine(i, target) == "mac":  # a pool or a per-channel multiply on the depthwise path
