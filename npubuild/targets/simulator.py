@@ -137,8 +137,7 @@ class Memory:
         return rows[0] <= self.first and self.first + self.rows <= rows[1]
 
     def token_within(self, addr: int, end: int) -> tuple | None:
-        """The token of a known range holding all of [addr, end) in the rows now in use, with the
-        offset into it."""
+        """The token of a known range holding all of [addr, end) in the rows in use, and the offset."""
         for (a, e), (token, *rows) in self._known.items():
             if a <= addr and end <= e and self._covers(rows):
                 return token, addr - a
@@ -146,16 +145,13 @@ class Memory:
 
     def same_in_every_row(self, addr: int, bits: int, shape) -> tuple[np.ndarray, object]:
         """The one value every image holds at addr (weights, parameters, tables: loaded from the
-        constants) and the token naming it, None where the rows had to be compared; _Uneven where
-        they differ."""
+        constants) and its name, None where the rows had to be compared; _Uneven where they
+        differ. A layer's constants lie inside the range its group's one DMA made known: named by
+        that range's token, where in it they start and how many bytes they take."""
         rows = self.view(addr, bits, shape)
-        # a layer's constants arrive in one DMA with its group's (docs/npu.md, "A constant group
-        # is one DMA"): its weights or parameters lie inside a known range, named by the range's
-        # token, where in it they start and how many bytes they take
-        end = addr + rows[0].nbytes
-        within = self.token_within(addr, end)
+        within = self.token_within(addr, addr + rows[0].nbytes)
         if within is not None:
-            return rows[0], (*within, end - addr)
+            return rows[0], (*within, rows[0].nbytes)
         return _same_in_every_row(rows), None
 
     def strided(self, addr: int, dtype: np.dtype, shape: tuple, strides: tuple) -> np.ndarray:
