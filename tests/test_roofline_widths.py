@@ -46,7 +46,7 @@ def test_sixteen_bit_layers_are_bounded_at_the_arrays_int16_peak(tmp_path):
     peak = SMALL.mac_rows * SMALL.mac_cols
     macs = 64 * 16 * 16 * (16 * 9 + 64 * 9)
     assert int8["macs"] >= macs and macs / peak > int8["compulsory_dram_bytes"] / SMALL.dram_bytes_per_cycle
-    # all int8: the two bounds are one; every row's compute is at least its MACs at the int8 peak
+    # all int8: the two bounds are one, and no row counts 16-bit MACs
     assert int8["roofline_cycles_at_widths"] == int8["roofline_cycles"] == np.ceil(macs / peak)
     assert not any("int16_macs" in row for row in int8["layers"])
     # 16-bit inputs: the same work, bounded at the int16 peak, and the estimate still above it

@@ -484,13 +484,11 @@ def _compile(
 ) -> tuple[bytes, str, dict]:
     striping, resident_bytes = choice.striping, choice.resident_bytes
     shapes = model_shapes(model)
-    # the network's multiply-accumulates, for the roofline bound (Assembly.finish), counted on the
-    # program before any striping
-    npu_ops = [program.ops[i] for sg in plan["subgraphs"] if sg["device"] == "npu" for i in sg["ops"]]
-    network_macs = (
-        sum(op_work(op, shapes, arrays)[0] for op in npu_ops),
-        sum(op_work(op, shapes, arrays)[0] for op in npu_ops if _multiplies_16_bit(program, op)),
-    )
+    # the network's multiply-accumulates, and those on a 16-bit operand, for the roofline bounds
+    # (Assembly.finish), counted once per op on the program before any striping
+    network_ops = [program.ops[i] for sg in plan["subgraphs"] if sg["device"] == "npu" for i in sg["ops"]]
+    work = [(op_work(op, shapes, arrays)[0], _multiplies_16_bit(program, op)) for op in network_ops]
+    network_macs = (sum(m for m, _ in work), sum(m for m, wide in work if wide))
     if striping is not None:  # chains run in row stripes (stripes.py): another program, same codes
         program, arrays, shapes, plan = striping.program, striping.arrays, striping.shapes, striping.plan
     ops = program.ops
