@@ -22,6 +22,7 @@ from npubuild.targets.backend.memory import ALIGN, DoesNotFit, SramPlan, align, 
 from npubuild.targets.backend.pinning import pin, pinned_tables
 from npubuild.targets.backend.pipeline import fits, lower_subgraph
 from npubuild.targets.backend.reorder import early_reductions
+from npubuild.targets.backend.split_memo import SplitMemo
 from npubuild.targets.backend.stripes import Striping, stripe
 from npubuild.targets.cpu import CpuSubgraph
 from npubuild.targets.cpu_cost import op_work
@@ -107,7 +108,8 @@ def compile_npub(
     choices are compiled in both orders. Without grouping (or when checking every op's result),
     every tensor goes through DRAM. Without `fresh`, no choice has fresh constants (the precision
     search's price compiles: docs/mixed-precision.md, "Cost estimate")."""
-    options = (reuse_dram, group, resident_shares, fresh)
+    # (the splits the cycle model chose, reused across the search's compiles: split_memo.py)
+    options = (reuse_dram, group, resident_shares, fresh, SplitMemo())
     results, tried = _grouping_search(program, arrays, model, target, plan, *options)
     if group and reuse_dram:  # the order only matters where tensors may stay on chip
         shapes = model_shapes(model)
@@ -143,7 +145,8 @@ def _grouping_search(
     reuse_dram: bool,
     group: bool,
     resident_shares: tuple[float, ...],
-    fresh: bool = True,
+    fresh: bool,
+    splits: SplitMemo,
 ) -> tuple[list[tuple[bytes, str, dict]], list[dict]]:
     """Every grouping choice compiled for this order of the ops: the results, and what each was."""
     grouping = group and reuse_dram
@@ -161,7 +164,7 @@ def _grouping_search(
             return  # (a refinement may reach a choice compiled before)
         seen.add(_identity(choice))
         try:
-            result = _compile(program, arrays, model, target, plan, reuse_dram, grouping, choice)
+            result = _compile(program, arrays, model, target, plan, reuse_dram, grouping, choice, splits)
         except DoesNotFit:
             return
         stats = result[2]
@@ -481,6 +484,7 @@ def _compile(
     reuse_dram: bool,
     fused: bool,
     choice: Grouping,
+    splits: SplitMemo | None = None,
 ) -> tuple[bytes, str, dict]:
     striping, resident_bytes = choice.striping, choice.resident_bytes
     shapes = model_shapes(model)
@@ -548,6 +552,7 @@ def _compile(
             assembly.target_fields,
             choice.join_constants,
             bool(choice.fresh_constants),
+            splits,
         )
         for k, sg in enumerate(plan["subgraphs"])
         if sg["device"] == "npu"

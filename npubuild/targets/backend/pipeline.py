@@ -11,8 +11,9 @@ from npubuild.targets.backend.constants import pack_constants
 from npubuild.targets.backend.context import OpContext
 from npubuild.targets.backend.fusion import Fusion
 from npubuild.targets.backend.lowering import Lowering
-from npubuild.targets.backend.memory import DoesNotFit, SramPlan
+from npubuild.targets.backend.memory import DoesNotFit, SramPlan, align
 from npubuild.targets.backend.schedule import OpSchedule, schedule
+from npubuild.targets.backend.split_memo import SplitMemo
 from npubuild.targets.cycles import conv_mapping, estimate
 from npubuild.targets.isa import Instruction
 
@@ -89,10 +90,13 @@ def lower_subgraph(
     target: dict,
     join: bool = False,
     fresh: bool = False,
+    splits: SplitMemo | None = None,
 ) -> tuple[list[Instruction], list[tuple[int, Op]]]:
     """The subgraph's instructions and where each of its ops starts; with `join`, weight-bound ops
     load their constants with the group before; with `fresh`, every constant group loads into
-    SRAM of its own (lowering.py)."""
+    SRAM of its own (lowering.py); `splits`, the splits chosen in earlier compiles of the same
+    program (split_memo.py)."""
+    splits = splits if splits is not None else SplitMemo()
     lowering = Lowering(ctx.sram, target=target, join=join, fresh=fresh)
     whole = ctx.sram
     for i in indices:
@@ -107,30 +111,58 @@ def lower_subgraph(
         activation = ops[fusion.activation[i]] if i in fusion.activation else None
         residual = ops[fusion.residual[i]] if i in fusion.residual else None
         clamp = ops[fusion.clamp[i]] if i in fusion.clamp else None
-        split = choose_split(ctx, op, activation, residual, clamp, lowering, target)
-        sched = schedule(ctx, op, split, activation, residual)
-        lowering.add_op(op, emit(ctx, op, sched, target, activation, residual, clamp))
+        schedules = tilings(ctx, op, activation, residual)
+        key = splits.key(ctx, op, (activation, residual, clamp), schedules, lowering)
+        split = splits.get(key, lowering)
+        if split is None:
+            fused = (activation, residual, clamp)
+            split, fresh_bytes = choose_split(ctx, op, schedules, *fused, lowering, target)
+            splits.put(key, split, fresh_bytes)
+        lowering.add_op(op, emit(ctx, op, schedules[split], target, activation, residual, clamp))
     ctx.sram = whole
     return lowering.finish()
+
+
+def tilings(
+    ctx: OpContext, op: Op, activation: Op | None, residual: Op | None
+) -> dict[int, OpSchedule | None]:
+    """The op's schedule at each split of PIPELINE_SPLITS that fits (DoesNotFit where one tile
+    does not)."""
+    found = {}
+    for split in PIPELINE_SPLITS:
+        try:
+            found[split] = schedule(ctx, op, split, activation, residual)
+        except DoesNotFit:
+            if split == 1:
+                raise
+    return found
 
 
 def choose_split(
     ctx: OpContext,
     op: Op,
+    schedules: dict[int, OpSchedule | None],
     activation: Op | None,
     residual: Op | None,
     clamp: Op | None,
     lowering: Lowering,
     target: dict,
-) -> int:
-    """The split of the op's largest fitting tile that the cycle model finds fastest. One tile
-    leaves the DMA nothing to overlap; more tiles pipeline load, compute and store, but each costs
-    a DMA latency and an instruction to simulate."""
+) -> tuple[int, int]:
+    """The split of the op's largest fitting tile (`schedules`: tilings) that the cycle model finds
+    fastest. One tile leaves the DMA nothing to overlap; more tiles pipeline load, compute and
+    store, but each costs a DMA latency and an instruction to simulate. Also the bytes of a
+    fresh constant area (lowering.py) the trials' constants took past the stream's end: a
+    trial's constants past the area end the compile (DoesNotFit), so a split is only reused
+    where the area has as much room (SplitMemo)."""
     best: tuple[int, int] | None = None
-    for split in PIPELINE_SPLITS:
+    fresh_bytes = 0
+    tried: set[OpSchedule | None] = set()
+    for split, sched in schedules.items():
+        if sched in tried:
+            continue  # a tile too small to split further: the same commands, no fewer cycles
+        tried.add(sched)
         mark = ctx.consts.mark()
         try:
-            sched = schedule(ctx, op, split, activation, residual)
             commands = emit(ctx, op, sched, target, activation, residual, clamp)
         except DoesNotFit:
             if split == 1:
@@ -140,9 +172,11 @@ def choose_split(
             ctx.consts.rollback(mark)
         trial = lowering.trial()
         trial.add_op(op, commands)
+        if lowering.fresh:
+            fresh_bytes = max(fresh_bytes, trial.fresh_end - align(lowering.fresh_end))
         if not trial.code:
             break
         cost = estimate(trial.code, target)["cycles"] + PIPELINE_INSTRUCTION_CYCLES * len(trial.code)
         if best is None or cost < best[0] * (1 - PIPELINE_MIN_GAIN):
             best = (cost, split)
-    return best[1] if best else 1
+    return (best[1] if best else 1), fresh_bytes
