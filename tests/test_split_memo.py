@@ -3,18 +3,15 @@ compiles is the split the cycle model's trials find, and the binary is the one c
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-from stripe_kit import SMALL, build_int8
-from test_quantize import SETTINGS
-from test_stripes import SIZE, _model
 
 import npubuild.targets.backend.pipeline as pipeline_module
 import npubuild.targets.compile as compile_module
+from npubuild.intmodel.interpreter import load_integer_model
+from npubuild.stages.onnx_utils import load_model
 from npubuild.targets.backend.split_memo import SplitMemo
-from npubuild.targets.compile import compile_npub
-
-SHARES = (0.125,)  # one resident budget (and its stripings, refinements): a shorter search
+from npubuild.targets.compile import compile_npub, plan_partition
+from npubuild.targets.spec import BUILTIN_TARGETS
 
 
 class CheckingMemo(SplitMemo):
@@ -37,22 +34,19 @@ class CheckingMemo(SplitMemo):
         self.splits[key] = (split, fresh_bytes)
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """test_stripes' chains with conv1's result at 16 bits (test_pinning's model): stripes, a
-    pinned table, constant slots and fresh constant areas among the choices the search compiles."""
-    rng = np.random.default_rng(3)
-    model = _model(rng)
-    samples = rng.normal(size=(6, 3, SIZE, SIZE)).astype(np.float32)
-    settings = {**SETTINGS, "overrides": [{"match": "conv1", "bits": 16}]}
-    return build_int8(model, tmp_path_factory.mktemp("split_memo"), samples, settings)
-
-
-def test_every_repeated_key_gets_the_split_its_trials_find(built, monkeypatch):
-    model, program, arrays, _, plan = built
+@pytest.mark.parametrize("target_name", ["vnpu-s", "vnpu-m"])
+def test_every_repeated_key_gets_the_split_its_trials_find(small_build, target_name, monkeypatch):
+    """The real PP-OCR classifier at int8 (the small workspace's build), on either target: its
+    grouping search compiles it 20-30 times (constant slots, fresh constant areas, resident
+    budgets, refinements)."""
+    out = small_build / "ws" / "npubuild-out" / "models" / "cls_npu"
+    model = load_model(out / "optimized.onnx", "the optimized model")
+    program, arrays, _ = load_integer_model(out / "quantized.npq")
+    target = BUILTIN_TARGETS[target_name]
+    plan = plan_partition(program, arrays, model, target)
     checking = CheckingMemo()
     monkeypatch.setattr(compile_module, "SplitMemo", lambda: checking)
-    checked = compile_npub(program, arrays, model, SMALL, plan, resident_shares=SHARES)
+    checked = compile_npub(program, arrays, model, target, plan)
     assert checking.mismatches == []
     # many of the search's ops are keys seen before (PP-OCR cls on vnpu-m: 1,151 of 1,617)
     assert checking.repeats > (checking.repeats + len(checking.splits)) / 3
@@ -60,7 +54,7 @@ def test_every_repeated_key_gets_the_split_its_trials_find(built, monkeypatch):
     trials = []
     choose = pipeline_module.choose_split
     monkeypatch.setattr(pipeline_module, "choose_split", lambda *a: trials.append(1) or choose(*a))
-    reused = compile_npub(program, arrays, model, SMALL, plan, resident_shares=SHARES)
+    reused = compile_npub(program, arrays, model, target, plan)
     # the binary, its listing and the search's record are those of the compile that reused nothing
     assert reused[0] == checked[0] and reused[1] == checked[1]
     assert reused[2]["grouping_search"] == checked[2]["grouping_search"]
