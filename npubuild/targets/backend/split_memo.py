@@ -85,10 +85,10 @@ def _tensors(ctx: OpContext, op: Op, fused: tuple[Op | None, ...]) -> tuple:
     names = sorted({n for o in (op, *fused) if o is not None for n in (*o.inputs, *o.outputs) if n})
     names += sorted({ctx.upsampled[n][0] for n in names if n in ctx.upsampled} - set(names))
     places = [space(ctx.addr[n]) if n in ctx.addr else None for n in names]
-    lowest = {
-        memory: min(at for place in places if place is not None and place[0] == memory for at in place[1:])
-        for memory in {place[0] for place in places if place is not None}
-    }
+    lowest: dict[int, int] = {}  # memory space -> the lowest of the op's addresses in it
+    for place in places:
+        if place is not None:
+            lowest[place[0]] = min(lowest.get(place[0], place[1]), place[1])
     return tuple(
         (
             n,
