@@ -204,8 +204,8 @@ def test_simulator_is_bit_exact_with_the_integer_model_on_every_npu_op(example, 
     # the deployed binary (layer groups kept in SRAM, activations fused into convolutions): every
     # subgraph output is still the golden interpreter's, bit for bit. On the target the example
     # builds for, the build's own binary (the same compile: codegen is deterministic)
-    if npub.read((out / "model.npub").read_bytes()).meta["target"]["name"] == target_name:
-        data = (out / "model.npub").read_bytes()
+    data = (out / "model.npub").read_bytes()
+    if npub.read(data).meta["target"]["name"] == target_name:
         grouped = json.loads((out / "codegen.json").read_text())
     else:
         data, _, grouped = compile_npub(program, arrays, model, target, plan)

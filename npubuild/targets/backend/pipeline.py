@@ -111,14 +111,14 @@ def lower_subgraph(
         activation = ops[fusion.activation[i]] if i in fusion.activation else None
         residual = ops[fusion.residual[i]] if i in fusion.residual else None
         clamp = ops[fusion.clamp[i]] if i in fusion.clamp else None
+        fused = (activation, residual, clamp)
         schedules = tilings(ctx, op, activation, residual)
-        key = splits.key(ctx, op, (activation, residual, clamp), schedules, lowering)
+        key = splits.key(ctx, op, fused, schedules, lowering)
         split = splits.get(key, lowering)
         if split is None:
-            fused = (activation, residual, clamp)
             split, fresh_bytes = choose_split(ctx, op, schedules, *fused, lowering, target)
             splits.put(key, split, fresh_bytes)
-        lowering.add_op(op, emit(ctx, op, schedules[split], target, activation, residual, clamp))
+        lowering.add_op(op, emit(ctx, op, schedules[split], target, *fused))
     ctx.sram = whole
     return lowering.finish()
 
