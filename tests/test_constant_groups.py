@@ -92,7 +92,7 @@ TARGET = BUILTIN_TARGETS["vnpu-m"]
 def _compile(built, choice: Grouping) -> tuple[bytes, dict]:
     model, program, arrays, _ = built
     plan = plan_partition(program, arrays, model, TARGET)
-    data, _, stats = compile_module._compile(program, arrays, model, TARGET, plan, True, True, choice)
+    data, stats = compile_module._compile(program, arrays, model, TARGET, plan, True, True, choice)
     return data, stats
 
 

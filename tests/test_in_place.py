@@ -67,18 +67,18 @@ def test_the_tail_writes_its_result_where_its_map_was(built):
     assert allocation.resident["tail"] == allocation.resident["fine"]
 
 
-def _compiled(built, in_place: bool, budget: int = BUDGET) -> tuple[bytes, str, dict]:
+def _compiled(built, in_place: bool, budget: int = BUDGET) -> tuple[bytes, dict]:
     """The binary at `budget` resident bytes, resident tensors placed shortest-lived first."""
     choice = Grouping(budget, 0.125, None, residency="lifetime", in_place=in_place)
     return _compile(built.program, built.arrays, built.model, SMALL, built.plan, True, True, choice)
 
 
 def test_in_place_keeps_both_maps_on_chip_and_computes_the_codes(built):
-    data, _, stats = _compiled(built, True)
+    data, stats = _compiled(built, True)
     assert binary_hazards(data) == []
     assert_computes_the_codes(data, built)
     assert _allocation(built, in_place=False).in_place == {}
-    _, _, apart = _compiled(built, False)
+    _, apart = _compiled(built, False)
     # apart, one of the two maps goes through DRAM: stored once and read once
     assert stats["dram_bytes"] <= apart["dram_bytes"] - 2 * MAP
 
@@ -133,10 +133,10 @@ def test_a_chain_of_in_place_results_shares_one_place_and_computes_the_codes(cha
     verify_allocation(allocation)
     assert allocation.in_place == {"tail": "fine", "act": "tail"}
     assert allocation.resident["fine"] == allocation.resident["tail"] == allocation.resident["act"]
-    data, _, stats = _compiled(chained, True, CHAIN_BUDGET)
+    data, stats = _compiled(chained, True, CHAIN_BUDGET)
     assert binary_hazards(data) == []
     assert_computes_the_codes(data, chained)
-    _, _, apart = _compiled(chained, False, CHAIN_BUDGET)
+    _, apart = _compiled(chained, False, CHAIN_BUDGET)
     # apart, the middle map goes through DRAM: stored once and read once
     assert stats["dram_bytes"] <= apart["dram_bytes"] - 2 * CHAIN_MAP
     # each tile of an op in place reads and writes the map where it lies, and the squeeze-excite
@@ -170,7 +170,7 @@ def test_a_depthwise_convolution_reads_a_resident_map_where_it_lies(tmp_path):
     rng = np.random.default_rng(3)
     samples = rng.normal(size=(4, 3, DW_SIZE, DW_SIZE)).astype(np.float32)
     built = build_int8(_depthwise(rng), tmp_path, samples)
-    data, _, stats = _compiled(built, False, 2 * DW_MAP + DW_MAP // 4)
+    data, stats = _compiled(built, False, 2 * DW_MAP + DW_MAP // 4)
     assert binary_hazards(data) == []
     assert_computes_the_codes(data, built)
     # tiles of whole channels: each a dense box of the map, read (borders and all) in place; what

@@ -68,9 +68,7 @@ def test_a_binary_with_interval_budgets_computes_the_integer_models_codes(tmp_pa
     # the first half of the sequence leaves resident tensors nothing, the second half 32 KiB
     caps = tuple((i, 0 if p < len(sequence) // 2 else half) for p, i in enumerate(sequence))
     uniform = _compile(program, arrays, model, target, plan, True, True, Grouping(half, 0.125))
-    data, _, stats = _compile(
-        program, arrays, model, target, plan, True, True, Grouping(half, 0.125, caps=caps)
-    )
+    data, stats = _compile(program, arrays, model, target, plan, True, True, Grouping(half, 0.125, caps=caps))
     assert binary_hazards(data) == []
     assert data != uniform[0]
     # the first half's ops tile with all of SRAM; what stays resident lives in the second half

@@ -120,7 +120,7 @@ def test_the_striped_regions_compute_the_codes_and_move_fewer_bytes(built):
     model, program, arrays, interpreter, plan = built
     results = {}
     for striping in (_striping(built, joins=False), _striping(built, joins=True)):
-        data, _, stats = _compile(
+        data, stats = _compile(
             program, arrays, model, SMALL, plan, True, True, Grouping(BUDGET, 0.125, striping)
         )
         assert binary_hazards(data) == []

@@ -66,7 +66,7 @@ def _compile_striped(built, striping) -> tuple[bytes, dict]:
     against the integer model's codes."""
     model, program, arrays, _, plan = built
     grouping = Grouping(BUDGET, 0.125, striping)
-    data, _, stats = _compile(program, arrays, model, SMALL, plan, True, True, grouping)
+    data, stats = _compile(program, arrays, model, SMALL, plan, True, True, grouping)
     assert binary_hazards(data) == []
     assert_computes_the_codes(data, built)
     return data, stats

@@ -147,9 +147,7 @@ def test_striped_binary_computes_the_integer_models_codes(built):
     model, program, arrays, interpreter, plan = built
     budget = 64 * 1024
     striping = striping_of(built, budget)
-    data, _, stats = _compile(
-        program, arrays, model, SMALL, plan, True, True, Grouping(budget, 0.125, striping)
-    )
+    data, stats = _compile(program, arrays, model, SMALL, plan, True, True, Grouping(budget, 0.125, striping))
     assert stats["stripes"] == striping.chains
     assert binary_hazards(data) == []
     # the Mul-first chains' slices are windows of t their Muls read through (windows.py): no copy
@@ -160,7 +158,7 @@ def test_striped_binary_computes_the_integer_models_codes(built):
     assert_computes_the_codes(data, built)
     # the bound counts the network's work once: not the halo's rows, which the stripes execute
     # (and the input rows two tiles of a transposed convolution both read, which any tiling does)
-    plain = _compile(program, arrays, model, SMALL, plan, True, True, Grouping(budget, 0.125))[2]
+    plain = _compile(program, arrays, model, SMALL, plan, True, True, Grouping(budget, 0.125))[1]
     network = sum(op_work(op, model_shapes(model), arrays)[0] for op in program.ops)
     assert stats["macs"] >= network + striping.halo_macs > network and plain["macs"] >= network
     assert (
@@ -250,7 +248,7 @@ def test_finer_stripes_are_twice_as_many_and_compute_the_same_codes(built):
         stopped = c["stripes"] == MAX_STRIPES or rows // (2 * c["stripes"]) < MIN_STRIPE_ROWS
         assert f["stripes"] == (c["stripes"] if stopped else 2 * c["stripes"])
     assert finer.chains != coarse.chains
-    data, _, stats = _compile(program, arrays, model, SMALL, plan, True, True, Grouping(budget, 0.125, finer))
+    data, stats = _compile(program, arrays, model, SMALL, plan, True, True, Grouping(budget, 0.125, finer))
     assert stats["stripes"] == finer.chains and binary_hazards(data) == []
     assert_computes_the_codes(data, built)
 

@@ -14,6 +14,7 @@ from typing import Literal
 import onnx
 
 from npubuild.intmodel.program import IntegerModel
+from npubuild.targets import npub
 from npubuild.targets.backend.allocation import Residency, allocate, verify_allocation
 from npubuild.targets.backend.context import ConstantPool, OpContext
 from npubuild.targets.backend.fusion import Fusion, fuse
@@ -26,6 +27,7 @@ from npubuild.targets.backend.split_memo import SplitMemo
 from npubuild.targets.backend.stripes import Striping, stripe
 from npubuild.targets.cpu import CpuSubgraph
 from npubuild.targets.cpu_cost import op_work
+from npubuild.targets.disasm import disassemble
 from npubuild.targets.package import Assembly
 from npubuild.targets.partition import partition
 from npubuild.targets.spec import TargetSpec
@@ -122,18 +124,19 @@ def compile_npub(
             tried += [{**t, "early_reductions": True} for t in more_tried]
     # the fastest, or among those within DRAM_TIE of it the one whose share of DRAM bytes saved
     # most exceeds its share of cycles lost
-    fastest = min(results, key=lambda r: (_cycles(r), r[2]["dram_bytes"]))[2]
+    fastest = min(results, key=lambda r: (_cycles(r), r[1]["dram_bytes"]))[1]
     close = [r for r in results if _cycles(r) <= fastest["estimated_cycles"] * (1 + DRAM_TIE)]
 
     def trade(r: tuple) -> tuple:
         # (a program with no NPU op at all takes no cycles and moves no bytes)
         cycles = _cycles(r) / max(fastest["estimated_cycles"], 1)
-        dram = r[2]["dram_bytes"] / max(fastest["dram_bytes"], 1)
-        return cycles + dram, r[2]["dram_bytes"], _cycles(r)
+        dram = r[1]["dram_bytes"] / max(fastest["dram_bytes"], 1)
+        return cycles + dram, r[1]["dram_bytes"], _cycles(r)
 
-    data, listing, stats = min(close, key=trade)
+    data, stats = min(close, key=trade)
     stats["grouping_search"] = tried
-    return data, listing, stats
+    # (the listing of the chosen binary only: disassembling each attempt's was 9% of a compile)
+    return data, disassemble(npub.read(data)), stats
 
 
 def _grouping_search(
@@ -147,11 +150,11 @@ def _grouping_search(
     resident_shares: tuple[float, ...],
     fresh: bool,
     splits: SplitMemo,
-) -> tuple[list[tuple[bytes, str, dict]], list[dict]]:
+) -> tuple[list[tuple[bytes, dict]], list[dict]]:
     """Every grouping choice compiled for this order of the ops: the results, and what each was."""
     grouping = group and reuse_dram
     shares = [(r, c) for r in resident_shares for c in CONST_SLOT_SHARES] if grouping else [(0.0, 0.0)]
-    results: list[tuple[bytes, str, dict]] = []
+    results: list[tuple[bytes, dict]] = []
     choices: list[Grouping] = []  # what each result was compiled with
     tried: list[dict] = []
     seen: set[tuple] = set()
@@ -167,7 +170,7 @@ def _grouping_search(
             result = _compile(program, arrays, model, target, plan, reuse_dram, grouping, choice, splits)
         except DoesNotFit:
             return
-        stats = result[2]
+        stats = result[1]
         tried.append(
             {
                 "resident_bytes": choice.resident_bytes,
@@ -201,7 +204,7 @@ def _grouping_search(
                 # twice the stripes where the fastest striped program's maps did not all stay
                 # resident (PP-OCRv4 det's stem at 16 bits; at 8 bits no corpus model's)
                 striped = _fastest_by(choices, results, lambda c: c.resident_bytes if c.striping else None)
-                budgets = sorted(b for b, k in striped.items() if results[k][2]["stripe_spills"])
+                budgets = sorted(b for b, k in striped.items() if results[k][1]["stripe_spills"])
             for budget, striping in stripings(program, arrays, model, plan, budgets, finer):
                 attempt(dataclasses.replace(choices[grid[budget]], striping=striping))
                 # and in lifetime order at once: a striped program's intermediates live one stripe
@@ -220,7 +223,7 @@ def _grouping_search(
         share = max(resident_shares)
         top = budget_of(share)
         on_grid = min(range(len(results)), key=lambda k: _cycles(results[k]), default=None)
-        grid_bytes = results[on_grid][2]["dram_bytes"] if on_grid is not None else 0
+        grid_bytes = results[on_grid][1]["dram_bytes"] if on_grid is not None else 0
 
         def past_grid() -> None:
             _keep_past_grid(choices, results, top, grid_bytes)
@@ -269,7 +272,7 @@ def _keep_past_grid(choices: list[Grouping], results: list, top: int, grid_bytes
     keep = [
         k
         for k, choice in enumerate(choices)
-        if choice.resident_bytes <= top or results[k][2]["dram_bytes"] <= grid_bytes
+        if choice.resident_bytes <= top or results[k][1]["dram_bytes"] <= grid_bytes
     ]
     choices[:] = [choices[k] for k in keep]
     results[:] = [results[k] for k in keep]
@@ -302,8 +305,8 @@ class Grouping:
     fresh_constants: int = 0
 
 
-def _cycles(result: tuple[bytes, str, dict]) -> int:
-    return result[2]["estimated_cycles"]
+def _cycles(result: tuple[bytes, dict]) -> int:
+    return result[1]["estimated_cycles"]
 
 
 def _fastest_by(choices: list[Grouping], results: list, key) -> dict:
@@ -371,7 +374,7 @@ def _refine(choices: list[Grouping], results: list, attempt, family: tuple, fres
     # every constant in SRAM of its own, where they all fit a share of what the ops have
     # (lowering.py, "fresh constants"); sized by the constants section of the fastest so far
     k = fastest()
-    need = results[k][2].get("constant_bytes", 0)
+    need = results[k][1].get("constant_bytes", 0)
     if 0 < need <= FRESH_CONSTANTS_MAX * (fresh_sram - choices[k].resident_bytes):
         attempt(dataclasses.replace(choices[k], fresh_constants=need + FRESH_CONSTANTS_SLACK))
 
@@ -404,7 +407,7 @@ def _interval_choice(
     spans: dict[int, list[int]] = {}
     for budget, k in fastest.items():
         by_label: dict[str, int] = {}
-        for row in results[k][2]["layers"]:
+        for row in results[k][1]["layers"]:
             by_label[row["node"]] = by_label.get(row["node"], 0) + row["end"] - row["start"]
         spans[budget] = [by_label.pop(program.ops[i].label, 0) for i in sequence]
     crossing = crossing_bytes(program, model_shapes(model), sequence)
@@ -485,7 +488,7 @@ def _compile(
     fused: bool,
     choice: Grouping,
     splits: SplitMemo | None = None,
-) -> tuple[bytes, str, dict]:
+) -> tuple[bytes, dict]:
     striping, resident_bytes = choice.striping, choice.resident_bytes
     shapes = model_shapes(model)
     # the network's multiply-accumulates, and those on a 16-bit operand, for the roofline bounds
@@ -569,7 +572,7 @@ def _compile(
                     if o and o in cpu.current:
                         assembly.states[o] = cpu.current[o][1]
             assembly.add_cpu(k, cpu)
-    data, listing, stats = assembly.finish(bytes(consts.data), sram, *network_macs)
+    data, stats = assembly.finish(bytes(consts.data), sram, *network_macs)
     stats["stripes"] = striping.chains if striping is not None else []
     if ctx.pinned:
         stats["pinned_tables"] = len(ctx.pinned)
@@ -579,4 +582,4 @@ def _compile(
         stats["stripe_spills"] = sum(
             1 for n in striping.intermediates if n in allocation.addr and n not in allocation.resident
         )
-    return data, listing, stats
+    return data, stats

@@ -1,5 +1,5 @@
-"""Packaging: the compiled subgraphs -> the `.npub` binary (header, code, constants, CPU models),
-its listing, and the statistics the reports show (instructions, estimated cycles, DRAM traffic
+"""Packaging: the compiled subgraphs -> the `.npub` binary (header, code, constants, CPU models)
+and the statistics the reports show (instructions, estimated cycles, DRAM traffic
 against the compulsory bytes, per-layer rows for the roofline)."""
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from npubuild.targets.backend.memory import SramPlan
 from npubuild.targets.cpu import CpuSubgraph
 from npubuild.targets.cpu_cost import cpu_estimate
 from npubuild.targets.cycles import engine, estimate, per_op, roofline
-from npubuild.targets.disasm import disassemble
 from npubuild.targets.isa import Instruction, encode
 from npubuild.targets.spec import TargetSpec, target_digest
 
@@ -127,8 +126,8 @@ class Assembly:
 
     def finish(
         self, constants: bytes, sram: SramPlan, network_macs: int, network_int16_macs: int
-    ) -> tuple[bytes, str, dict]:
-        """The binary, its listing and its statistics; `network_macs`, the network's own
+    ) -> tuple[bytes, dict]:
+        """The binary and its statistics; `network_macs`, the network's own
         multiply-accumulates (compile.py), make the roofline bound, which counts them once
         whatever the binary executes (a stripe's halo rows, the input rows two tiles of a
         transposed convolution share); `network_int16_macs` of them multiply a 16-bit operand."""
@@ -207,7 +206,7 @@ class Assembly:
             "npu_subgraphs": sum(1 for s in self.subgraphs if s["device"] == "npu"),
             "cpu_subgraphs": sum(1 for s in self.subgraphs if s["device"] == "cpu"),
         }
-        return data, disassemble(npub.read(data)), stats
+        return data, stats
 
 
 def _read_before_write(indices: list[int], ops: list[Op], name: str) -> bool:
