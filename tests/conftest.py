@@ -34,8 +34,10 @@ CLS = {
 # The modules that take longest in CI, longest first (seconds of a clean-clone run at 28ae752,
 # summed over each module's tests). CI's pytest-xdist hands whole modules to its two workers in
 # collection order (--dist loadfile --no-loadscope-reorder), so these start first and the short
-# modules fill in around them: collected in file-name order the example's real-model module came
-# 62nd of 85, and one worker ran its ten minutes alone at the end
+# modules fill in around them. Collected in file-name order (and with xdist's default reorder, by
+# number of tests) the example's real-model module came mid-queue (62nd of 85 by name), so it
+# could start after most of the short modules were handed out and leave one worker busy alone at
+# the end. That this cost CI time was reasoned, not measured (README: CI)
 LONGEST_FIRST = (
     "test_real_models.py",  # 832 s: builds the example workspace
     "test_fuzz.py",  # 421 s
