@@ -14,6 +14,7 @@ from test_backend_phases import CLAMP, _tile
 from npubuild.targets.backend.commands import ConstLoads, InTile, Step, Tile, const_load, load, store
 from npubuild.targets.backend.lowering import T_DONE, T_STORED, Lowering
 from npubuild.targets.backend.memory import SRAM_FLAG, SramPlan
+from npubuild.targets.cycles import Timeline, end_cycle
 from npubuild.targets.hazards import binary_hazards, hazards
 from npubuild.targets.spec import BUILTIN_TARGETS
 
@@ -174,3 +175,26 @@ def test_real_binaries_have_no_hazard(cls_binary, target_name):
         data, _, stats = compile_npub(program, arrays, model, target, plan, group=group)
         assert binary_hazards(data) == [], (target_name, group)
     assert stats["instructions"] > 100
+
+
+def test_the_timelines_memo_of_each_instruction_answers_only_for_the_target_and_wait_it_saw():
+    """cycles.Timeline keeps each instruction's engine, cost and waits on it, keyed by the
+    target: a target changed in place, and an instruction whose wait was replaced, are timed
+    as fresh instructions (nothing memoised) are."""
+
+    def fresh(code):
+        return [dataclasses.replace(i) for i in code]  # `timing` is not copied
+
+    code = _lowered([_tile() for _ in range(3)])
+    target = dict(M)
+    first = end_cycle(code, target)
+    target["dram_latency_cycles"] *= 4
+    slower = end_cycle(code, target)
+    assert slower == end_cycle(fresh(code), target) > first
+    target["dram_latency_cycles"] //= 4
+    assert end_cycle(code, target) == first
+    # the first tile's compute no longer waits for its input: it starts at 0
+    compute = dataclasses.replace(code[2], wait=0)
+    timeline = Timeline(target)
+    timeline.run(code[:2])
+    assert timeline.add(compute)[0] == 0 < Timeline(target).run(code[:3])[0]

@@ -11,6 +11,7 @@ vector go to the MAC array's depthwise path instead (`engine`, `channelwise_cycl
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -204,6 +205,23 @@ def conv_mapping(a: dict, target: dict) -> int:
     return MAPPINGS["channels"]
 
 
+def timing_key(target: dict | None) -> str:
+    """A target as the key of an instruction's `timing` memo: every field, since `engine` and
+    `cost` read several and a target dict may be changed in place between timelines. The last
+    target's key is kept with a copy of it: a compile builds tens of thousands of timelines for
+    one target, and comparing two dicts is cheaper than writing one out."""
+    if not target:
+        return ""
+    seen, key = _LAST_TIMING_KEY
+    if seen != target:
+        key = repr(sorted(target.items()))
+        _LAST_TIMING_KEY[:] = [copy.deepcopy(target), key]
+    return key
+
+
+_LAST_TIMING_KEY: list = [None, ""]
+
+
 @dataclass
 class Timeline:
     target: dict
@@ -212,32 +230,56 @@ class Timeline:
     busy: dict[str, int] = field(default_factory=dict)
     end: int = 0
 
+    def __post_init__(self) -> None:
+        self.key = timing_key(self.target)
+
     def add(self, i: Instruction) -> tuple[int, int]:
-        queue = engine(i, self.target)
-        ready = max(
-            [self.engine_free.get(queue, 0)] + [self.signalled[t] for t in range(TOKENS) if i.wait >> t & 1]
-        )
-        if i.op == "end":
-            ready = max(ready, self.end)
-        spent = cost(i, self.target)
-        done = ready + spent
-        self.engine_free[queue] = done
-        self.busy[queue] = self.busy.get(queue, 0) + spent
-        if i.signal != NO_SIGNAL:
-            self.signalled[i.signal] = done
-        self.end = max(self.end, done)
+        """Runs one instruction; when it started and when it finished."""
+        return self.run((i,))
+
+    def run(self, program) -> tuple[int, int]:
+        """Runs the instructions in order (the searches' inner loop: a stream of thousands, costed
+        for every alternative); when the last started and when it finished."""
+        key, target, signalled, busy = self.key, self.target, self.signalled, self.busy
+        free, end, ready, done = self.engine_free, self.end, 0, 0
+        for i in program:
+            timing = i.timing.get(key)
+            if timing is None:
+                waits = tuple(t for t in range(TOKENS) if i.wait >> t & 1)
+                timing = i.timing[key] = (engine(i, target), cost(i, target), waits)
+            queue, spent, waits = timing
+            ready = free.get(queue, 0)
+            for t in waits:
+                if signalled[t] > ready:
+                    ready = signalled[t]
+            if i.op == "end" and end > ready:
+                ready = end
+            done = ready + spent
+            free[queue] = done
+            busy[queue] = busy.get(queue, 0) + spent
+            if i.signal != NO_SIGNAL:
+                signalled[i.signal] = done
+            if done > end:
+                end = done
+        self.end = end
         return ready, done
 
 
 def estimate(program: list[Instruction], target: dict) -> dict:
     timeline = Timeline(target)
-    for instruction in program:
-        timeline.add(instruction)
+    timeline.run(program)
     return {
         "cycles": timeline.end,
         "busy": dict(sorted(timeline.busy.items())),
         "macs": sum(macs(i) for i in program),
     }
+
+
+def end_cycle(program: list[Instruction], target: dict) -> int:
+    """estimate's cycles alone: what the code generator's searches compare, many times over."""
+    timeline = Timeline(target)
+    timeline.run(program)
+    return timeline.end
 
 
 def macs(i: Instruction) -> int:

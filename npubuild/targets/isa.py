@@ -13,7 +13,7 @@ computation of this one.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from npubuild.targets.npub import FORMAT_MAJOR, NpubError
 
@@ -241,8 +241,9 @@ NAMES = {v: k for k, v in OPCODES.items()}
 def far_box(a: dict) -> list[int]:
     """The box a load copies from, or a store copies to, the far memory: a load's SRAM box less
     the borders it pads (a store has none)."""
-    top, bottom, left, right = (a.get(k, 0) for k in LOAD_PADS)
-    return [a["d0"], a["d1"], a["d2"] - top - bottom, a["d3"] - left - right]
+    get = a.get  # (written out: the code generator's searches call this millions of times)
+    rows = a["d2"] - get("pad_top", 0) - get("pad_bottom", 0)
+    return [a["d0"], a["d1"], rows, a["d3"] - get("pad_left", 0) - get("pad_right", 0)]
 
 
 def far_span(a: dict, side: str) -> tuple[int, int]:
@@ -319,6 +320,11 @@ class Instruction:
     args: dict[str, int]
     wait: int = 0
     signal: int = NO_SIGNAL
+    # what the cycle model works out for it, per target (cycles.Timeline): the code generator's
+    # searches cost each instruction of a stream again for every alternative they weigh, and an
+    # instruction's operands do not change once it is emitted (`dataclasses.replace` of its wait
+    # or signal makes a new one, with an empty memo)
+    timing: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def encode(self) -> bytes:
         names = OPERANDS[self.op]

@@ -64,9 +64,14 @@ def transfer(op: str, sram, far: int, bits: int, box, strides, start, **args) ->
     address) is that of the tensor whose element `start` the box begins at. `bits` 32 and 64 are
     index and parameter arrays."""
     e = esize(bits) if bits in (8, 16) else bits // 8
-    where, origin = space(far + sum(int(a) * int(b) for a, b in zip(start, strides)) * e)
-    box_args = {f"d{k}": box[k] for k in range(4)} | {f"s{k}": strides[k] for k in range(4)}
-    return Step(op, dict(space=where, dram=origin, sram=sram, esize=e, **box_args, **args))
+    at = sum(int(a) * int(b) for a, b in zip(start, strides))
+    where, origin = space(far + at * e)
+    d0, d1, d2, d3 = box
+    s0, s1, s2, s3 = strides
+    # written out, in the operands' listing order: every tile of every trial comes through here
+    step = {"space": where, "dram": origin, "sram": sram, "esize": e, "d0": d0, "d1": d1, "d2": d2, "d3": d3}
+    step.update(s0=s0, s1=s1, s2=s2, s3=s3, **args)
+    return Step(op, step)
 
 
 def load(sram, dram: int, bits: int, box, strides, start, pads=(0, 0, 0, 0), value: int = 0) -> Step:

@@ -5,6 +5,8 @@ the input, contiguous writes)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from npubuild.intmodel.program import Op
@@ -23,7 +25,7 @@ def concat(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
     offset = 0
     commands: list[Command] = []
     contiguous = all(d == 1 for d in out4[:axis])
-    inner = int(np.prod(out4[axis + 1 :])) * esize(ctx.bits(y))
+    inner = int(math.prod(out4[axis + 1 :])) * esize(ctx.bits(y))
     for name, rescale, part in zip(op.inputs, op.attrs.rescale, sched.parts):
         addr, shape, bits = ctx.operand(op, name, ctx.bits(y))
         # written at its place by its producer (allocation.py), as a contiguous piece or a window
@@ -33,7 +35,7 @@ def concat(ctx: OpContext, op: Op, sched: OpSchedule) -> list[Command]:
             continue
         bufs = part.buffers(ctx.sram)
         for start, size in boxes(shape, list(part.extents)):
-            n = int(np.prod(size))
+            n = int(math.prod(size))
             source = load(InTile(), addr, bits, size, row_major(shape), start)
             dst, compute = InTile(), None
             if not rescale.same:

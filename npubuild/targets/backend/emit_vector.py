@@ -3,6 +3,8 @@ lookup tables, clamps, global average and max/average pooling."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from npubuild.intmodel.codes import qrange
@@ -59,7 +61,7 @@ def binary(
             else:
                 loads.append(load(InTile(offset), addr, bits, box, strides, first))
             places.append((InTile(offset), box, bits))
-            offset += align(int(np.prod(box)) * esize(bits))
+            offset += align(int(math.prod(box)) * esize(bits))
         (pa, ba, bita), (pb, bb, bitb) = places
         args = dict(
             a=pa, a0=ba[0], a1=ba[1], a2=ba[2], a3=ba[3], a_bits=bita,
@@ -108,7 +110,7 @@ def unary(
     strides = ctx.strides(y)  # (a piece of a Concat written at its place: allocation.py)
     commands: list[Command] = []
     for start, size in boxes(shape, list(sched.extents)):
-        n = int(np.prod(size))
+        n = int(math.prod(size))
         dst = InTile(align(n * esize(ctx.bits(x))))
         tiled = per_tile(start, size) if per_tile else {}
         compute = Step(instruction, dict(src=InTile(), n=n, **operands, dst=dst, **tiled))

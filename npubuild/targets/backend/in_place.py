@@ -13,6 +13,8 @@ def _contiguous(step: Step) -> InTile | None:
     bytes of a resident tensor (with borders it adds, possibly) or a store of them, which the
     compute can address where they are."""
     a = step.args
+    if a["space"] != 1 or not isinstance(a["sram"], InTile):
+        return None
     dims = far_box(a)
     strides = [a[f"s{k}"] for k in range(4)]
     dense = 1
@@ -20,8 +22,6 @@ def _contiguous(step: Step) -> InTile | None:
         if dims[k] > 1 and strides[k] != dense:
             return None
         dense *= dims[k]
-    if a["space"] != 1 or not isinstance(a["sram"], InTile):
-        return None
     return a["sram"]
 
 
@@ -69,7 +69,7 @@ def in_place(tile: Tile, written: list[tuple[int, int]] | None = None) -> Tile:
         else:
             where[offset] = load.args["dram"]
     out = _contiguous(tile.store) if tile.store is not None else None
-    if out is not None and out in where:
+    if (out is not None and out in where) or (not where and out is None):
         return tile
     operands = [v for v in tile.compute.args.values() if isinstance(v, InTile)]
     dropped = [*where, *([out] if out is not None else [])]

@@ -51,7 +51,7 @@ from npubuild.targets.backend.commands import (
 )
 from npubuild.targets.backend.in_place import in_place
 from npubuild.targets.backend.memory import DoesNotFit, SramPlan, align
-from npubuild.targets.cycles import cost, estimate
+from npubuild.targets.cycles import cost, end_cycle
 from npubuild.targets.isa import (
     NO_SIGNAL,
     Instruction,
@@ -158,7 +158,7 @@ class Lowering:
     def _cycles(self) -> int:
         """The estimated end of the stream so far, its constant groups hoisted."""
         code = self._arranged({})[0] if self.sram.const_slot else self.code
-        return estimate(code, self.target)["cycles"]
+        return end_cycle(code, self.target)
 
     def _add(self, op: Op, commands: list[Command], joining: int | None) -> None:
         self.marks.append((len(self.code), op))
@@ -312,13 +312,14 @@ class Lowering:
         const_base = self.slot * self.sram.const_slot if self.sram.const_slot else 0
         if self.fresh:
             const_base = self.fresh_base
-        args = {}
-        for name, value in step.args.items():
+        args = dict(step.args)
+        for name, value in args.items():
+            if type(value) is int:  # most operands: tested first, as this runs for every step of every trial
+                continue
             if isinstance(value, InTile):
-                value = buffer + value.offset
+                args[name] = buffer + value.offset
             elif isinstance(value, InConst):
-                value = const_base + self.const_shift + value.offset
-            args[name] = value
+                args[name] = const_base + self.const_shift + value.offset
         if step.op == "load" and signal in T_IN and self.first_input and self.first_input[-1] is None:
             self.first_input[-1] = len(self.code)
         if step.op == "load" and signal in T_IN:
@@ -418,7 +419,7 @@ class Lowering:
     def _ends(self, early: dict[int, int], late: dict[int, int] | None = None) -> int:
         """The estimated end of the stream with its groups hoisted, pinned ones as `early` says
         and slots' groups as `late` says."""
-        return estimate(self._arranged(early, late)[0], self.target)["cycles"]
+        return end_cycle(self._arranged(early, late)[0], self.target)
 
     def _arranged(
         self, early: dict[int, int], late: dict[int, int] | None = None

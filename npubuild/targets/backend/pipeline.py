@@ -14,7 +14,7 @@ from npubuild.targets.backend.lowering import Lowering
 from npubuild.targets.backend.memory import DoesNotFit, SramPlan, align
 from npubuild.targets.backend.schedule import OpSchedule, schedule
 from npubuild.targets.backend.split_memo import SplitMemo
-from npubuild.targets.cycles import conv_mapping, estimate
+from npubuild.targets.cycles import conv_mapping, end_cycle
 from npubuild.targets.isa import Instruction
 
 # Row splits of the largest fitting tile that `choose_split` tries, and the cycles a split must save
@@ -176,7 +176,7 @@ def choose_split(
             fresh_bytes = max(fresh_bytes, trial.fresh_end - align(lowering.fresh_end))
         if not trial.code:
             break
-        cost = estimate(trial.code, target)["cycles"] + PIPELINE_INSTRUCTION_CYCLES * len(trial.code)
+        cost = end_cycle(trial.code, target) + PIPELINE_INSTRUCTION_CYCLES * len(trial.code)
         if best is None or cost < best[0] * (1 - PIPELINE_MIN_GAIN):
             best = (cost, split)
     return (best[1] if best else 1), fresh_bytes

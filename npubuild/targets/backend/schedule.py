@@ -337,8 +337,8 @@ def binary(ctx: OpContext, op: Op, split: int, residual: Op | None = None) -> Op
             raise DoesNotFit
 
     def need(blk):
-        size = sum(int(np.prod(broadcast_box(shape, blk))) * esize(bits) for shape, bits in operands)
-        return 0, size + int(np.prod(blk)) * output_bytes(ctx, y, residual) + 3 * 64
+        size = sum(int(math.prod(broadcast_box(shape, blk))) * esize(bits) for shape, bits in operands)
+        return 0, size + int(math.prod(blk)) * output_bytes(ctx, y, residual) + 3 * 64
 
     sched = blocked(ctx.sram, out4, need, split)
     if any(name in ctx.upsampled for name in op.inputs) and list(sched.extents[2:]) != out4[2:]:
@@ -350,7 +350,7 @@ def unary(ctx: OpContext, op: Op, split: int, fixed: int = 0) -> OpSchedule:
     x, y = op.inputs[0], op.outputs[0]
 
     def need(blk):
-        n = int(np.prod(blk))
+        n = int(math.prod(blk))
         return fixed, align(n * esize(ctx.bits(x))) + n * esize(ctx.bits(y))
 
     return blocked(ctx.sram, four(ctx.shapes[y]), need, split)
@@ -372,7 +372,7 @@ def concat(ctx: OpContext, op: Op, split: int) -> OpSchedule:
         bits = ctx.bits(y) if name in op.constants else ctx.bits(name)
 
         def need(blk, bits=bits):
-            n = int(np.prod(blk))
+            n = int(math.prod(blk))
             return 0, align(n * esize(bits)) + n * esize(ctx.bits(y))
 
         parts.append(blocked(ctx.sram, ctx.operand_shape(op, name), need, split))
@@ -464,7 +464,8 @@ def copy(ctx: OpContext, op: Op, split: int) -> OpSchedule:
     e = esize(ctx.bits(op.inputs[0]))
     outputs = op.outputs if op.op_type == "Split" else op.outputs[:1]
     parts = [
-        blocked(ctx.sram, four(ctx.shapes[out]), lambda b: (0, int(np.prod(b)) * e), split) for out in outputs
+        blocked(ctx.sram, four(ctx.shapes[out]), lambda b: (0, int(math.prod(b)) * e), split)
+        for out in outputs
     ]
     return OpSchedule(parts=tuple(parts))
 
