@@ -55,3 +55,30 @@ def test_a_record_is_made_again_when_a_part_has_other_bytes_after_a_rollback():
     other = record(np.full(8, 4, np.int8))
     assert first == again == bytes(range(16)) + bytes([3] * 8)
     assert other == bytes(range(16)) + bytes([4] * 8)
+
+
+def test_a_retaken_trial_leaves_the_pool_as_emitting_it_again_would():
+    """choose_split keeps the chosen trial's commands and takes their constants back into the pool
+    (`retake`) rather than emitting the split again: the pool must then be as that emission
+    leaves it, whatever a later trial added and rolled back."""
+
+    def trial(pool: ConstantPool, n: int) -> list[int]:  # a weight, and an index list per rows
+        return [pool.add("weight", np.arange(6, dtype=np.int8)), pool.add("index", np.full(n, n, np.int8))]
+
+    retaken, emitted = ConstantPool(base=64), ConstantPool(base=64)
+    for pool in (retaken, emitted):
+        pool.add("kept", np.arange(5, dtype=np.int8))
+    mark = retaken.mark()
+    chosen = trial(retaken, 3)
+    taken = retaken.rollback(mark)
+    trial(retaken, 11)  # another split's trial, not chosen
+    retaken.rollback(mark)
+    retaken.retake(taken)
+    for n in (3, 11):
+        trial(emitted, n)
+        emitted.rollback(mark)
+    assert trial(emitted, 3) == chosen
+    assert retaken.keys == emitted.keys and bytes(retaken.data) == bytes(emitted.data)
+    assert bytes(retaken.data[chosen[1] - 64 : chosen[1] - 64 + 3]) == bytes([3] * 3)
+    later = [pool.add("next", np.ones(4, np.int8)) for pool in (retaken, emitted)]
+    assert later[0] == later[1] and bytes(retaken.data) == bytes(emitted.data)

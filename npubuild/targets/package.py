@@ -74,7 +74,8 @@ class Assembly:
             for n in ops[i].inputs:
                 if n and n not in ops[i].constants and n not in consumed:
                     consumed.append(n)
-        inputs = [n for n in consumed if n not in produced or _read_before_write(indices, ops, n)]
+        read_first = _read_first(indices, ops)
+        inputs = [n for n in consumed if n not in produced or read_first[n]]
         blob = encode(code)
         entry = {
             "device": "npu",
@@ -209,13 +210,16 @@ class Assembly:
         return data, stats
 
 
-def _read_before_write(indices: list[int], ops: list[Op], name: str) -> bool:
+def _read_first(indices: list[int], ops: list[Op]) -> dict[str, bool]:
+    """For each tensor the ops name: whether the first of them to name it reads it (an op that
+    reads and writes it reads first), rather than writes it."""
+    first: dict[str, bool] = {}
     for i in indices:
-        if name in ops[i].inputs:
-            return True
-        if name in ops[i].outputs:
-            return False
-    return False
+        for n in ops[i].inputs:
+            first.setdefault(n, True)
+        for n in ops[i].outputs:
+            first.setdefault(n, False)
+    return first
 
 
 def _quant(t: TensorQuant | None) -> dict | None:

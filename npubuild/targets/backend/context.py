@@ -15,6 +15,16 @@ from npubuild.targets.isa import Instruction
 
 
 @dataclass
+class Added:
+    """What a trial added to a constant pool since a mark (`ConstantPool.rollback`)."""
+
+    keys: dict[str, int]
+    starts: list[int]
+    entries: list[tuple[int, np.ndarray]]
+    end: int
+
+
+@dataclass
 class ConstantPool:
     """The constants section: arrays the NPU loads (weights, parameters, tables, indices), each
     stored once per key, aligned, at DRAM addresses after the tensors (`base`).
@@ -65,13 +75,29 @@ class ConstantPool:
     def mark(self) -> int:
         return len(self._entries)
 
-    def rollback(self, mark: int) -> None:
-        """Forget what was added since `mark` (a trial emission's constants are not kept)."""
-        if mark < len(self._entries):
-            self._end = self._starts[mark] - self.base
-            dropped = set(self._starts[mark:])
-            self.keys = {key: at for key, at in self.keys.items() if at not in dropped}
-            del self._starts[mark:], self._entries[mark:]
+    def rollback(self, mark: int) -> Added:
+        """Forget what was added since `mark` (a trial emission's constants are not kept); what
+        was forgotten, for `retake`."""
+        if mark >= len(self._entries):
+            return Added({}, [], [], self._end)
+        end = self._end
+        self._end = self._starts[mark] - self.base
+        dropped = set(self._starts[mark:])
+        kept, forgot = {}, {}
+        for key, at in self.keys.items():
+            (forgot if at in dropped else kept)[key] = at
+        self.keys = kept
+        added = Added(forgot, self._starts[mark:], self._entries[mark:], end)
+        del self._starts[mark:], self._entries[mark:]
+        return added
+
+    def retake(self, added: Added) -> None:
+        """Add again what a rollback to the pool's present mark forgot: the pool is then as the
+        trial left it (the trial's commands name those addresses), without emitting it anew."""
+        self.keys.update(added.keys)
+        self._starts += added.starts
+        self._entries += added.entries
+        self._end = added.end
 
     def source(self, load: Step) -> tuple:
         """What a constant load reads, named by its entry's version rather than its address (which
@@ -140,6 +166,15 @@ class OpContext:
     # the MAC array's columns: a banded convolution's chunks are as wide (schedule.band_chunk);
     # 0 where no code is made (the partition's fit test)
     mac_cols: int = 0
+    _weight_use: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+
+    def weight_use(self, name: str) -> np.ndarray:
+        """[output channels, input channels]: where a convolution's weights (array `name`) are
+        not all zero. Kept: the grouping search emits each convolution several times a compile."""
+        if name not in self._weight_use:
+            weight = self.arrays[name]
+            self._weight_use[name] = np.any(weight.reshape(weight.shape[:2] + (-1,)) != 0, axis=2)
+        return self._weight_use[name]
 
     def strides(self, name: str) -> list[int]:
         """The 4-D element strides of a data tensor where it lies: row-major, or for a window read

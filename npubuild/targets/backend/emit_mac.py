@@ -77,7 +77,7 @@ def conv(
     ocb, rows, cols = sched.extents
     chunks = conv_chunks(oc, group, ocb)
     reads = (
-        {o0: band_reads(weight, o0, n_out) for o0, n_out in chunks}
+        {o0: band_reads(ctx.weight_use(op.arrays.weight), o0, n_out) for o0, n_out in chunks}
         if group == 1 and x not in ctx.shuffled
         else {}
     )

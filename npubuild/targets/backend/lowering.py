@@ -35,6 +35,7 @@ end sooner with it joined than alone (`add_op`).
 
 from __future__ import annotations
 
+import bisect
 import copy
 import dataclasses
 
@@ -299,10 +300,10 @@ class Lowering:
         second tile loads into the other buffer while the first computes."""
         self.code[to:to] = self.code[start : start + count]
         del self.code[start + count : start + 2 * count]
-        self.input_loads = sorted(
-            i + count if to <= i < start else to + i - start if start <= i < start + count else i
-            for i in self.input_loads
-        )
+        # (input_loads is sorted: only its entries from `to` to the moved loads' end change)
+        loads = self.input_loads
+        lo, hi = bisect.bisect_left(loads, to), bisect.bisect_left(loads, start + count)
+        loads[lo:hi] = sorted(i + count if i < start else to + i - start for i in loads[lo:hi])
         if self.first_input and self.first_input[-1] == to - 1:
             # the next constant group goes after both tiles' loads: before the second's, the
             # DMA queue (in order) would hold the second tile back by the constants' time

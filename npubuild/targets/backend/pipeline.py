@@ -8,7 +8,7 @@ from npubuild.targets.backend import emit_data, emit_mac, emit_rows, emit_vector
 from npubuild.targets.backend.allocation import Allocation
 from npubuild.targets.backend.commands import Command, Step
 from npubuild.targets.backend.constants import pack_constants
-from npubuild.targets.backend.context import OpContext
+from npubuild.targets.backend.context import Added, OpContext
 from npubuild.targets.backend.fusion import Fusion
 from npubuild.targets.backend.lowering import Lowering
 from npubuild.targets.backend.memory import DoesNotFit, SramPlan, align
@@ -114,11 +114,16 @@ def lower_subgraph(
         fused = (activation, residual, clamp)
         schedules = tilings(ctx, op, activation, residual)
         key = splits.key(ctx, op, fused, schedules, lowering)
-        split = splits.get(key, lowering)
+        split, chosen = splits.get(key, lowering), None
         if split is None:
-            split, fresh_bytes = choose_split(ctx, op, schedules, *fused, lowering, target)
+            split, fresh_bytes, chosen = choose_split(ctx, op, schedules, *fused, lowering, target)
             splits.put(key, split, fresh_bytes)
-        lowering.add_op(op, emit(ctx, op, schedules[split], target, *fused))
+        if chosen is not None:  # the trial's commands, and its constants taken back into the pool
+            commands, added = chosen
+            ctx.consts.retake(added)
+        else:
+            commands = emit(ctx, op, schedules[split], target, *fused)
+        lowering.add_op(op, commands)
     ctx.sram = whole
     return lowering.finish()
 
@@ -147,14 +152,16 @@ def choose_split(
     clamp: Op | None,
     lowering: Lowering,
     target: dict,
-) -> tuple[int, int]:
+) -> tuple[int, int, tuple[list[Command], Added] | None]:
     """The split of the op's largest fitting tile (`schedules`: tilings) that the cycle model finds
     fastest. One tile leaves the DMA nothing to overlap; more tiles pipeline load, compute and
     store, but each costs a DMA latency and an instruction to simulate. Also the bytes of a
     fresh constant area (lowering.py) the trials' constants took past the stream's end: a
     trial's constants past the area end the compile (DoesNotFit), so a split is only reused
-    where the area has as much room (SplitMemo)."""
-    best: tuple[int, int] | None = None
+    where the area has as much room (SplitMemo). And the chosen trial's commands with the
+    constants it added to the pool (each trial's are taken out again): emitting is
+    deterministic, so emitting the chosen split anew would give those commands and constants."""
+    best: tuple[int, int, tuple[list[Command], Added]] | None = None
     fresh_bytes = 0
     tried: set[OpSchedule | None] = set()
     for split, sched in schedules.items():
@@ -169,7 +176,7 @@ def choose_split(
                 raise
             continue
         finally:  # a trial's constants (resize indices per row block) are not kept
-            ctx.consts.rollback(mark)
+            added = ctx.consts.rollback(mark)
         trial = lowering.trial()
         trial.add_op(op, commands)
         if lowering.fresh:
@@ -178,5 +185,5 @@ def choose_split(
             break
         cost = end_cycle(trial.code, target) + PIPELINE_INSTRUCTION_CYCLES * len(trial.code)
         if best is None or cost < best[0] * (1 - PIPELINE_MIN_GAIN):
-            best = (cost, split)
-    return (best[1] if best else 1), fresh_bytes
+            best = (cost, split, (commands, added))
+    return (best[1], fresh_bytes, best[2]) if best else (1, fresh_bytes, None)

@@ -167,35 +167,36 @@ def conv(
         sizes = inside_group
         ocb, rows, cols = shrink(ctx.sram, sizes, (og, oh, ow), order=(1, 0, 2), chunked=0)
     if group == 1 and x not in ctx.shuffled:
-        ocb = band_chunk(ctx.arrays[op.arrays.weight], ocb, ctx.mac_cols)
+        ocb = band_chunk(ctx.weight_use(op.arrays.weight), ocb, ctx.mac_cols)
     rows = -(-rows // split)
     return OpSchedule((ocb, rows, cols), *sizes(ocb, rows, cols))
 
 
-def band_chunk(weight: np.ndarray, ocb: int, cols: int) -> int:
+def band_chunk(used: np.ndarray, ocb: int, cols: int) -> int:
     """Output channels per weight chunk of a convolution whose weights are a band, as an LRN's
     channel window is (recognise.decompose_lrn: 5 of 96 input channels per output): chunks as wide
     as the array's columns, where each of them reads only part of the input channels
     (`band_reads`). Otherwise `ocb`: a chunk reads every input channel, and more chunks only cost
-    more loads. A dense layer is told by its first chunk."""
-    oc, c = weight.shape[:2]
+    more loads. A dense layer is told by its first chunk. `used`: OpContext.weight_use."""
+    oc, c = used.shape
     if not cols or ocb <= cols:
         return ocb
-    narrow = all(band_reads(weight, o0, cols) != (0, c) for o0 in range(0, oc, cols))
+    narrow = all(band_reads(used, o0, cols) != (0, c) for o0 in range(0, oc, cols))
     return cols if narrow else ocb
 
 
-def band_reads(weight: np.ndarray, o0: int, n_out: int) -> tuple[int, int]:
+def band_reads(used: np.ndarray, o0: int, n_out: int) -> tuple[int, int]:
     """The input channels [k0, k1) a chunk of a convolution of one group (output channels o0 ..
     o0 + n_out - 1) reads and sums: from the first to the last it has a weight other than zero
     for, where that is at most half of them (an LRN's channel window: 36 of 96 for 32 outputs);
     else all of them, [0, C) (a record of its own per chunk is not worth it for a dense layer with
     a dead channel at an edge). A weight of zero adds nothing (the input's zero point is taken off
     before the products), so the sums are the same. A chunk of no weights reads one channel: its
-    bias alone."""
-    c = weight.shape[1]
-    used = np.flatnonzero(np.any(weight[o0 : o0 + n_out] != 0, axis=(0, 2, 3)))
-    k0, k1 = (int(used[0]), int(used[-1]) + 1) if used.size else (0, 1)
+    bias alone. `used`: which input channels each output channel has a weight other than zero
+    for (OpContext.weight_use)."""
+    c = used.shape[1]
+    read = np.flatnonzero(np.any(used[o0 : o0 + n_out], axis=0))
+    k0, k1 = (int(read[0]), int(read[-1]) + 1) if read.size else (0, 1)
     return (k0, k1) if 2 * (k1 - k0) <= c else (0, c)
 
 
