@@ -219,8 +219,9 @@ def test_simulator_is_bit_exact_with_the_integer_model_on_every_npu_op(example, 
         # on the other, grid choices compiled directly: a quarter of SRAM resident, unstriped and
         # in each of its stripings, each with constant slots of an eighth or, where those do not
         # fit, none (the det's 16-bit layers on vnpu-s). The whole search took 89-125 s per model
-        # in CI; benchmarks/coverage.py checks its choice on both targets for the corpus's all-int8
-        # YOLOv8n and det, not for the example's mixed det table
+        # in CI; benchmarks/coverage.py checks its choice on both targets for the corpus's int8
+        # YOLOv8n and det, and for a mixed det table searched for vnpu-s (ocr_det_mixed_s), not
+        # for the example's table (searched for vnpu-m)
         budget = target.sram_kib * 1024 // 4
         striped = [s for _, s in stripings(program, arrays, model, plan, [budget])]
         results = [_grid_choice(program, arrays, model, target, plan, budget, s) for s in [None, *striped]]
