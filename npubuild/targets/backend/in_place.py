@@ -69,11 +69,13 @@ def in_place(tile: Tile, written: list[tuple[int, int]] | None = None) -> Tile:
         else:
             where[offset] = load.args["dram"]
     out = _contiguous(tile.store) if tile.store is not None else None
-    if (out is not None and out in where) or (not where and out is None):
+    if out is not None and out in where:
+        return tile
+    dropped = [*where, *([out] if out is not None else [])]
+    if not dropped:  # (the usual tile: before the operands are listed)
         return tile
     operands = [v for v in tile.compute.args.values() if isinstance(v, InTile)]
-    dropped = [*where, *([out] if out is not None else [])]
-    if not dropped or any(o not in operands for o in dropped):
+    if any(o not in operands for o in dropped):
         return tile
     sizes = {}
     for load in tile.loads:
