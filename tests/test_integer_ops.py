@@ -132,6 +132,34 @@ def test_float64_requantization_is_exact_where_its_rounding_cannot_cross_a_bound
     assert 5 < taken < 60  # both paths ran
 
 
+@pytest.mark.parametrize("acc_bits", [12, 28, 40])  # int32 after the cast, float64 clip, int64's path
+@pytest.mark.parametrize("out_bits", [8, 16])
+def test_a_table_index_made_in_the_output_path_is_the_codes_offset_and_shifted(acc_bits, out_bits):
+    """OutputRule.apply with a table's offset and shift gives (code + offset) >> shift, the code
+    being what apply gives without them, on every path the rule takes (ties and both clipped
+    ends included); the simulator's fused activation tables read these indices."""
+    from npubuild.intmodel.fixedpoint import OutputRule
+
+    channels = 5
+    lo, hi = (-128, 127) if out_bits == 8 else (-32768, 32767)
+    zero_point = -3 if out_bits == 8 else 0
+    wider = 1 if out_bits == 8 else 256  # 16-bit codes: larger multipliers reach their ends
+    multipliers = [wider * m for m in (0.02, 2.0**-7, 0.3, 1.1, 4e-5)]
+    m0, shift = (np.array(v) for v in zip(*map(quantize_multiplier, multipliers)))
+    bias = RNG.integers(-(2**12), 2**12, channels)
+    acc = RNG.integers(-(2**acc_bits), 2**acc_bits, (2, channels, 3000)).astype(np.float64)
+    step = np.ldexp(1.0, 31 + shift - 1) / m0
+    acc[:, :, :60] = np.round(step[:, None] * np.arange(-30, 30)) - bias[:, None]  # ties
+    rule = OutputRule(bias, m0, shift, 1, 3, zero_point, lo, hi)
+    codes = rule.apply(acc)
+    assert codes.min() == lo and codes.max() == hi  # both ends clipped
+    table_shift = 6 if out_bits == 16 else 0
+    offset = -lo
+    want = (codes + offset) >> table_shift
+    np.testing.assert_array_equal(rule.apply(acc, None, offset, table_shift), want)
+    np.testing.assert_array_equal(rule.apply(acc, float(2**acc_bits), offset, table_shift), want)
+
+
 def test_rounding_shift_ties():
     assert rounding_shift(np.array([5, -5, 6, -6, 7, -7, 4]), 1).tolist() == [3, -3, 3, -3, 4, -4, 2]
 

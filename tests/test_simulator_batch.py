@@ -11,7 +11,8 @@ from test_mappings import M, _conv
 from npubuild.stages.simulate import balanced, batch_plan
 from npubuild.targets.isa import MAPPINGS, Instruction
 from npubuild.targets.runtime import Runtime, load
-from npubuild.targets.simulator import Simulator, _Uneven
+from npubuild.targets.sim_memory import Uneven
+from npubuild.targets.simulator import Simulator
 
 
 def test_a_batch_gives_each_image_what_it_gives_alone(cls_binary):
@@ -148,7 +149,7 @@ def test_bytes_known_in_some_images_rows_are_not_known_in_the_others():
     sim.execute([Instruction("load", _copy(64, 0, 1024)), Instruction("end", {})])
     assert sim.sram.same_in_every_row(1024, 8, (64,))[1] is not None  # known in image 0's rows
     sim.use_rows(0, 2)
-    with pytest.raises(_Uneven):  # image 1's SRAM never got the copy
+    with pytest.raises(Uneven):  # image 1's SRAM never got the copy
         sim.sram.same_in_every_row(1024, 8, (64,))
 
 

@@ -91,6 +91,8 @@ def looked_up(table: np.ndarray, x: np.ndarray, offset: int, index_shift: int = 
     table with one entry per code; a shifted table has one entry per 2^index_shift codes)."""
     if index_shift:
         table = np.repeat(table, 1 << index_shift)
+    if offset == 0:  # indices from 0 up: np.take's fast path, about twice fancy indexing's speed
+        return np.take(table.reshape(-1), x)
     if 0 <= offset < table.size:  # the codes index the table as they are: no pass adding the offset
         return code_indexed(table, -offset)[x]
     return table[np.add(x, offset, dtype=np.int32)]

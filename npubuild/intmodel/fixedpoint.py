@@ -160,21 +160,40 @@ class OutputRule:
         # |acc + bias| below this: the float64 form is exact (float64_rounding_is_exact)
         self.exact_below = exact_sum_limit(self.m0, total, lo - zero_point, hi - zero_point)
         self.bias_bound = float(np.abs(self.bias).max(initial=0))
-        self.axis, self.zero_point, self.lo, self.hi = axis, zero_point, lo, hi
+        # the float64 form's operands as it reads them: the bias in float64 (exact wherever that
+        # form runs, below exact_below), 2 M0 2^-n (a power of two's multiple: exact), and the
+        # bound on |acc + bias| under which 2p fits int32 with room to spare, so that the clip
+        # can follow the cast on the narrower integers
+        self.float_bias = self.bias.astype(np.float64)
+        self.twice_scale = 2 * self.scale
+        largest = float(self.twice_scale.max(initial=0))
+        self.int32_below = INT32_SAFE / largest if largest > 0 else math.inf
+        # Python ints: a numpy int64 bound would make the int32 passes below run in int64
+        self.axis, self.zero_point, self.lo, self.hi = axis, int(zero_point), int(lo), int(hi)
 
-    def apply(self, acc: np.ndarray, acc_bound: float | None = None) -> np.ndarray:
+    def apply(
+        self, acc: np.ndarray, acc_bound: float | None = None, offset: int = 0, shift: int = 0
+    ) -> np.ndarray:
+        """The output codes; with `offset` and `shift`, (code + offset) >> shift instead: the
+        index of a table read in the output path (one entry per 2^shift codes), made in the same
+        passes as the codes, not in two more over them."""
+
         def exact_in_float64(bound: float) -> bool:
             return bound + self.bias_bound < self.exact_below
 
         # the caller's bound first; when it is too loose to decide, the largest |acc| itself
-        if (acc_bound is not None and exact_in_float64(acc_bound)) or exact_in_float64(
-            max(abs(float(acc.max(initial=0))), abs(float(acc.min(initial=0))))
-        ):
-            params = (self.bias, self.scale)
-            block_rule = partial(_float64_block, zero_point=self.zero_point, lo=self.lo, hi=self.hi)
+        if acc_bound is None or not exact_in_float64(acc_bound):
+            acc_bound = max(abs(float(acc.max(initial=0))), abs(float(acc.min(initial=0))))
+        if exact_in_float64(acc_bound):
+            params = (self.float_bias, self.twice_scale)
+            narrow = acc_bound + self.bias_bound < self.int32_below
+            block_rule = partial(_float64_block, clip_after_cast=narrow)
         else:
             params = (self.bias, self.m0, self.shift)
-            block_rule = partial(_int64_block, zero_point=self.zero_point, lo=self.lo, hi=self.hi)
+            block_rule = _int64_block
+        block_rule = partial(
+            block_rule, zero_point=self.zero_point, lo=self.lo, hi=self.hi, offset=offset, index_shift=shift
+        )
         axis = self.axis
         channels = acc.shape[axis]
         per_block = max(1, CHUNK_ELEMENTS * channels // max(acc.size, 1))
@@ -188,35 +207,62 @@ class OutputRule:
 
 
 CHUNK_ELEMENTS = 1 << 17
+INT32_SAFE = float(1 << 30)  # |2p| below this casts to int32 whatever the product's rounding
 
 
-def _float64_block(acc: np.ndarray, bias, scale, zero_point: int, lo: int, hi: int) -> np.ndarray:
-    """requantize_output's float64 form on one block (scale = M0 2^-n per channel).
+def _float64_block(
+    acc: np.ndarray,
+    bias,
+    twice_scale,
+    zero_point: int,
+    lo: int,
+    hi: int,
+    offset: int = 0,
+    index_shift: int = 0,
+    clip_after_cast: bool = False,
+) -> np.ndarray:
+    """requantize_output's float64 form on one block (bias in float64, twice_scale = 2 M0 2^-n
+    per channel), as codes or, with `offset` and `index_shift`, as (code + offset) >> index_shift.
 
     Rounding half away from zero without float64's copysign (several times slower than its add):
     w = trunc(2p) in int32, then (w + 1 + (w >> 31)) >> 1 with an arithmetic shift. For p = k + f
     >= 0, w = 2k + [f >= 1/2] and the shift gives k + [f >= 1/2]; for p < 0 with w < 0 it gives
     floor(w / 2), -(k + [f >= 1/2]) for p = -(k + f); w = 0 gives 0. 2p is p's own rounding
-    scaled by two (exact), so nothing rounds after the product."""
+    scaled by two (exact), so nothing rounds after the product.
+
+    2p is clipped to [2 (lo - zp), 2 (hi - zp)]: the rounding maps both ends to themselves and is
+    monotone, so the codes come out inside [lo, hi] with no clip after it. The truncating cast is
+    monotone and keeps integers, so the clip may come before it (where 2p could overflow int32)
+    or after it (`clip_after_cast`, when the caller knows |2p| fits: half the bytes). The zero
+    point, the offset and the index's shift join the rounding's shift:
+    floor((floor(a / 2) + c) / 2^s) = floor((a + 2c) / 2^(s + 1)) for integers."""
     v = np.add(acc, bias, dtype=np.float64)  # exact: integers below 2^53
-    v *= 2 * scale
-    # clipped one code beyond the output's bounds before the cast (which truncates toward zero):
-    # the same codes after the final clip (every step is monotone), and no int32 overflow
-    np.clip(v, 2 * (lo - zero_point) - 2, 2 * (hi - zero_point) + 2, out=v)
-    w = v.astype(np.int32)
+    v *= twice_scale
+    bounds = (2 * (lo - zero_point), 2 * (hi - zero_point))
+    if clip_after_cast:
+        w = v.astype(np.int32)
+        np.clip(w, *bounds, out=w)
+    else:
+        np.clip(v, *bounds, out=v)
+        w = v.astype(np.int32)
     w += w >> 31
-    w += 1
-    w >>= 1
-    np.clip(w, lo - zero_point, hi - zero_point, out=w)
-    w += zero_point
+    w += 1 + 2 * (zero_point + offset)
+    w >>= 1 + index_shift
     return w
 
 
-def _int64_block(acc: np.ndarray, bias, m0, shift, zero_point: int, lo: int, hi: int) -> np.ndarray:
-    """requantize_output's int64 form on one block: requantize itself."""
+def _int64_block(
+    acc: np.ndarray, bias, m0, shift, zero_point: int, lo: int, hi: int, offset: int = 0, index_shift: int = 0
+) -> np.ndarray:
+    """requantize_output's int64 form on one block: requantize itself (then, as the float64
+    form, the table index if asked for)."""
     v = requantize(np.asarray(acc).astype(np.int64) + bias.astype(np.int64), m0, shift)
     v += zero_point
-    return np.clip(v, lo, hi, out=v).astype(np.int32)
+    np.clip(v, lo, hi, out=v)
+    if offset or index_shift:
+        v += offset
+        v >>= index_shift
+    return v.astype(np.int32)
 
 
 def float64_rounding_is_exact(sum_bound: float, m0: np.ndarray, total: np.ndarray, lo: int, hi: int) -> bool:

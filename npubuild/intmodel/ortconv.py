@@ -26,6 +26,10 @@ FLOAT32_EXACT = 1 << 24
 BYTE = 256
 SESSIONS_KEPT = 512  # a large model's convolutions, each with its weights prepacked
 WEIGHTS_PER_NAME = 16  # a layer's weight chunks, loaded one after the other at one address
+# A call of fewer MACs runs on one thread even where the caller offers more: waking onnxruntime's
+# pool for it costs more than sharing the work saves (the simulator's small tiles; measured in
+# benchmarks/simulator.py's runs, docs/engine.md)
+PARALLEL_MACS = 1 << 24
 
 
 def channel_l1(w: np.ndarray, transpose: bool) -> float:
@@ -40,22 +44,35 @@ def channel_l1(w: np.ndarray, transpose: bool) -> float:
 
 class _Entry:
     """One weight tensor and geometry: a copy of the weights, their L1 bound and, once an input
-    fits it, the session."""
+    fits it, the sessions: one on a single thread and, where the caller offers more threads and
+    a call is large enough to share out, one on all of them."""
 
     def __init__(self, w: np.ndarray, attrs: ConvGeometry, pads: list[int], transpose: bool, threads: int):
         self.weights = np.array(w)
         self.threads = threads
         self.attrs, self.pads, self.transpose = attrs, pads, transpose
         self.l1 = channel_l1(w, transpose)
-        self.session = None
+        self.sessions: dict[int, object] = {}  # by intra-op threads
         self.named: object = None  # the caller's token for these weights' values, if it has one
+        # MACs per element of the input, to size a call: a transposed convolution's element meets
+        # every tap of its group's output channels (w[0]); a convolution's, out_c / group
+        # channels' taps once per stride step
+        if transpose:
+            self.macs_per_input = float(w[0].size)
+        else:
+            taps = math.prod(w.shape[2:])
+            self.macs_per_input = w.shape[0] * taps / (attrs.group * math.prod(attrs.strides))
 
     def run(self, xc: np.ndarray) -> np.ndarray | None:
         """The sums in onnxruntime, or None when it refuses the geometry (then never again)."""
+        threads = self.threads if xc.size * self.macs_per_input >= PARALLEL_MACS else 1
         try:
-            if self.session is None:  # two threads may both build it: harmless
-                self.session = _build(self.weights, self.attrs, self.pads, self.transpose, self.threads)
-            return self.session.run(None, {"x": np.ascontiguousarray(xc, np.float32)})[0]
+            session = self.sessions.get(threads)
+            if session is None:  # two threads may both build it: harmless
+                session = self.sessions[threads] = _build(
+                    self.weights, self.attrs, self.pads, self.transpose, threads
+                )
+            return session.run(None, {"x": np.ascontiguousarray(xc, np.float32)})[0]
         except Exception:  # numpy's kernel sums it instead, or says why it cannot
             self.l1 = math.inf
             return None

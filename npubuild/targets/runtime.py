@@ -18,7 +18,8 @@ from npubuild.targets import npub
 from npubuild.targets.isa import subgraph_program
 from npubuild.targets.meta import Meta
 from npubuild.targets.npub import NpubError
-from npubuild.targets.simulator import DTYPES, Simulator
+from npubuild.targets.sim_memory import DTYPES
+from npubuild.targets.simulator import Simulator
 from npubuild.targets.spec import target_digest
 
 # ONNX element types a CPU subgraph's float-state input may have (TensorProto numbering)

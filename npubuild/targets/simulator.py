@@ -45,6 +45,7 @@ from npubuild.targets.isa import (
     table_entries,
 )
 from npubuild.targets.npub import NpubError
+from npubuild.targets.sim_memory import DTYPES, Memory, Uneven, common_row
 
 
 def _look_up(
@@ -57,12 +58,19 @@ def _look_up(
         x = np.right_shift(np.add(x, offset, dtype=np.int32), shift)
         x_range = ((x_range[0] + offset) >> shift, (x_range[1] + offset) >> shift)
         offset = 0
+    return _indexed(table, x, offset, what, x_range)
+
+
+def _indexed(
+    table: np.ndarray, x: np.ndarray, offset: int, what: str, x_range: tuple[int, int]
+) -> np.ndarray:
+    """table[x + offset] in each image's own table, x's values known to lie in x_range."""
     inside = 0 <= x_range[0] + offset and x_range[1] + offset < table.shape[1]
     if x.size and not inside and (int(x.min()) + offset < 0 or int(x.max()) + offset >= table.shape[1]):
         raise NpubError(f"{what} index outside its table")
     try:  # the usual case, one table for all: a plain gather, several times take_along_axis's speed
-        one = _same_in_every_row(table)
-    except _Uneven:
+        one = common_row(table)
+    except Uneven:
         index = np.add(x, offset, dtype=np.int32).reshape(x.shape[0], -1)
         return np.take_along_axis(table, index, axis=1).reshape(x.shape)
     return looked_up(one, x, offset)
@@ -90,138 +98,7 @@ _LOAD_FIELDS = (
     *(*LOAD_PADS, "pad_value"),
 )
 
-VIEWS_KEPT = 1 << 16  # a large stream's distinct views; beyond that they are built again
-
-DTYPES = {8: np.dtype("<i1"), 16: np.dtype("<i2"), 32: np.dtype("<i4"), 64: np.dtype("<i8")}
 ESIZE_BITS = {1: 8, 2: 16, 4: 32, 8: 64}
-
-
-class _Uneven(Exception):
-    """An operand meant to be a constant differs between the images of a batch."""
-
-
-class Memory:
-    """One address space of `size` bytes per image of a batch (`batch` rows). Views put the
-    images first: rows `first` to `first + rows` of it (all of them unless a smaller batch or one
-    image at a time is running)."""
-
-    def __init__(self, name: str, size: int, batch: int = 1):
-        self.name = name
-        self.size = size
-        self.buffer = bytearray(size * batch)
-        self.data = np.frombuffer(self.buffer, np.uint8).reshape(batch, size)
-        self.first, self.rows = 0, batch
-        self.high_water = 0
-        # views by (where, what shape, which rows): a stream's instructions ask for the same
-        # ones every run, and a view of the fixed buffer stays valid; building one costs more
-        # than the small tiles' arithmetic
-        self._views: dict[tuple, tuple[np.ndarray, int]] = {}
-        # byte ranges [addr, end) that hold the same bytes in every image, each with a token that
-        # names those bytes (equal tokens, equal bytes): the constants section, and what a DMA
-        # copied from it; forgotten when anything writes over them
-        self._known: dict[tuple[int, int], object] = {}
-
-    def mark(self, addr: int, end: int, token: object) -> None:
-        """[addr, end) holds the same bytes in every image of the rows now in use, named by
-        `token`."""
-        if end > addr:
-            self._known[(addr, end)] = (token, self.first, self.first + self.rows)
-
-    def forget(self, addr: int, end: int) -> None:
-        """Something wrote over [addr, end): the ranges it touches are no longer known."""
-        if self._known:
-            for a, e in [r for r in self._known if r[0] < end and addr < r[1]]:
-                del self._known[(a, e)]
-
-    def _covers(self, rows: tuple[int, int]) -> bool:
-        return rows[0] <= self.first and self.first + self.rows <= rows[1]
-
-    def token_within(self, addr: int, end: int) -> tuple | None:
-        """The token of a known range holding all of [addr, end) in the rows in use, and the offset."""
-        for (a, e), (token, *rows) in self._known.items():
-            if a <= addr and end <= e and self._covers(rows):
-                return token, addr - a
-        return None
-
-    def same_in_every_row(self, addr: int, bits: int, shape) -> tuple[np.ndarray, object]:
-        """The one value every image holds at addr (weights, parameters, tables: loaded from the
-        constants) and its name, None where the rows had to be compared; _Uneven where they
-        differ. A layer's constants lie inside the range its group's one DMA made known: named by
-        that range's token, where in it they start and how many bytes they take."""
-        rows = self.view(addr, bits, shape)
-        within = self.token_within(addr, addr + rows[0].nbytes)
-        if within is not None:
-            return rows[0], (*within, rows[0].nbytes)
-        return _same_in_every_row(rows), None
-
-    def strided(self, addr: int, dtype: np.dtype, shape: tuple, strides: tuple) -> np.ndarray:
-        """The rows' elements at `addr` with the given shape and element strides (in elements);
-        the caller has checked that they lie inside the memory."""
-        key = ("strided", addr, dtype.char, shape, strides, self.first, self.rows)
-        known = self._views.get(key)
-        if known is not None:
-            return known[0]
-        array = self._array(addr, dtype, shape, strides)
-        self._remember(key, array, 0)
-        return array
-
-    def _array(self, addr: int, dtype: np.dtype, shape: tuple, strides: tuple) -> np.ndarray:
-        return np.ndarray(
-            (self.rows, *shape),
-            dtype,
-            self.buffer,
-            self.first * self.size + addr,
-            (self.size, *(s * dtype.itemsize for s in strides)),
-        )
-
-    def _remember(self, key: tuple, array: np.ndarray, end: int) -> None:
-        if len(self._views) >= VIEWS_KEPT:
-            self._views.clear()
-        self._views[key] = (array, end)
-
-    def view(self, addr: int, bits: int, shape, write: bool = False) -> np.ndarray:
-        """[rows, *shape] elements of `bits` at addr, row-major in each image's memory."""
-        key = ("view", addr, bits, tuple(shape), self.first, self.rows)
-        known = self._views.get(key)
-        if known is not None:  # checked when it was first built
-            if write:
-                self.high_water = max(self.high_water, known[1])
-                self.forget(addr, known[1])
-            return known[0]
-        dtype = DTYPES.get(bits)
-        if dtype is None:
-            raise NpubError(f"{self.name}: unsupported element width {bits}")
-        shape = tuple(map(int, shape))
-        count = math.prod(shape)
-        if addr < 0 or (shape and min(shape) < 0):
-            raise NpubError(f"{self.name}: negative address or extent")
-        end = addr + count * dtype.itemsize
-        if end > self.size:
-            raise NpubError(f"{self.name}: access [{addr:#x}, {end:#x}) is outside its {self.size} bytes")
-        if write:
-            self.high_water = max(self.high_water, end)
-            self.forget(addr, end)
-        strides, step = [], 1
-        for extent in reversed(shape):
-            strides.append(step)
-            step *= extent
-        array = self._array(addr, dtype, shape, tuple(reversed(strides)))
-        self._remember(key, array, end)  # under its own key only: one entry per view
-        return array
-
-    def write(self, addr: int, bits: int, values: np.ndarray) -> None:
-        """values: [rows, *shape], one block per image."""
-        target = self.view(addr, bits, values.shape[1:], write=True)
-        target[...] = values
-
-
-def _same_in_every_row(rows: np.ndarray) -> np.ndarray:
-    """The one value of an operand that every image of the batch holds alike (weights, tables,
-    requantization parameters: loaded from the constants); _Uneven when a stream made them differ."""
-    first = rows[0]
-    if rows.shape[0] > 1 and not (rows[1:] == first).all():
-        raise _Uneven
-    return first
 
 
 class Simulator:
@@ -314,9 +191,11 @@ class Simulator:
         channel_axis: int,
         acc_bound: float | None = None,
         named: object = None,
+        index: tuple[int, int] = (0, 0),
     ) -> np.ndarray:
-        """The MAC output path; `named`, the parameters' token where they came from the constants:
-        their rule is then worked out once."""
+        """The MAC output path's codes, or with `index` (offset, shift) the index of the table
+        read after it (OutputRule.apply); `named`, the parameters' token where they came from the
+        constants: their rule is then worked out once."""
         key = (named, acc.ndim, channel_axis, a["out_zp"], a["min"], a["max"])
         rule = self._output_rules.get(key) if named is not None else None
         if rule is None:
@@ -324,7 +203,7 @@ class Simulator:
             rule = OutputRule(bias, m0, shift, channel_axis, acc.ndim, a["out_zp"], a["min"], a["max"])
             if named is not None:
                 self._output_rules[key] = rule
-        return rule.apply(acc, acc_bound)
+        return rule.apply(acc, acc_bound, *index)
 
     def _bordered(self, op: str, a: dict) -> tuple[np.ndarray, tuple[int, int, int, int]]:
         """A conv's or pool's input box at `src` (in_h x in_w less its borders, format 5.0) and
@@ -371,15 +250,19 @@ class Simulator:
             if acc.shape[2:] != (a["out_h"], a["out_w"]):
                 raise NpubError(f"conv tile gives {acc.shape[2:]}, instruction says {a['out_h'], a['out_w']}")
         self.counts["macs"] += math.prod(acc.shape[1:]) * math.prod(w.shape[1:])
-        y = self._finish(acc, params, a, 1, acc_bound, params_named)
         bits = a["out_bits"]
         if a["lut"] >= 0:  # an activation table in the output path (a LUT op fused into the conv)
             wide = entry_bits(a["lut_bits"], a["lut_shifts"])
             table = self._table(a["lut"], wide, a["out_bits"], a["lut_shift"])
-            y = _look_up(table, y, a["lut_offset"], "conv output table", (a["min"], a["max"]), a["lut_shift"])
+            offset, shift = a["lut_offset"], a["lut_shift"]
+            index = self._finish(acc, params, a, 1, acc_bound, params_named, (offset, shift))
+            entries = ((a["min"] + offset) >> shift, (a["max"] + offset) >> shift)
+            y = _indexed(table, index, 0, "conv output table", entries)
             if a["lut_shifts"] >= 0:
                 y = self._channel_shifted(y, a["lut_shifts"], a["out_c"], a["lut_bits"])
             bits = a["lut_bits"]
+        else:
+            y = self._finish(acc, params, a, 1, acc_bound, params_named)
         if a["res"] >= 0:  # a residual Add in the output path (an Add op fused into the conv)
             residual = self.sram.view(a["res"], a["res_bits"], y.shape[1:])
             y = add_codes(
@@ -391,8 +274,8 @@ class Simulator:
 
     def _matmul(self, a: dict) -> None:
         x = self.sram.view(a["src"], a["in_bits"], (a["m"], a["k"]))
-        w = _same_in_every_row(self.sram.view(a["weights"], 8, (a["k"], a["n"])))
-        params = _same_in_every_row(self.sram.view(a["params"], 64, (a["n"], 3)))
+        w = common_row(self.sram.view(a["weights"], 8, (a["k"], a["n"])))
+        params = common_row(self.sram.view(a["params"], 64, (a["n"], 3)))
         acc = (x.astype(np.float64) - a["in_zp"]) @ w.astype(np.float64)
         self.counts["macs"] += a["m"] * a["k"] * a["n"]
         self.sram.write(a["dst"], a["out_bits"], self._finish(acc, params, a, 2))
@@ -477,23 +360,28 @@ class Simulator:
         return channel_shifted(entries, shifts)
 
     def _table(self, addr: int, entry_bits: int, in_bits: int, shift: int) -> np.ndarray:
-        """A lookup table in SRAM: an entry per 2^shift codes of an `in_bits` input."""
+        """A lookup table in SRAM, an entry per 2^shift codes of an `in_bits` input: [1, entries]
+        when every image holds the same one, else [rows, entries]."""
         if not 0 <= shift < in_bits:
             raise NpubError(f"table shift {shift} for a {in_bits}-bit input")
-        return self.sram.view(addr, entry_bits, (table_entries(in_bits, shift),))
+        shape = (table_entries(in_bits, shift),)
+        try:  # the usual case, loaded from the constants: one table for every image, by its token
+            return self.sram.same_in_every_row(addr, entry_bits, shape)[0][None]
+        except Uneven:
+            return self.sram.view(addr, entry_bits, shape)
 
     def _softmax(self, a: dict) -> None:
         x = self.sram.view(a["src"], a["in_bits"], (a["rows"], a["n"])).astype(np.int64)
         if not 1 <= a["table_len"] <= 1 << 16 or not 0 <= a["rshift"] <= 16:
             raise NpubError("softmax table length or shift out of range")
-        table = _same_in_every_row(self.sram.view(a["table"], 32, (a["table_len"],))).astype(np.int64)
+        table = common_row(self.sram.view(a["table"], 32, (a["table_len"],))).astype(np.int64)
         if a["out_bits"] not in (8, 16):
             raise NpubError("softmax output width must be 8 or 16")
         self.sram.write(a["dst"], a["out_bits"], softmax_rows(x, table, a["rshift"], a["out_bits"]))
 
     def _layernorm(self, a: dict) -> None:
         x = self.sram.view(a["src"], a["in_bits"], (a["rows"], a["n"])).astype(np.int64)
-        params = _same_in_every_row(self.sram.view(a["params"], 64, (a["n"], 3))).astype(np.int64)
+        params = common_row(self.sram.view(a["params"], 64, (a["n"], 3))).astype(np.int64)
         if not 0 <= a["eps"] <= EPS_CODES_MAX or a["out_bits"] not in (8, 16):
             raise NpubError("layernorm epsilon or output width out of range")
         if params.size and not (
@@ -527,7 +415,7 @@ class Simulator:
         else:  # borders hold the zero point
             xc = x.astype(np.float64) - a["in_zp"]
             total = np.rint(windows(xc, kernel, strides, dil, pads, 0.0).sum(axis=(-2, -1)))
-            params = _same_in_every_row(self.sram.view(a["params"], 64, (*shape, 2)))
+            params = common_row(self.sram.view(a["params"], 64, (*shape, 2)))
             y = requantize(total.astype(np.int64), params[..., 0], params[..., 1]) + a["out_zp"]
             y = saturate(y, a["out_bits"])
         if y.shape[2:] != shape:
@@ -537,7 +425,7 @@ class Simulator:
     def _resize(self, a: dict) -> None:
         x = self.sram.view(a["src"], a["bits"], (a["c"], a["in_h"], a["in_w"]))
         index = self.sram.view(a["index"], 32, (a["out_h"] + a["out_w"],))
-        index = _same_in_every_row(index).astype(np.int64)
+        index = common_row(index).astype(np.int64)
         rows, cols = index[: a["out_h"]], index[a["out_h"] :]
         if index.size and (
             rows.min(initial=0) < 0 or rows.max(initial=0) >= a["in_h"] or cols.max(initial=0) >= a["in_w"]
@@ -592,7 +480,7 @@ class Simulator:
             try:
                 try:
                     handler(instruction.args)
-                except _Uneven:  # nothing written yet: the constants are read first
+                except Uneven:  # nothing written yet: the constants are read first
                     self._image_by_image(handler, instruction.args)
             except (ValueError, IndexError, KeyError, TypeError, OverflowError, MemoryError) as exc:
                 raise NpubError(f"'{instruction.op}' failed: {exc}") from None
