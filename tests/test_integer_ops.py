@@ -132,7 +132,7 @@ def test_float64_requantization_is_exact_where_its_rounding_cannot_cross_a_bound
     assert 5 < taken < 60  # both paths ran
 
 
-@pytest.mark.parametrize("acc_bits", [12, 28, 40])  # int32 after the cast, float64 clip, int64's path
+@pytest.mark.parametrize("acc_bits", [12, 28, 40])  # float64's path (twice), int64's path
 @pytest.mark.parametrize("out_bits", [8, 16])
 def test_a_table_index_made_in_the_output_path_is_the_codes_offset_and_shifted(acc_bits, out_bits):
     """OutputRule.apply with a table's offset and shift gives (code + offset) >> shift, the code

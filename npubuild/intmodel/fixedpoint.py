@@ -161,13 +161,10 @@ class OutputRule:
         self.exact_below = exact_sum_limit(self.m0, total, lo - zero_point, hi - zero_point)
         self.bias_bound = float(np.abs(self.bias).max(initial=0))
         # the float64 form's operands as it reads them: the bias in float64 (exact wherever that
-        # form runs, below exact_below), 2 M0 2^-n (a power of two's multiple: exact), and the
-        # bound on |acc + bias| under which 2p fits int32 with room to spare, so that the clip
-        # can follow the cast on the narrower integers
+        # form runs, below exact_below; an int64 bias makes numpy's add cast through a buffer)
+        # and 2 M0 2^-n (a power of two's multiple: exact)
         self.float_bias = self.bias.astype(np.float64)
         self.twice_scale = 2 * self.scale
-        largest = float(self.twice_scale.max(initial=0))
-        self.int32_below = INT32_SAFE / largest if largest > 0 else math.inf
         # Python ints: a numpy int64 bound would make the int32 passes below run in int64
         self.axis, self.zero_point, self.lo, self.hi = axis, int(zero_point), int(lo), int(hi)
 
@@ -186,8 +183,7 @@ class OutputRule:
             acc_bound = max(abs(float(acc.max(initial=0))), abs(float(acc.min(initial=0))))
         if exact_in_float64(acc_bound):
             params = (self.float_bias, self.twice_scale)
-            narrow = acc_bound + self.bias_bound < self.int32_below
-            block_rule = partial(_float64_block, clip_after_cast=narrow)
+            block_rule = _float64_block
         else:
             params = (self.bias, self.m0, self.shift)
             block_rule = _int64_block
@@ -207,7 +203,6 @@ class OutputRule:
 
 
 CHUNK_ELEMENTS = 1 << 17
-INT32_SAFE = float(1 << 30)  # |2p| below this casts to int32 whatever the product's rounding
 
 
 def _float64_block(
@@ -219,7 +214,6 @@ def _float64_block(
     hi: int,
     offset: int = 0,
     index_shift: int = 0,
-    clip_after_cast: bool = False,
 ) -> np.ndarray:
     """requantize_output's float64 form on one block (bias in float64, twice_scale = 2 M0 2^-n
     per channel), as codes or, with `offset` and `index_shift`, as (code + offset) >> index_shift.
@@ -230,21 +224,15 @@ def _float64_block(
     floor(w / 2), -(k + [f >= 1/2]) for p = -(k + f); w = 0 gives 0. 2p is p's own rounding
     scaled by two (exact), so nothing rounds after the product.
 
-    2p is clipped to [2 (lo - zp), 2 (hi - zp)]: the rounding maps both ends to themselves and is
-    monotone, so the codes come out inside [lo, hi] with no clip after it. The truncating cast is
-    monotone and keeps integers, so the clip may come before it (where 2p could overflow int32)
-    or after it (`clip_after_cast`, when the caller knows |2p| fits: half the bytes). The zero
-    point, the offset and the index's shift join the rounding's shift:
-    floor((floor(a / 2) + c) / 2^s) = floor((a + 2c) / 2^(s + 1)) for integers."""
+    2p is clipped to [2 (lo - zp), 2 (hi - zp)] before the cast (which truncates toward zero and
+    then cannot overflow): the rounding maps both ends to themselves and is monotone, so the codes
+    come out inside [lo, hi] with no clip after it. The zero point, the offset and the index's
+    shift join the rounding's shift: floor((floor(a / 2) + c) / 2^s) = floor((a + 2c) / 2^(s + 1))
+    for integers."""
     v = np.add(acc, bias, dtype=np.float64)  # exact: integers below 2^53
     v *= twice_scale
-    bounds = (2 * (lo - zero_point), 2 * (hi - zero_point))
-    if clip_after_cast:
-        w = v.astype(np.int32)
-        np.clip(w, *bounds, out=w)
-    else:
-        np.clip(v, *bounds, out=v)
-        w = v.astype(np.int32)
+    np.clip(v, 2 * (lo - zero_point), 2 * (hi - zero_point), out=v)
+    w = v.astype(np.int32)
     w += w >> 31
     w += 1 + 2 * (zero_point + offset)
     w >>= 1 + index_shift

@@ -28,7 +28,7 @@ SESSIONS_KEPT = 512  # a large model's convolutions, each with its weights prepa
 WEIGHTS_PER_NAME = 16  # a layer's weight chunks, loaded one after the other at one address
 # A call of fewer MACs runs on one thread even where the caller offers more: waking onnxruntime's
 # pool for it costs more than sharing the work saves (the simulator's small tiles; measured in
-# benchmarks/simulator.py's runs, docs/engine.md)
+# docs/npu.md, "The simulator's output path on small tiles")
 PARALLEL_MACS = 1 << 24
 
 
