@@ -10,14 +10,19 @@ the slash), and `model.npub` end to end (NPU subgraphs in the instruction-level 
 subgraphs in onnxruntime) two ways: one image at a time, and as the simulate stage runs it (the
 images in even batches of at most stages/simulate.batch_size; one batch with its convolutions on
 every core, several on a thread each: stages/simulate.batch_plan), per image. Each after one
-warm-up. Prints the ratios (issue 17's bar: <= 5x).
+warm-up. Prints the ratios (issue 17's bar: <= 5x). The baseline is timed once, before the
+simulator's rows, so a change in the machine's speed during the run moves the ratios; the last
+line of each target pairs every batch run with an onnxruntime pass over the same images just
+before it (the median of PAIRED_ROUNDS such ratios, and their range).
 """
 
 from __future__ import annotations
 
 import shutil
+import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _workspace_gen import copy_example_unfused, median_seconds, onnxruntime_baselines  # noqa: E402
 
 ROUNDS = 3
+PAIRED_ROUNDS = 5
 
 
 def main() -> None:
@@ -94,6 +100,18 @@ def main() -> None:
                 f"  simulator, {target}, as the stage runs it:  {stage_s * 1000:8.1f} ms   "
                 f"ratio {stage_s / ort_s:5.1f}x / {stage_s / ref_s:4.1f}x (bar <= 5x; batches "
                 f"{sizes} on {min(workers, len(sizes))} thread(s), onnxruntime at {threads} each)"
+            )
+            # the same, each round's simulation right after its own onnxruntime pass: the
+            # machine's speed drifts over a run, and a baseline timed minutes earlier carries it
+            ratios = []
+            for _ in range(PAIRED_ROUNDS):
+                ort_round = median_seconds(lambda x: baselines["default"].run(None, {name: x}), images, 1)
+                started = time.perf_counter()
+                all_batches(None)
+                ratios.append((time.perf_counter() - started) / len(images) / ort_round)
+            print(
+                f"  the same against the onnxruntime pass just before it, {PAIRED_ROUNDS} rounds: "
+                f"median {statistics.median(ratios):.2f}x ({min(ratios):.2f}x-{max(ratios):.2f}x)"
             )
         store.close()
     finally:

@@ -87,8 +87,9 @@ class ExactConvs:
     stale one."""
 
     def __init__(self, threads: int = 1) -> None:
-        """threads: onnxruntime's intra-op threads per session (1 where callers run samples in
-        threads; more for one caller with a batch, the simulator's)."""
+        """threads: onnxruntime's intra-op threads for a call of PARALLEL_MACS or more (1 where
+        callers run samples in threads; more for one caller with a batch, the simulator's);
+        smaller calls run on one."""
         self.threads = threads
         self._entries: OrderedDict[tuple, list[_Entry]] = OrderedDict()
         self._lock = threading.Lock()
