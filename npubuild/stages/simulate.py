@@ -45,7 +45,8 @@ def batch_plan(count: int, size: int, workers: int) -> tuple[list[int], int]:
     """Batch sizes for `count` images and onnxruntime's threads in each batch's convolutions.
     Batches as large as the memory allows: interpreting a stream's instructions costs the same for
     one image as for a batch, and on small tiles that Python (one core at a time) is most of the
-    work. One batch: its convolutions on every core; several: one batch per thread."""
+    work. One batch: its large convolutions on every core (ortconv.PARALLEL_MACS; a small tile's
+    call runs on one); several: one batch per thread."""
     sizes = balanced(count, size)
     return sizes, (workers if len(sizes) == 1 else 1)
 
