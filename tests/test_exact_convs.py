@@ -45,6 +45,36 @@ def test_onnxruntime_sums_equal_numpy_float64(x_shape, w_shape, fields):
         np.testing.assert_array_equal(got, reference)
 
 
+@pytest.mark.parametrize("transpose", [False, True])
+def test_a_caller_offering_threads_gets_the_same_sums_from_small_and_large_calls(transpose, monkeypatch):
+    """ExactConvs(threads=2) (the simulator's) runs a call of PARALLEL_MACS or more on a session
+    with two intra-op threads and a smaller one on a one-thread session: both give numpy's sums,
+    and the two calls used the two sessions."""
+    from npubuild.intmodel import ortconv
+
+    rng = np.random.default_rng(5 + transpose)
+    w_shape = (16, 8, 3, 3)
+    if transpose:
+        attrs = ConvGeometry(strides=[2, 2], dilations=[1, 1], pads=[0, 0, 0, 0], group=1)
+    else:
+        attrs = ConvGeometry(strides=[1, 1], dilations=[1, 1], pads=[1, 1, 1, 1], group=1)
+    w = rng.integers(-127, 128, w_shape).astype(np.int8)
+    small = rng.integers(-128, 128, (1, 16 if transpose else 8, 6, 6)).astype(np.float32)
+    large = rng.integers(-128, 128, (4, 16 if transpose else 8, 24, 24)).astype(np.float32)
+    per_input = ortconv._Entry(w, attrs, [0, 0, 0, 0], transpose, 2).macs_per_input
+    monkeypatch.setattr(ortconv, "PARALLEL_MACS", (small.size + large.size) * per_input // 2)
+    exact = ExactConvs(threads=2)
+    for xc in (small, large):
+        if transpose:
+            got = conv_transpose_accumulate(xc, w, attrs, exact)
+            want = conv_transpose_accumulate(xc.astype(np.float64), w, attrs)
+        else:
+            got, want = conv_sums(xc, w, attrs, exact)[0], conv_sums(xc.astype(np.float64), w, attrs)[0]
+        np.testing.assert_array_equal(got, want)
+    (entry,) = [e for entries in exact._entries.values() for e in entries]
+    assert sorted(entry.sessions) == [1, 2]
+
+
 @pytest.mark.parametrize(
     "stride,pads,output_padding,group",
     [(2, [0, 0, 0, 0], [], 1), (2, [1, 1, 1, 1], [1, 1], 1), (3, [1, 0, 2, 1], [], 2)],
