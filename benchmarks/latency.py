@@ -12,7 +12,10 @@ compulsory bytes. Goal (issue 19): on vnpu-m grouped <= 1.5x the bound (YOLOv8n 
 The last column is the grouped latency against the bound with each MAC layer at the array's rate
 for its operands' width (`int16_rate` where one is 16-bit: codegen's `roofline_cycles_at_widths`):
 for a model a precision table keeps partly in int16 (the example's det), what the array allows for
-that table; the goal is on the column before.
+that table. Where a model's MAC layers are all int8 the two columns agree. Issue 19's goal is read on
+the bound of the precision each model runs at: this column for the example's mixed det (its int8
+ratio, the column before, printed beside it), and the all-int8 det's row for the model the issue
+measured (docs/design-decisions.md, "The roofline bound of a table with 16-bit layers").
 The row "PP-OCRv4 det int8" is the example's det without its precision table (every layer int8):
 the model issue 19 measured when it was filed (5.47x, 6.92M cycles on vnpu-m), so the back end's
 figure on it does not move with what the precision search picks.
