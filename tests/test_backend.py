@@ -118,7 +118,8 @@ def test_wrong_input_to_run_is_one_clear_error(cls_binary, tmp_path, array, mess
     assert message in line
 
 
-def test_an_op_the_target_lacks_falls_back_to_the_cpu_with_a_warning(small_ws, tmp_path):
+def test_an_op_the_target_lacks_falls_back_to_the_cpu_with_a_warning(small_ws, warm_cache):
+    # the stages before partition come from the small workspace's build in warm_cache
     ops = [op for op in BUILTIN_TARGETS["vnpu-s"].supported_ops if op != "HardSigmoid"]
     build = small_ws / "models" / "BUILD"
     build.write_text(
@@ -128,7 +129,7 @@ def test_an_op_the_target_lacks_falls_back_to_the_cpu_with_a_warning(small_ws, t
         )
         + f'\nnpu_target(name = "nohs", base = "vnpu-s", supported_ops = {ops!r})\n'
     )
-    proc = cli(["build", "//models:cls_npu"], small_ws, tmp_path / "cache")
+    proc = cli(["build", "//models:cls_npu"], small_ws, warm_cache)
     assert proc.returncode == 0, proc.stderr
     warnings = [ln for ln in proc.stdout.splitlines() if ln.startswith("warning:") and "HardSigmoid" in ln]
     assert warnings and "runs on the CPU" in warnings[0]

@@ -51,10 +51,11 @@ FUSED_BUILD = MODELS_BUILD.replace(
 )
 
 
-def test_a_fused_model_takes_uint8_pixels_on_the_npu(tmp_path, cls_model):
+def test_a_fused_model_takes_uint8_pixels_on_the_npu(tmp_path, cls_model, warm_cache):
+    # the small workspace's build is in warm_cache: cls_npu, the unfused twin, comes from it
     ws = make_small_ws(tmp_path / "ws", cls_model)
     write(ws / "models" / "BUILD", FUSED_BUILD)
-    result = cli(["build", "//models:cls_npu", "//models:fused"], ws, tmp_path / "cache")
+    result = cli(["build", "//models:cls_npu", "//models:fused"], ws, warm_cache)
     assert result.returncode == 0, result.stdout + result.stderr
     out = ws / "npubuild-out" / "models"
     meta = read((out / "fused" / "model.npub").read_bytes()).meta
@@ -77,9 +78,7 @@ def test_a_fused_model_takes_uint8_pixels_on_the_npu(tmp_path, cls_model):
     for name, value in want.items():
         assert np.array_equal(got[name], value), name
     # `npubuild run --image` hands the binary the same bytes
-    ran = cli(
-        ["run", "//models:fused", "--image", str(photo), "-o", str(tmp_path / "o")], ws, tmp_path / "cache"
-    )
+    ran = cli(["run", "//models:fused", "--image", str(photo), "-o", str(tmp_path / "o")], ws, warm_cache)
     assert ran.returncode == 0, ran.stderr
     (written,) = list((tmp_path / "o").glob("*.npy"))
     (expected,) = got.values()
