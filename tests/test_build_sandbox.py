@@ -146,9 +146,9 @@ def test_the_cli_prints_one_line_in_bounded_time_and_memory(tmp_path, name):
     write(tmp_path / "plain" / "pkg" / "BUILD", 'dataset(name = "d", srcs = [])\n')
     plain, overhead = _query(tmp_path / "plain", env)
     assert plain.returncode == 0, plain.stderr
-    write(tmp_path / "WORKSPACE", "")
-    write(tmp_path / "pkg" / "BUILD", source)
-    proc, seconds = _query(tmp_path, env)
+    write(tmp_path / "ws" / "WORKSPACE", "")  # beside the harmless one, not around it
+    write(tmp_path / "ws" / "pkg" / "BUILD", source)
+    proc, seconds = _query(tmp_path / "ws", env)
     # the child's budget (killed half a second after Starlark's own check) and the command's start
     assert seconds < MAX_SECONDS + 0.5 + max(1.5, 2 * overhead), (seconds, overhead)
     assert proc.returncode == 1
