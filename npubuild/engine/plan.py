@@ -160,7 +160,9 @@ class Planner:
         opt = self._step(
             plan,
             "optimize",
-            attrs.optimize.model_dump(),
+            # equalization is a quantize setting for the user, but a float rewrite that every
+            # stage after optimize must read, so optimize runs it
+            {**attrs.optimize.model_dump(), "equalize": attrs.quantize.equalize},
             {"model": source, "calibration": Output(calib, "tensors")},
             target,
         )

@@ -148,6 +148,11 @@ class QuantizeConfig(Strict):
     per_channel: bool = True
     symmetric_activations: bool = False
     bias_correction: bool = True
+    # cross-layer equalization: a convolution's output channels scaled down and its readers'
+    # input channels up where only ReLU-like activations lie between, so the two layers' ranges
+    # match (Nagel et al. 2019). A float rewrite, so optimize runs it and every later stage reads
+    # the equalized model (docs/quantization.md, "Cross-layer equalization")
+    equalize: bool = False
     # after the integer model is built, each MAC layer's bias absorbs the mean error of its
     # quantized input, measured on the calibration set by running the integer model op by op
     # (empirical bias correction; docs/quantization.md, "Empirical bias correction")

@@ -203,7 +203,7 @@ def _conv_channel_axis(conv: onnx.NodeProto) -> int | None:
     return None
 
 
-def _rescale_conv(g: Graph, conv: onnx.NodeProto, scale: np.ndarray, shift: np.ndarray) -> bool:
+def rescale_conv(g: Graph, conv: onnx.NodeProto, scale: np.ndarray, shift: np.ndarray) -> bool:
     """conv(x) * scale + shift, folded into the conv's weight and bias (new constants)."""
     axis = _conv_channel_axis(conv)
     weight = g.constant(conv.input[1])
@@ -239,7 +239,7 @@ def fold_batchnorm(g: Graph) -> int:
         if conv is None or conv.op_type not in ("Conv", "ConvTranspose") or not _single_use(g, bn.input[0]):
             continue
         affine = bn_affine(g, bn)
-        if affine is not None and _rescale_conv(g, conv, *affine) and g.bypass(bn, bn.input[0]):
+        if affine is not None and rescale_conv(g, conv, *affine) and g.bypass(bn, bn.input[0]):
             changed += 1
             producers = g.producers()
     return changed
@@ -268,7 +268,7 @@ def fold_scale_into_conv(g: Graph) -> int:
             if vec is None or (node.op_type == "Div" and np.any(vec == 0)):
                 continue
             scale, shift = affine_terms(node.op_type, vec)
-            if _rescale_conv(g, conv, scale, shift) and g.bypass(node, node.input[data]):
+            if rescale_conv(g, conv, scale, shift) and g.bypass(node, node.input[data]):
                 changed += 1
                 producers = g.producers()
                 break

@@ -11,6 +11,7 @@ from npubuild.errors import UserError
 from npubuild.stages.onnx_utils import load_model, op_histogram, save_model, write_json
 from npubuild.stages.optimize import PASS_NAMES
 from npubuild.stages.optimize.check import compare
+from npubuild.stages.optimize.equalize import equalize_model
 from npubuild.stages.optimize.graph import Graph
 from npubuild.stages.optimize.passes import PASSES
 from npubuild.stages.optimize.prequantized import propagate_grids, strip_qdq
@@ -44,6 +45,9 @@ def optimize(model: onnx.ModelProto, disable: list[str], max_iterations: int) ->
 def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     original = load_model(inputs["model"], "the imported model")
     optimized, log = optimize(original, params["disable"], params["max_iterations"])
+    equalization = None
+    if params["equalize"]:
+        optimized, equalization = equalize_model(optimized)
     try:
         onnx.checker.check_model(optimized)
     except onnx.checker.ValidationError as exc:
@@ -66,6 +70,7 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
         "ops_after": op_histogram(optimized),
         "iterations": len(log),
         "converged": converged,
+        "equalized": equalization,
         "check": check,
         "warnings": [] if converged else [f"passes still changed the graph after {len(log)} iterations"],
     }
