@@ -263,6 +263,8 @@ OPTIMIZE_SETTINGS = {
     "check_samples": 4,
     "check_rtol": 1e-3,
     "check_atol": 1e-4,
+    "equalize": False,
+    "smooth": None,
 }
 
 

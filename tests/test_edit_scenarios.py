@@ -4,6 +4,7 @@ an edit depends on the cache's contents, not on whether this test filled it."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -145,6 +146,29 @@ def test_quantize_settings_rerun_quantize_and_readers_never_calibrate(small_ws, 
     outcome = run_build(small_ws, warm_store)
     assert outcome.ok, outcome.errors
     assert outcome.executed() == AFTER_CALIBRATE
+
+
+def test_scale_migrations_rerun_optimize_and_only_what_reads_a_changed_model(small_ws, warm_store):
+    """equalize and smooth are quantize settings that optimize runs: equalizing the classifier
+    (ReLU-joined convolutions) changes the optimized model, so all that reads it reruns;
+    smoothing it (no LayerNorm to smooth) reruns optimize, which writes the same model."""
+    run_build(small_ws, warm_store)
+    build = small_ws / "models" / "BUILD"
+    edit(
+        build,
+        '    optimize = {"check_samples": 2},\n',
+        '    optimize = {"check_samples": 2},\n    quantize = {"equalize": True},\n',
+    )
+    outcome = run_build(small_ws, warm_store)
+    assert outcome.ok, outcome.errors
+    assert outcome.executed() == {OPTIMIZE} | QUANTIZED
+    summary = json.loads((small_ws / "npubuild-out" / "models" / "cls_npu" / "optimize.json").read_text())
+    assert summary["equalized"]["pairs"] > 0 and summary["smoothed"] is None
+    edit(build, '{"equalize": True}', '{"equalize": True, "smooth": 0.5}')
+    outcome = run_build(small_ws, warm_store)
+    assert outcome.executed() == {OPTIMIZE}
+    summary = json.loads((small_ws / "npubuild-out" / "models" / "cls_npu" / "optimize.json").read_text())
+    assert summary["smoothed"] == {"layernorms": 0}
 
 
 def test_parallel_build_gives_byte_identical_artifacts(small_ws, store, tmp_path):

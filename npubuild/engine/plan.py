@@ -160,9 +160,13 @@ class Planner:
         opt = self._step(
             plan,
             "optimize",
-            # equalization is a quantize setting for the user, but a float rewrite that every
-            # stage after optimize must read, so optimize runs it
-            {**attrs.optimize.model_dump(), "equalize": attrs.quantize.equalize},
+            # equalization and smoothing are quantize settings for the user, but float rewrites
+            # that every stage after optimize must read, so optimize runs them
+            {
+                **attrs.optimize.model_dump(),
+                "equalize": attrs.quantize.equalize,
+                "smooth": attrs.quantize.smooth,
+            },
             {"model": source, "calibration": Output(calib, "tensors")},
             target,
         )
@@ -170,7 +174,8 @@ class Planner:
             return
         optimized = Output(opt, "model")
         settings = {
-            **attrs.quantize.model_dump(),
+            # the scale migrations are optimize's (above): their effect arrives in the model
+            **attrs.quantize.model_dump(exclude={"equalize", "smooth"}),
             "overrides": [o.model_dump() for o in attrs.overrides],
             "input_range": None if fused else self._image_range(calibration),
             # fused: the head's output (the photo as the model was trained on it) spans what the

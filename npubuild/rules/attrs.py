@@ -153,6 +153,11 @@ class QuantizeConfig(Strict):
     # match (Nagel et al. 2019). A float rewrite, so optimize runs it and every later stage reads
     # the equalized model (docs/quantization.md, "Cross-layer equalization")
     equalize: bool = False
+    # SmoothQuant's migration strength alpha (Xiao et al. 2023), or None for off: a LayerNorm's
+    # output channels divided by max|X_j|^alpha / max|W_j|^(1 - alpha) and the MatMul weight rows
+    # that read them multiplied by it, measured on calibration samples. A float rewrite that
+    # optimize runs, as equalize (docs/quantization.md, "SmoothQuant")
+    smooth: float | None = Field(None, ge=0, le=1)
     # after the integer model is built, each MAC layer's bias absorbs the mean error of its
     # quantized input, measured on the calibration set by running the integer model op by op
     # (empirical bias correction; docs/quantization.md, "Empirical bias correction")

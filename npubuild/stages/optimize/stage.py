@@ -16,6 +16,7 @@ from npubuild.stages.optimize.graph import Graph
 from npubuild.stages.optimize.passes import PASSES
 from npubuild.stages.optimize.prequantized import propagate_grids, strip_qdq
 from npubuild.stages.optimize.qoperator import qoperator_ops, qoperator_warning
+from npubuild.stages.optimize.smooth import smooth_model
 
 
 def optimize(model: onnx.ModelProto, disable: list[str], max_iterations: int) -> tuple[onnx.ModelProto, list]:
@@ -45,16 +46,19 @@ def optimize(model: onnx.ModelProto, disable: list[str], max_iterations: int) ->
 def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     original = load_model(inputs["model"], "the imported model")
     optimized, log = optimize(original, params["disable"], params["max_iterations"])
-    equalization = None
+    tensors = np.load(inputs["calibration"], mmap_mode="r", allow_pickle=False)
+    # scale migrations (quantize settings: docs/quantization.md), after the passes' fixpoint
+    equalization = smoothing = None
     if params["equalize"]:
         optimized, equalization = equalize_model(optimized)
+    if params["smooth"] is not None:
+        optimized, smoothing = smooth_model(optimized, tensors, params["smooth"])
     try:
         onnx.checker.check_model(optimized)
     except onnx.checker.ValidationError as exc:
         raise UserError(
             f"internal error: optimize produced an invalid model: {str(exc).splitlines()[0]}"
         ) from None
-    tensors = np.load(inputs["calibration"], mmap_mode="r", allow_pickle=False)
     # a pre-quantized model is checked against itself without its Q/DQ pairs (the float model it
     # simulates); how well the integer model matches the QDQ one is evaluate's figure
     prequantized = ("absorb_qdq", "dequantize_qoperator")
@@ -71,6 +75,7 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
         "iterations": len(log),
         "converged": converged,
         "equalized": equalization,
+        "smoothed": smoothing,
         "check": check,
         "warnings": [] if converged else [f"passes still changed the graph after {len(log)} iterations"],
     }

@@ -1,0 +1,90 @@
+"""SmoothQuant (`quantize = {"smooth": alpha}`): the float model computes the same in onnxruntime,
+at alpha 0.5 each channel's largest activation equals its weight row's largest |value|, and a
+LayerNorm another op also reads is left alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from npubuild.stages.optimize.smooth import smooth_model
+
+RNG = np.random.default_rng(5)
+TOKENS, WIDTH, HIDDEN = 6, 16, 8
+
+
+def _transformer_input(extra_reader: bool = False) -> onnx.ModelProto:
+    """x -> LayerNormalization (gamma with two channels 50x the rest) -> two MatMuls -> y, z."""
+    gamma = np.ones(WIDTH, np.float32)
+    gamma[[3, 11]] = 50.0
+    inits = {
+        "gamma": gamma,
+        "beta": RNG.standard_normal(WIDTH).astype(np.float32),
+        "wq": RNG.standard_normal((WIDTH, HIDDEN)).astype(np.float32),
+        "wk": RNG.standard_normal((WIDTH, HIDDEN)).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["n"], axis=-1, name="ln"),
+        helper.make_node("MatMul", ["n", "wq"], ["y"], name="q"),
+        helper.make_node("MatMul", ["n", "wk"], ["z"], name="k"),
+    ]
+    outputs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, [1, TOKENS, HIDDEN]) for o in "yz"]
+    if extra_reader:  # a residual Add: it would read the divided channels
+        nodes.append(helper.make_node("Add", ["n", "x"], ["r"], name="residual"))
+        outputs.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, TOKENS, WIDTH]))
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, TOKENS, WIDTH])],
+        outputs,
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return onnx.shape_inference.infer_shapes(m)
+
+
+def _run(m, x, names=None):
+    if names:
+        copy = onnx.ModelProto()
+        copy.CopyFrom(m)
+        m = copy
+        m.graph.output.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names)
+    s = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    return s.run(None, {"x": x})
+
+
+def _initializer(m, name):
+    return next(numpy_helper.to_array(t) for t in m.graph.initializer if t.name == name)
+
+
+def test_smoothed_model_computes_the_same_and_moves_half_the_spread():
+    m = _transformer_input()
+    stack = RNG.standard_normal((4, TOKENS, WIDTH)).astype(np.float32)  # [N, *input_shape[1:]]
+    samples = [x[None] for x in stack]
+    out, report = smooth_model(m, stack, 0.5)
+    assert report == {"layernorms": 1}
+    for x in samples:
+        for a, b in zip(_run(m, x), _run(out, x)):
+            np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4)
+    # at alpha 0.5 the activation's and the weights' largest values per channel meet
+    activation = np.max(
+        [np.abs(_run(out, x, ["n"])[-1]).reshape(-1, WIDTH).max(axis=0) for x in samples], axis=0
+    )
+    q = next(n for n in out.graph.node if n.name == "q")
+    k = next(n for n in out.graph.node if n.name == "k")
+    weight = np.maximum(np.abs(_initializer(out, q.input[1])), np.abs(_initializer(out, k.input[1]))).max(
+        axis=1
+    )
+    np.testing.assert_allclose(activation, weight, rtol=1e-4)
+    # the two wide channels no longer dominate the activation's range
+    before = np.max([np.abs(_run(m, x, ["n"])[-1]).reshape(-1, WIDTH).max(axis=0) for x in samples], axis=0)
+    assert activation.max() / np.median(activation) < before.max() / np.median(before) / 3
+
+
+def test_a_layernorm_another_op_reads_is_left_alone():
+    m = _transformer_input(extra_reader=True)
+    out, report = smooth_model(m, RNG.standard_normal((2, TOKENS, WIDTH)).astype(np.float32), 0.5)
+    assert report == {"layernorms": 0} and out is m
