@@ -1,6 +1,7 @@
 """SmoothQuant (`quantize = {"smooth": alpha}`): the float model computes the same in onnxruntime,
-at alpha 0.5 each channel's largest activation equals its weight row's largest |value|, and a
-LayerNorm another op also reads is left alone."""
+at alpha 0.5 each channel's largest activation equals its weight row's largest |value| (after a
+LayerNorm and between ReLU-joined convolutions), and a LayerNorm another op also reads is left
+alone."""
 
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ def test_smoothed_model_computes_the_same_and_moves_half_the_spread():
     stack = RNG.standard_normal((4, TOKENS, WIDTH)).astype(np.float32)  # [N, *input_shape[1:]]
     samples = [x[None] for x in stack]
     out, report = smooth_model(m, stack, 0.5)
-    assert report == {"layernorms": 1}
+    assert report == {"layernorms": 1, "convolution_pairs": 0}
     for x in samples:
         for a, b in zip(_run(m, x), _run(out, x)):
             np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4)
@@ -87,4 +88,19 @@ def test_smoothed_model_computes_the_same_and_moves_half_the_spread():
 def test_a_layernorm_another_op_reads_is_left_alone():
     m = _transformer_input(extra_reader=True)
     out, report = smooth_model(m, RNG.standard_normal((2, TOKENS, WIDTH)).astype(np.float32), 0.5)
-    assert report == {"layernorms": 0} and out is m
+    assert report == {"layernorms": 0, "convolution_pairs": 0} and out is m
+
+
+def test_convolution_pairs_are_smoothed_by_their_measured_activations():
+    from test_equalize import _separable, _weight
+
+    m = _separable(group2=8)  # conv -> ReLU -> depthwise conv, channels 300x apart
+    stack = RNG.standard_normal((4, 4, 8, 8)).astype(np.float32)
+    out, report = smooth_model(m, stack, 0.5)
+    assert report == {"layernorms": 0, "convolution_pairs": 1}
+    samples = [x[None] for x in stack]
+    for x in samples:
+        np.testing.assert_allclose(_run(out, x)[0], _run(m, x)[0], rtol=1e-4, atol=1e-4)
+    activation = np.max([np.abs(_run(out, x, ["u"])[-1]).max(axis=(0, 2, 3)) for x in samples], axis=0)
+    weight = np.abs(_weight(out, "c2")).reshape(8, -1).max(axis=1)  # depthwise: input c is row c
+    np.testing.assert_allclose(activation, weight, rtol=1e-4)

@@ -97,22 +97,32 @@ def _scale_inputs(weight: np.ndarray, group: int, scale: np.ndarray) -> np.ndarr
     return scaled.reshape(weight.shape).astype(np.float32)
 
 
+def reader_ranges(g: Graph, pair: Pair) -> np.ndarray:
+    """The readers' largest |weight| on each channel of the pair's shared tensor."""
+    ranges = [_input_ranges(_float_weight(g, r), node_attr(r, "group", 1)) for r in pair.readers]
+    return np.max(ranges, axis=0).astype(np.float64)
+
+
+def scale_pair(g: Graph, pair: Pair, scale: np.ndarray) -> bool:
+    """Divide the shared tensor's channel c by scale[c]: the first convolution's output channel
+    divided, the readers' input channel multiplied. False (nothing changed) when the first
+    convolution cannot be rescaled."""
+    if not rescale_conv(g, pair.first, 1 / scale, np.zeros_like(scale)):
+        return False
+    for reader in pair.readers:
+        scaled = _scale_inputs(_float_weight(g, reader), node_attr(reader, "group", 1), scale)
+        reader.input[1] = g.add_constant(f"{reader.name or reader.output[0]}.weight", scaled)
+    return True
+
+
 def _equalize(g: Graph, pair: Pair) -> float:
     """Equalize one pair in place; returns the largest |log s| it applied."""
     first = _float_weight(g, pair.first)
     r1 = np.abs(first.reshape(first.shape[0], -1)).max(axis=1).astype(np.float64)
-    r2 = np.zeros_like(r1)
-    for reader in pair.readers:
-        r2 = np.maximum(r2, _input_ranges(_float_weight(g, reader), node_attr(reader, "group", 1)))
+    r2 = reader_ranges(g, pair)
     usable = (r1 > SMALLEST) & (r2 > SMALLEST) & np.isfinite(r1) & np.isfinite(r2)
     scale = np.sqrt(np.divide(r1, r2, out=np.ones_like(r1), where=usable))
-    if not rescale_conv(g, pair.first, 1 / scale, np.zeros_like(scale)):
-        return 0.0
-    for reader in pair.readers:
-        weight = _float_weight(g, reader)
-        scaled = _scale_inputs(weight, node_attr(reader, "group", 1), scale)
-        reader.input[1] = g.add_constant(f"{reader.name or reader.output[0]}.weight", scaled)
-    return float(np.abs(np.log(scale)).max())
+    return float(np.abs(np.log(scale)).max()) if scale_pair(g, pair, scale) else 0.0
 
 
 def equalize(g: Graph) -> dict:

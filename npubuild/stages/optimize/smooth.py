@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 
 from npubuild.stages.feeds import float_values, samples_for
+from npubuild.stages.optimize.equalize import find_pairs, reader_ranges, scale_pair
 from npubuild.stages.optimize.graph import Graph
 
 LAYERNORMS = ("LayerNormalization", "LayerNorm")  # onnx's (opset >= 17) and fuse_layernorm's function
@@ -51,34 +52,47 @@ def _reads_rows(g: Graph, reader: onnx.NodeProto, tensor: str, channels: int) ->
     return weight is not None and weight.dtype == np.float32 and weight.shape == (channels, weight.shape[-1])
 
 
-def _channel_maxima(model: onnx.ModelProto, names: list[str], tensors: np.ndarray) -> list[np.ndarray]:
-    """The largest |value| of each last-axis channel of each tensor over the calibration samples."""
-    maxima = [None] * len(names)
+def _channel_maxima(model: onnx.ModelProto, tensors: np.ndarray, named_axes: list[tuple[str, int]]):
+    """The largest |value| of each channel (along the given axis) of each tensor over the
+    calibration samples."""
+    maxima: list = [None] * len(named_axes)
+    names = [name for name, _ in named_axes]
     for values in float_values(model, names, samples_for(model, tensors, SAMPLES)):
-        for k, name in enumerate(names):
-            value = np.abs(np.asarray(values[name], np.float64))
+        for k, (name, axis) in enumerate(named_axes):
+            value = np.moveaxis(np.abs(np.asarray(values[name], np.float64)), axis, -1)
             peak = value.reshape(-1, value.shape[-1]).max(axis=0)
             maxima[k] = peak if maxima[k] is None else np.maximum(maxima[k], peak)
     return maxima
 
 
+def migration(activation: np.ndarray, weight: np.ndarray, alpha: float) -> np.ndarray:
+    """SmoothQuant's s_j = max|X_j|^alpha / max|W_j|^(1 - alpha); 1 where either is zero."""
+    usable = (activation > SMALLEST) & (weight > SMALLEST) & np.isfinite(activation) & np.isfinite(weight)
+    scale = np.ones(activation.shape, np.float64)
+    scale[usable] = activation[usable] ** alpha / weight[usable] ** (1 - alpha)
+    return scale
+
+
 def smooth_model(
     model: onnx.ModelProto, tensors: np.ndarray, alpha: float
 ) -> tuple[onnx.ModelProto, dict | None]:
-    """The optimized model with each LayerNorm -> MatMul group smoothed at strength `alpha`, and
-    what it did; a pre-quantized model as it is (None): its grids are of the tensors as they stand."""
+    """The optimized model smoothed at strength `alpha`: each LayerNorm -> MatMul group, and each
+    convolution pair cross-layer equalization would take (a convolution's output reaching other
+    convolutions through ReLU or nothing), by the activation's measured channel maxima instead of
+    the first layer's weights; and what it did. A pre-quantized model as it is (None): its grids
+    are of the tensors as they stand."""
     graph = Graph(model)
     if graph.qdq:
         return model, None
-    groups = find_groups(graph)
-    if not groups:
-        return model, {"layernorms": 0}
-    maxima = _channel_maxima(model, [norm.output[0] for norm, _ in groups], tensors)
-    for (norm, readers), activation in zip(groups, maxima):
+    norms, pairs = find_groups(graph), find_pairs(graph)
+    report = {"layernorms": len(norms), "convolution_pairs": len(pairs)}
+    if not norms and not pairs:
+        return model, report
+    named_axes = [(norm.output[0], -1) for norm, _ in norms] + [(pair.shared, 1) for pair in pairs]
+    maxima = _channel_maxima(model, tensors, named_axes)
+    for (norm, readers), activation in zip(norms, maxima):
         weight = np.max([np.abs(graph.constant(r.input[1])).max(axis=1) for r in readers], axis=0)
-        usable = (activation > SMALLEST) & (weight > SMALLEST) & np.isfinite(activation)
-        scale = np.ones_like(activation)
-        scale[usable] = activation[usable] ** alpha / weight[usable].astype(np.float64) ** (1 - alpha)
+        scale = migration(activation, weight.astype(np.float64), alpha)
         base = norm.name or norm.output[0]
         for k, part in ((1, "gamma"), (2, "beta")):
             value = graph.constant(norm.input[k]).astype(np.float64) / scale
@@ -88,4 +102,8 @@ def smooth_model(
             reader.input[1] = graph.add_constant(
                 f"{reader.name or reader.output[0]}.weight", value.astype(np.float32)
             )
-    return graph.to_model(keep_value_info=True), {"layernorms": len(groups)}
+    for pair, activation in zip(pairs, maxima[len(norms) :]):
+        # the readers' ranges as they are now: a convolution read by one pair and first of the next
+        # has had its input channels scaled already, in graph order
+        scale_pair(graph, pair, migration(activation, reader_ranges(graph, pair), alpha))
+    return graph.to_model(keep_value_info=True), report
