@@ -265,6 +265,7 @@ OPTIMIZE_SETTINGS = {
     "check_atol": 1e-4,
     "equalize": False,
     "smooth": None,
+    "smooth_convolutions": False,
 }
 
 

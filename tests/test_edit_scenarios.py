@@ -148,9 +148,11 @@ def test_quantize_settings_rerun_quantize_and_readers_never_calibrate(small_ws, 
     assert outcome.executed() == AFTER_CALIBRATE
 
 
-def test_scale_migrations_rerun_optimize_and_what_reads_it(small_ws, warm_store):
-    """equalize and smooth are quantize settings that optimize runs: each changes the classifier's
-    optimized model (ReLU-joined convolutions), so optimize and all that reads it rerun."""
+def test_scale_migrations_rerun_optimize_and_what_reads_a_changed_model(small_ws, warm_store):
+    """equalize and the smoothing settings are quantize settings that optimize runs. Equalizing
+    or smoothing the classifier's ReLU-joined convolutions changes its optimized model, so all
+    that reads it reruns; switching off the default LayerNorm smoothing (it has no LayerNorm)
+    reruns optimize alone, which writes the model the first build cached."""
     run_build(small_ws, warm_store)
     build = small_ws / "models" / "BUILD"
     edit(
@@ -163,12 +165,17 @@ def test_scale_migrations_rerun_optimize_and_what_reads_it(small_ws, warm_store)
     assert outcome.ok, outcome.errors
     assert outcome.executed() == {OPTIMIZE} | QUANTIZED
     assert json.loads(summary.read_text())["equalized"]["pairs"] > 0
-    edit(build, '{"equalize": True}', '{"smooth": 0.5}')
+    edit(build, '{"equalize": True}', '{"smooth_convolutions": True}')
     outcome = run_build(small_ws, warm_store)
     assert outcome.ok, outcome.errors
     assert outcome.executed() == {OPTIMIZE} | QUANTIZED
     smoothed = json.loads(summary.read_text())
     assert smoothed["equalized"] is None and smoothed["smoothed"]["convolution_pairs"] > 0
+    edit(build, '{"smooth_convolutions": True}', '{"smooth": None}')
+    outcome = run_build(small_ws, warm_store)
+    assert outcome.ok, outcome.errors
+    assert outcome.executed() == {OPTIMIZE}
+    assert json.loads(summary.read_text())["smoothed"] is None
 
 
 def test_parallel_build_gives_byte_identical_artifacts(small_ws, store, tmp_path):

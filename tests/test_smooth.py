@@ -96,7 +96,8 @@ def test_convolution_pairs_are_smoothed_by_their_measured_activations():
 
     m = _separable(group2=8)  # conv -> ReLU -> depthwise conv, channels 300x apart
     stack = RNG.standard_normal((4, 4, 8, 8)).astype(np.float32)
-    out, report = smooth_model(m, stack, 0.5)
+    assert smooth_model(m, stack, 0.5)[1] == {"layernorms": 0, "convolution_pairs": 0}  # off by default
+    out, report = smooth_model(m, stack, 0.5, convolutions=True)
     assert report == {"layernorms": 0, "convolution_pairs": 1}
     samples = [x[None] for x in stack]
     for x in samples:

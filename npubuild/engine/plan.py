@@ -23,6 +23,11 @@ SIMULATE_SAMPLES = 4
 _DATASET_SUFFIXES = (*IMAGE_SUFFIXES, ".npy", ".npz")
 
 
+# quantize settings for the user, but float rewrites that every stage after optimize must read,
+# so optimize runs them (docs/quantization.md, "Cross-layer equalization and SmoothQuant")
+SCALE_MIGRATIONS = {"equalize", "smooth", "smooth_convolutions"}
+
+
 class Planner:
     def __init__(self, workspace: Workspace, until: str | None = None):
         if until is not None and until not in ALL_PIPELINE_STAGES:
@@ -160,13 +165,7 @@ class Planner:
         opt = self._step(
             plan,
             "optimize",
-            # equalization and smoothing are quantize settings for the user, but float rewrites
-            # that every stage after optimize must read, so optimize runs them
-            {
-                **attrs.optimize.model_dump(),
-                "equalize": attrs.quantize.equalize,
-                "smooth": attrs.quantize.smooth,
-            },
+            {**attrs.optimize.model_dump(), **attrs.quantize.model_dump(include=SCALE_MIGRATIONS)},
             {"model": source, "calibration": Output(calib, "tensors")},
             target,
         )
@@ -174,8 +173,8 @@ class Planner:
             return
         optimized = Output(opt, "model")
         settings = {
-            # the scale migrations are optimize's (above): their effect arrives in the model
-            **attrs.quantize.model_dump(exclude={"equalize", "smooth"}),
+            # the scale migrations are optimize's: their effect arrives in the model
+            **attrs.quantize.model_dump(exclude=SCALE_MIGRATIONS),
             "overrides": [o.model_dump() for o in attrs.overrides],
             "input_range": None if fused else self._image_range(calibration),
             # fused: the head's output (the photo as the model was trained on it) spans what the

@@ -1,13 +1,14 @@
 """Activation-to-weight scale migration (SmoothQuant, Xiao et al. 2023), `quantize = {"smooth":
-alpha}`.
+alpha}` (0.3 by default; None is off).
 
 A transformer's LayerNorm output has a few channels 10-100x wider than the rest, and its int8 grid
 is one scale for all of them, so the narrow channels get a few steps. Those channels are read only
 by MatMuls whose weight rows they multiply, so channel j can be divided by s_j (the LayerNorm's
 gamma and beta divided) and weight row j multiplied by it: the float model computes the same.
 s_j = max|X_j|^alpha / max|W_j|^(1 - alpha) moves part of the activation's spread into the
-weights, whose int8 scales are per output channel and absorb it better. max|X_j| is measured on
-calibration samples in onnxruntime (optimize has them for its check).
+weights, whose values are flatter and lose less to int8 rounding. max|X_j| is measured on
+calibration samples in onnxruntime (optimize has them for its check). With
+`smooth_convolutions` the same rule also serves ReLU-joined convolution pairs (equalize.py's).
 
 Like cross-layer equalization (equalize.py) it runs in optimize, after the passes' fixpoint, so
 the smoothed model is `optimized.onnx`, the float model every later stage reads by tensor name.
@@ -74,17 +75,17 @@ def migration(activation: np.ndarray, weight: np.ndarray, alpha: float) -> np.nd
 
 
 def smooth_model(
-    model: onnx.ModelProto, tensors: np.ndarray, alpha: float
+    model: onnx.ModelProto, tensors: np.ndarray, alpha: float, convolutions: bool = False
 ) -> tuple[onnx.ModelProto, dict | None]:
-    """The optimized model smoothed at strength `alpha`: each LayerNorm -> MatMul group, and each
-    convolution pair cross-layer equalization would take (a convolution's output reaching other
-    convolutions through ReLU or nothing), by the activation's measured channel maxima instead of
-    the first layer's weights; and what it did. A pre-quantized model as it is (None): its grids
-    are of the tensors as they stand."""
+    """The optimized model smoothed at strength `alpha`: each LayerNorm -> MatMul group, and with
+    `convolutions` each convolution pair cross-layer equalization would take (a convolution's
+    output reaching other convolutions through ReLU or nothing), by the activation's measured
+    channel maxima instead of the first layer's weights; and what it did. A pre-quantized model
+    as it is (None): its grids are of the tensors as they stand."""
     graph = Graph(model)
     if graph.qdq:
         return model, None
-    norms, pairs = find_groups(graph), find_pairs(graph)
+    norms, pairs = find_groups(graph), find_pairs(graph) if convolutions else []
     report = {"layernorms": len(norms), "convolution_pairs": len(pairs)}
     if not norms and not pairs:
         return model, report

@@ -52,7 +52,9 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     if params["equalize"]:
         optimized, equalization = equalize_model(optimized)
     if params["smooth"] is not None:
-        optimized, smoothing = smooth_model(optimized, tensors, params["smooth"])
+        optimized, smoothing = smooth_model(
+            optimized, tensors, params["smooth"], params["smooth_convolutions"]
+        )
     try:
         onnx.checker.check_model(optimized)
     except onnx.checker.ValidationError as exc:
