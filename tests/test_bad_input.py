@@ -273,6 +273,19 @@ def test_unknown_quantize_method_is_an_attribute_error(built):
     assert_one_clear_error(cli(["build", "//..."], ws, cache), "models/BUILD:", "attribute 'quantize.method'")
 
 
+def test_convolution_smoothing_without_a_strength_is_an_attribute_error(built):
+    ws, cache = built
+    edit(
+        ws / "models" / "BUILD",
+        '    optimize = {"check_samples": 2},\n',
+        '    optimize = {"check_samples": 2},\n'
+        '    quantize = {"smooth": None, "smooth_convolutions": True},\n',
+    )
+    assert_one_clear_error(
+        cli(["build", "//..."], ws, cache), "models/BUILD:", "smooth_convolutions migrates"
+    )
+
+
 def test_symlinks_leaving_the_workspace_are_refused_and_loops_do_not_hang(tmp_path):
     import time
 

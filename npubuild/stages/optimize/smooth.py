@@ -91,6 +91,8 @@ def smooth_model(
         return model, report
     named_axes = [(norm.output[0], -1) for norm, _ in norms] + [(pair.shared, 1) for pair in pairs]
     maxima = _channel_maxima(model, tensors, named_axes)
+    if any(peak is None for peak in maxima):  # no sample to measure on: nothing to migrate by
+        return model, {"layernorms": 0, "convolution_pairs": 0}
     for (norm, readers), activation in zip(norms, maxima):
         weight = np.max([np.abs(graph.constant(r.input[1])).max(axis=1) for r in readers], axis=0)
         scale = migration(activation, weight.astype(np.float64), alpha)
