@@ -304,7 +304,9 @@ def main() -> None:
 
         print(
             f"onnxruntime {installed('onnxruntime')}, NNCF {installed('nncf')}"
-            " (the other tools' figures move with them)"
+            " (the other tools' figures move with them); Pillow "
+            f"{installed('pillow')}, numpy {installed('numpy')}, onnx {installed('onnx')} (every"
+            " tool's inputs: the photographs' decoding and resizing, the imported model)"
         )
         store = Store(tmp / "cache")
         outcome = build(ws, store, [f"//models:{m}" for m in models], jobs=2)
