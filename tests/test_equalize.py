@@ -64,7 +64,7 @@ def _weight(m: onnx.ModelProto, node: str) -> np.ndarray:
 def test_equalized_model_computes_the_same_and_ranges_match(group2):
     m = _separable(group2=group2)
     out, report = equalize_model(m)
-    assert report == {"pairs": 1, "rounds": report["rounds"]} and report["rounds"] >= 1
+    assert report["pairs"] == 1 and report["rounds"] >= 1
     x = RNG.standard_normal((1, 4, 8, 8)).astype(np.float32)
     np.testing.assert_allclose(_run(out, x), _run(m, x), rtol=1e-4, atol=1e-4)
     w1, w2 = _weight(out, "c1"), _weight(out, "c2")
