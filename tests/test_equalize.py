@@ -10,22 +10,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from conftest import small_model
 from npubuild.stages.optimize.equalize import equalize_model
 
 RNG = np.random.default_rng(11)
-
-
-def _model(nodes, inits, out_shape):
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)],
-        [numpy_helper.from_array(v, k) for k, v in inits.items()],
-    )
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    m.ir_version = 8
-    return onnx.shape_inference.infer_shapes(m)
 
 
 def _run(m, x):
@@ -52,7 +40,7 @@ def _separable(activation: str = "Relu", group2: int = 8) -> onnx.ModelProto:
         helper.make_node(activation, ["t"], ["u"], name="act"),
         helper.make_node("Conv", ["u", "w2", "b2"], ["y"], pads=[1, 1, 1, 1], group=group2, name="c2"),
     ]
-    return _model(nodes, inits, [1, 8, 8, 8])
+    return small_model(nodes, "g", {"x": [1, 4, 8, 8]}, {"y": [1, 8, 8, 8]}, inits, opset=13)
 
 
 def _weight(m: onnx.ModelProto, node: str) -> np.ndarray:

@@ -8,8 +8,10 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
+from conftest import small_model
+from npubuild.stages.onnx_utils import with_outputs
 from npubuild.stages.optimize.smooth import smooth_model
 
 RNG = np.random.default_rng(5)
@@ -31,28 +33,15 @@ def _transformer_input(extra_reader: bool = False) -> onnx.ModelProto:
         helper.make_node("MatMul", ["n", "wq"], ["y"], name="q"),
         helper.make_node("MatMul", ["n", "wk"], ["z"], name="k"),
     ]
-    outputs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, [1, TOKENS, HIDDEN]) for o in "yz"]
+    outputs = {o: [1, TOKENS, HIDDEN] for o in "yz"}
     if extra_reader:  # a residual Add: it would read the divided channels
         nodes.append(helper.make_node("Add", ["n", "x"], ["r"], name="residual"))
-        outputs.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, TOKENS, WIDTH]))
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, TOKENS, WIDTH])],
-        outputs,
-        [numpy_helper.from_array(v, k) for k, v in inits.items()],
-    )
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    return onnx.shape_inference.infer_shapes(m)
+        outputs["r"] = [1, TOKENS, WIDTH]
+    return small_model(nodes, "g", {"x": [1, TOKENS, WIDTH]}, outputs, inits, opset=17)
 
 
-def _run(m, x, names=None):
-    if names:
-        copy = onnx.ModelProto()
-        copy.CopyFrom(m)
-        m = copy
-        m.graph.output.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names)
+def _run(m, x, names=()):
+    m = with_outputs(m, names)  # the intermediate tensors `names` after the model's outputs
     s = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
     return s.run(None, {"x": x})
 

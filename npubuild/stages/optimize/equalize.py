@@ -29,7 +29,7 @@ from npubuild.stages.optimize.passes import rescale_conv
 HOMOGENEOUS = ("Relu", "LeakyRelu", "PRelu")
 MAX_ROUNDS = 32  # chains (conv -> conv -> conv) converge in a few rounds; a bound, not a goal
 CONVERGED = 1e-3  # the largest |log s| of a round below which equalization stops
-SMALLEST = 1e-12  # a channel whose weights are all (nearly) zero keeps its scale
+SMALLEST = 1e-12  # a channel whose weights or measured values are (nearly) zero keeps its scale
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,11 @@ def _scale_inputs(weight: np.ndarray, group: int, scale: np.ndarray) -> np.ndarr
     return scaled.reshape(weight.shape).astype(np.float32)
 
 
+def measurable(*ranges: np.ndarray) -> np.ndarray:
+    """The channels every range gives a finite, non-zero scale for; the others keep scale 1."""
+    return np.logical_and.reduce([(r > SMALLEST) & np.isfinite(r) for r in ranges])
+
+
 def reader_ranges(g: Graph, pair: Pair) -> np.ndarray:
     """The readers' largest |weight| on each channel of the pair's shared tensor."""
     ranges = [_input_ranges(_float_weight(g, r), node_attr(r, "group", 1)) for r in pair.readers]
@@ -120,8 +125,7 @@ def _equalize(g: Graph, pair: Pair) -> float:
     first = _float_weight(g, pair.first)
     r1 = np.abs(first.reshape(first.shape[0], -1)).max(axis=1).astype(np.float64)
     r2 = reader_ranges(g, pair)
-    usable = (r1 > SMALLEST) & (r2 > SMALLEST) & np.isfinite(r1) & np.isfinite(r2)
-    scale = np.sqrt(np.divide(r1, r2, out=np.ones_like(r1), where=usable))
+    scale = np.sqrt(np.divide(r1, r2, out=np.ones_like(r1), where=measurable(r1, r2)))
     return float(np.abs(np.log(scale)).max()) if scale_pair(g, pair, scale) else 0.0
 
 

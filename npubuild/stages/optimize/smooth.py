@@ -20,12 +20,11 @@ import numpy as np
 import onnx
 
 from npubuild.stages.feeds import float_values, samples_for
-from npubuild.stages.optimize.equalize import find_pairs, reader_ranges, scale_pair
+from npubuild.stages.optimize.equalize import find_pairs, measurable, reader_ranges, scale_pair
 from npubuild.stages.optimize.graph import Graph
 
 LAYERNORMS = ("LayerNormalization", "LayerNorm")  # onnx's (opset >= 17) and fuse_layernorm's function
 SAMPLES = 16  # calibration samples whose per-channel maxima set the scales
-SMALLEST = 1e-12  # a channel that is (nearly) zero in the samples or the weights keeps its scale
 
 
 def find_groups(g: Graph) -> list[tuple[onnx.NodeProto, list[onnx.NodeProto]]]:
@@ -68,7 +67,7 @@ def _channel_maxima(model: onnx.ModelProto, tensors: np.ndarray, named_axes: lis
 
 def migration(activation: np.ndarray, weight: np.ndarray, alpha: float) -> np.ndarray:
     """SmoothQuant's s_j = max|X_j|^alpha / max|W_j|^(1 - alpha); 1 where either is zero."""
-    usable = (activation > SMALLEST) & (weight > SMALLEST) & np.isfinite(activation) & np.isfinite(weight)
+    usable = measurable(activation, weight)
     scale = np.ones(activation.shape, np.float64)
     scale[usable] = activation[usable] ** alpha / weight[usable] ** (1 - alpha)
     return scale
