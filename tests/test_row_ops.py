@@ -89,7 +89,7 @@ def _model(nodes, inits, shape, opset=17) -> onnx.ModelProto:
     return onnx.shape_inference.infer_shapes(model)
 
 
-def _compile_and_compare(tmp_path, model, samples, sram_kib=8):
+def _compile_and_compare(tmp_path, model, samples, sram_kib=8, settings=None):
     """The model through calibrate, quantize and the back end on a small vnpu-s; returns the
     partition plan, the op kinds, and the simulator's and onnxruntime's outputs."""
     from test_quantize import SETTINGS, pipeline
@@ -100,7 +100,8 @@ def _compile_and_compare(tmp_path, model, samples, sram_kib=8):
     from npubuild.targets.runtime import Runtime
     from npubuild.targets.spec import BUILTIN_TARGETS
 
-    _, q, report, summary = pipeline(tmp_path, model, settings=SETTINGS, samples=samples)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    _, q, report, summary = pipeline(tmp_path, model, settings=settings or SETTINGS, samples=samples)
     program, arrays, interpreter = load_integer_model(q["integer"])
     tiny = BUILTIN_TARGETS["vnpu-s"].model_copy(update={"sram_kib": sram_kib})
     plan = plan_partition(program, arrays, model, tiny)
@@ -164,10 +165,8 @@ def test_tabulated_functions_and_a_reciprocal_are_lookup_tables_on_the_npu(tmp_p
         assert _cosine(got, ref) > 0.99
 
 
-def test_multi_head_attention_runs_on_the_npu_bit_exact(tmp_path):
-    """Q K^T over 4 heads, Softmax, times V: two MatMuls of activations (batch_matmul), the
-    projections and head transposes around them, all on the NPU, tiled on a 8 KiB SRAM."""
-    t, d, h = 24, 32, 4
+def _attention(t: int, d: int, h: int) -> onnx.ModelProto:
+    """Q K^T over h heads, Softmax, times V, then an output projection: x [1, t, d] -> y."""
     inits = {f"w{s}": (RNG.standard_normal((d, d)) * 0.2).astype(np.float32) for s in "qkvo"}
     inits["heads"] = np.array([1, t, h, d // h], np.int64)
     inits["back"] = np.array([1, t, d], np.int64)
@@ -188,13 +187,37 @@ def test_multi_head_attention_runs_on_the_npu_bit_exact(tmp_path):
         helper.make_node("Reshape", ["o1", "back"], ["o2"]),
         helper.make_node("MatMul", ["o2", "wo"], ["y"]),
     ]
-    model = _model(nodes, inits, [1, t, d])
+    return _model(nodes, inits, [1, t, d])
+
+
+def test_multi_head_attention_runs_on_the_npu_bit_exact(tmp_path):
+    """Q K^T over 4 heads, Softmax, times V: two MatMuls of activations (batch_matmul), the
+    projections and head transposes around them, all on the NPU, tiled on a 8 KiB SRAM."""
+    t, d = 24, 32
     samples = RNG.standard_normal((8, t, d)).astype(np.float32)
-    plan, summary, results = _compile_and_compare(tmp_path, model, samples, sram_kib=8)
+    plan, summary, results = _compile_and_compare(tmp_path, _attention(t, d, 4), samples, sram_kib=8)
     assert summary["float_ops"] == 0 and summary["op_kinds"]["batch_matmul"] == 2
     assert plan["cpu_ops"] == 1  # only the input's conversion to codes
     for got, ref in results:
         assert _cosine(got, ref) > 0.99
+
+
+def test_attention_probabilities_on_the_int16_grid_by_default(tmp_path):
+    """softmax_bits: over 96 tokens a probability is about 1/96, 2-3 codes of the int8 grid. The
+    default puts the Softmax's result on the int16 grid, which the attention-times-values MatMul
+    reads at int16 and the NPU runs bit-exact, and the outputs come closer to onnxruntime's."""
+    from test_quantize import SETTINGS
+
+    t, d = 96, 32
+    model, samples = _attention(t, d, 2), RNG.standard_normal((8, t, d)).astype(np.float32)
+    errors, wide = {}, {}
+    for bits in (16, 8):
+        settings = SETTINGS | {"softmax_bits": bits}
+        _, summary, results = _compile_and_compare(tmp_path / str(bits), model, samples, 32, settings)
+        wide[bits] = summary["tensor_bits"].get("16", 0)
+        errors[bits] = sum(float(((got - ref) ** 2).sum()) for got, ref in results)
+    assert wide[16] == wide[8] + 1  # the probabilities (the network output is int16 in both)
+    assert errors[16] < 0.8 * errors[8], errors
 
 
 @pytest.mark.parametrize(

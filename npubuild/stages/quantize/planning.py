@@ -144,7 +144,10 @@ class Planner:
     # choices ----------------------------------------------------------------------------------
     def choose(self, node: onnx.NodeProto) -> NodeChoice:
         cfg = self.config
-        choice = NodeChoice(True, cfg["activation_bits"], cfg["method"])
+        bits = cfg["activation_bits"]
+        if node.op_type == "Softmax":  # probabilities of ~1/n on a 1/256 grid: softmax_bits
+            bits = max(bits, cfg["softmax_bits"])
+        choice = NodeChoice(True, bits, cfg["method"])
         overrides = self.config.get("overrides", [])
         for i in self._overrides.matching(node_label(node), node.op_type):
             override = overrides[i]
