@@ -207,3 +207,47 @@ def test_layernorm_is_exact_in_the_export(tmp_path):
             (codes,) = qdq_session.run(["y__q"], {"x": x})
             _, env = interpreter.run({"x": x}, keep=True)
             np.testing.assert_array_equal(codes.astype(np.int64), env["y"].astype(np.int64))
+
+
+@pytest.mark.parametrize("softmax_bits, opset", [(16, 17), (8, 17), (16, 18)])
+def test_softmax_is_exact_in_the_export(tmp_path, softmax_bits, opset):
+    """Softmax in int64 ops (its table, the row's sum, the rounding division): every probability
+    code equal at both widths, with ReduceMax's axes as an attribute (opset 17) and as an input
+    (18). A float Softmax between Q/DQ pairs is a code off on the int16 grid, often enough that
+    ViT-S's export drifted from its integer model."""
+    rows, width = 6, 40
+    weights = {"w": RNG.normal(size=(16, width)) * 0.6, "v": RNG.normal(size=(width, 8)) * 0.3}
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["logits"], name="scores"),
+        helper.make_node("Softmax", ["logits"], ["p"], axis=-1, name="softmax"),
+        helper.make_node("MatMul", ["p", "v"], ["y"], name="mix"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "attention_row",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, rows, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, rows, 8])],
+        [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in weights.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.save(onnx.shape_inference.infer_shapes(model), tmp_path / "m.onnx")
+    np.save(tmp_path / "cal.npy", (RNG.normal(size=(8, rows, 16)) * 2).astype(np.float32))
+    for d in ("cal", "q"):
+        (tmp_path / d).mkdir()
+    cal = calibrate.run(
+        {}, {"model": tmp_path / "m.onnx", "calibration": tmp_path / "cal.npy"}, tmp_path / "cal"
+    )
+    settings = {**SETTINGS, "softmax_bits": softmax_bits}
+    out = quantize_stage.run(settings, {"model": tmp_path / "m.onnx", "stats": cal["stats"]}, tmp_path / "q")
+    qdq = onnx.load(out["qdq"])
+    program, _, interpreter = load_integer_model(out["integer"])
+    assert program.tensors["p"].bits == softmax_bits
+    assert "Softmax" not in {n.op_type for n in qdq.graph.node}  # rewritten, not float
+    qdq_session = session(with_outputs(qdq, ["p__q", "y__q"]))
+    for scale in (0.3, 1.0, 4.0):
+        x = (RNG.normal(size=(1, rows, 16)) * scale).astype(np.float32)
+        p, y = qdq_session.run(["p__q", "y__q"], {"x": x})
+        _, env = interpreter.run({"x": x}, keep=True)
+        np.testing.assert_array_equal(p.astype(np.int64), env["p"].astype(np.int64))
+        np.testing.assert_array_equal(y.astype(np.int64), env["y"].astype(np.int64))

@@ -38,7 +38,8 @@ class _Export:
         self.arrays = arrays
         self.new_inits: list[onnx.TensorProto] = []
         self.uses_ms = False
-        self.exact = ExactOps(program, arrays, self._init, self._named) if exact else None
+        opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+        self.exact = ExactOps(program, arrays, self._init, self._named, opset) if exact else None
 
     def _named(self, base: str, part: str) -> str:
         """The name of a part (scale, q, DQ, ...) of tensor or op `base`: base, separator, part."""
@@ -135,6 +136,8 @@ class _Export:
                 replaced[id(node)] = exact.global_avgpool(node, op) or [node]
             elif exact and op.kind == "layernorm" and (exact_norm := exact.layernorm(node, op)):
                 replaced[id(node)] = exact_norm
+            elif exact and op.kind == "softmax":
+                replaced[id(node)] = exact.softmax(node, op)
             elif exact and op.kind == "add" and (exact_add := exact.add(node, op)):
                 replaced[id(node)] = exact_add
             elif op.kind in ("add", "mul", "concat") and op.constants:

@@ -42,7 +42,7 @@ from npubuild.intmodel.codes import qrange
 from npubuild.intmodel.fixedpoint import ADD_FRACTION_BITS, FLOAT64_EXACT_PRODUCT, WIDE_PRODUCT
 from npubuild.intmodel.ortconv import BYTE, FLOAT32_EXACT, channel_l1
 from npubuild.intmodel.program import IntegerModel, Op
-from npubuild.intmodel.rowwise import D_LIMIT_BITS, Z_FRACTION_BITS
+from npubuild.intmodel.rowwise import D_LIMIT_BITS, SOFTMAX_GRID, Z_FRACTION_BITS
 
 _SPLIT = 24  # as fixedpoint._requantize_wide: |v| < 2^48 in two halves of 24 bits
 
@@ -54,8 +54,10 @@ class ExactOps:
         arrays: dict[str, np.ndarray],
         init: Callable[[str, np.ndarray], str],
         named: Callable[[str, str], str],
+        opset: int = 13,
     ):
         self.program, self.arrays, self._init = program, arrays, init
+        self.opset = opset  # the model's: ReduceMax takes its axes as an input from opset 18
         self._named = named  # the name of a part of a tensor or op (qdq._Export._named)
         self._made: set[str] = set()  # per-tensor helpers (centred codes) already in the graph
         self.uses_ms = False  # 16-bit QuantizeLinear/DequantizeLinear (com.microsoft) were used
@@ -428,6 +430,48 @@ class ExactOps:
         signed = make("Mul", [self._named(label, "rounded"), sign], "signed")
         value = make("Add", [signed, self._const(label, "bias", bias.astype(np.float64))], "codes")
         return nodes + self._leave(label, value, op, *qrange(yt.bits))
+
+    def softmax(self, node: onnx.NodeProto, op: Op) -> list[onnx.NodeProto]:
+        """`softmax_rows` (intmodel/rowwise.py) in int64 ops: d = max(row) - x, its table entry
+        (d >> rshift, the last entry past the table), the row's sum S (at least 1), and
+        y = (2 e Q + S) // (2 S), Q = 1 / the output grid's step; a float Softmax between Q/DQ
+        pairs differs from the table by a code on the int16 grid, which the int16 MatMul after it
+        carries on."""
+        label = node.name or node.output[0]
+        table = self.arrays[op.arrays.table].astype(np.int64)
+        step_inverse, _ = SOFTMAX_GRID[self.program.tensors[op.outputs[0]].bits]
+        q = round(1 / step_inverse)
+        centred, nodes = self._centred(op.inputs[0], TensorProto.DOUBLE)  # the zero point cancels
+
+        def make(kind: str, inputs: list[str], out: str, **attrs) -> str:
+            nodes.append(helper.make_node(kind, inputs, [self._named(label, out)], **attrs))
+            return self._named(label, out)
+
+        def const(name: str, value) -> str:
+            return self._const(label, name, value, np.int64)
+
+        x = make("Cast", [centred], "x", to=TensorProto.INT64)
+        if self.opset >= 18:
+            peak = make("ReduceMax", [x, const("last_axis", [-1])], "peak", keepdims=1)
+        else:
+            peak = make("ReduceMax", [x], "peak", axes=[-1], keepdims=1)
+        d = make("Sub", [peak, x], "d")
+        index = make(
+            "Min",
+            [
+                make("Div", [d, const("step", 1 << op.attrs.rshift)], "d_shifted"),
+                const("last", table.size - 1),
+            ],
+            "index",
+        )
+        e = make("Gather", [const("table", table), index], "e")
+        total = make(
+            "Max", [make("ReduceSum", [e, const("axis", [-1])], "sum", keepdims=1), const("one", 1)], "total"
+        )
+        num = make("Add", [make("Mul", [e, const("two_q", 2 * q)], "e2q"), total], "num")
+        y = make("Div", [num, make("Mul", [total, const("two", 2)], "total2")], "y")
+        value = make("Cast", [y], "y_f64", to=TensorProto.DOUBLE)
+        return nodes + self._leave(label, value, op, *qrange(self.program.tensors[op.outputs[0]].bits))
 
     def _requantize(
         self, label: str, bound: float, m0: np.ndarray, shift: np.ndarray, per_channel: tuple[int, ...]
