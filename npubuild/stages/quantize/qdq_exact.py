@@ -364,6 +364,19 @@ class ExactOps:
         ]
         return nodes + self._leave(label, self._named(label, "rounded"), op, *qrange(yt.bits))
 
+    def _builder(self, label: str, nodes: list[onnx.NodeProto]):
+        """(make, const) for an op rewritten node by node: `make` appends a node whose one output
+        is named after `label` and returns that name; `const` makes an int64 initializer."""
+
+        def make(kind: str, inputs: list[str], out: str, **attrs) -> str:
+            nodes.append(helper.make_node(kind, inputs, [self._named(label, out)], **attrs))
+            return self._named(label, out)
+
+        def const(name: str, value) -> str:
+            return self._const(label, name, value, np.int64)
+
+        return make, const
+
     def layernorm(self, node: onnx.NodeProto, op: Op) -> list[onnx.NodeProto] | None:
         """`layernorm_rows` (intmodel/rowwise.py) in int64 ops: the row's sums S and SS of the
         centred codes, t = n xc - S, D = n SS - S^2 + E, p = max((bits(D) - 45) // 2, 0) (bits
@@ -385,14 +398,7 @@ class ExactOps:
             return None
         centred, nodes = self._centred(op.inputs[0], TensorProto.DOUBLE)
         i64, f64 = TensorProto.INT64, TensorProto.DOUBLE
-
-        def const(name: str, value) -> str:
-            return self._const(label, name, value, np.int64)
-
-        def make(kind: str, inputs: list[str], out: str, **attrs) -> str:
-            nodes.append(helper.make_node(kind, inputs, [self._named(label, out)], **attrs))
-            return self._named(label, out)
-
+        make, const = self._builder(label, nodes)
         two_f = self._const(label, "two_f", 2.0)
 
         def pow2(exponent: str, out: str) -> str:  # 2^e as int64, e a float64 integer in [0, 62]
@@ -439,17 +445,10 @@ class ExactOps:
         carries on."""
         label = node.name or node.output[0]
         table = self.arrays[op.arrays.table].astype(np.int64)
-        step_inverse, _ = SOFTMAX_GRID[self.program.tensors[op.outputs[0]].bits]
-        q = round(1 / step_inverse)
+        grid_step, _ = SOFTMAX_GRID[self.program.tensors[op.outputs[0]].bits]
+        q = round(1 / grid_step)
         centred, nodes = self._centred(op.inputs[0], TensorProto.DOUBLE)  # the zero point cancels
-
-        def make(kind: str, inputs: list[str], out: str, **attrs) -> str:
-            nodes.append(helper.make_node(kind, inputs, [self._named(label, out)], **attrs))
-            return self._named(label, out)
-
-        def const(name: str, value) -> str:
-            return self._const(label, name, value, np.int64)
-
+        make, const = self._builder(label, nodes)
         x = make("Cast", [centred], "x", to=TensorProto.INT64)
         if self.opset >= 18:
             peak = make("ReduceMax", [x, const("last_axis", [-1])], "peak", keepdims=1)
