@@ -10,6 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from test_quantize import SETTINGS  # the settings the other quantize tests use
 
+from conftest import small_model
 from npubuild.intmodel.interpreter import load_integer_model
 from npubuild.stages import calibrate
 from npubuild.stages.feeds import session
@@ -59,15 +60,21 @@ def _every_exact_kind() -> onnx.ModelProto:
     return onnx.shape_inference.infer_shapes(model)
 
 
-def _quantized(tmp_path, settings: dict):
-    model_path = tmp_path / "m.onnx"
-    onnx.save(_every_exact_kind(), model_path)
-    np.save(tmp_path / "cal.npy", RNG.normal(size=(8, 3, 8, 8)).astype(np.float32))
+def _quantize(case, model: onnx.ModelProto, calibration: np.ndarray, settings: dict):
+    """calibrate and quantize `model` in directory `case`: (QDQ export, program, arrays,
+    interpreter)."""
+    np.save(case / "cal.npy", calibration.astype(np.float32))
+    onnx.save(model, case / "m.onnx")
     for d in ("cal", "q"):
-        (tmp_path / d).mkdir()
-    cal = calibrate.run({}, {"model": model_path, "calibration": tmp_path / "cal.npy"}, tmp_path / "cal")
-    out = quantize_stage.run(settings, {"model": model_path, "stats": cal["stats"]}, tmp_path / "q")
+        (case / d).mkdir()
+    cal = calibrate.run({}, {"model": case / "m.onnx", "calibration": case / "cal.npy"}, case / "cal")
+    out = quantize_stage.run(settings, {"model": case / "m.onnx", "stats": cal["stats"]}, case / "q")
     return onnx.load(out["qdq"]), *load_integer_model(out["integer"])
+
+
+def _quantized(tmp_path, settings: dict):
+    model = _every_exact_kind()
+    return _quantize(tmp_path, model, RNG.normal(size=(8, 3, 8, 8)), settings)
 
 
 SIXTEEN = [{"match": name, "bits": 16} for name in ("depthwise", "residual", "hardswish", "gap")]
@@ -182,23 +189,8 @@ def test_layernorm_is_exact_in_the_export(tmp_path):
                 "LayerNormalization", ["h", "gamma", "beta"], ["y"], axis=-1, epsilon=1e-5, name="norm"
             ),
         ]
-        graph = helper.make_graph(
-            nodes,
-            "norm",
-            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, rows, width])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, rows, width])],
-            [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in weights.items()],
-        )
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-        model.ir_version = 8
-        onnx.save(onnx.shape_inference.infer_shapes(model), case / "m.onnx")
-        np.save(case / "cal.npy", (RNG.normal(size=(8, rows, width)) * 2).astype(np.float32))
-        for d in ("cal", "q"):
-            (case / d).mkdir()
-        cal = calibrate.run({}, {"model": case / "m.onnx", "calibration": case / "cal.npy"}, case / "cal")
-        out = quantize_stage.run(settings, {"model": case / "m.onnx", "stats": cal["stats"]}, case / "q")
-        qdq = onnx.load(out["qdq"])
-        program, _, interpreter = load_integer_model(out["integer"])
+        model = small_model(nodes, "norm", {"x": [1, rows, width]}, {"y": [1, rows, width]}, weights, 17)
+        qdq, program, _, interpreter = _quantize(case, model, RNG.normal(size=(8, rows, width)) * 2, settings)
         assert "layernorm" in {op.kind for op in program.ops}
         assert "LayerNormalization" not in {n.op_type for n in qdq.graph.node}  # rewritten, not float
         qdq_session = session(with_outputs(qdq, ["y__q"]))
@@ -222,26 +214,10 @@ def test_softmax_is_exact_in_the_export(tmp_path, softmax_bits, opset):
         helper.make_node("Softmax", ["logits"], ["p"], axis=-1, name="softmax"),
         helper.make_node("MatMul", ["p", "v"], ["y"], name="mix"),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "attention_row",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, rows, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, rows, 8])],
-        [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in weights.items()],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 8
-    onnx.save(onnx.shape_inference.infer_shapes(model), tmp_path / "m.onnx")
-    np.save(tmp_path / "cal.npy", (RNG.normal(size=(8, rows, 16)) * 2).astype(np.float32))
-    for d in ("cal", "q"):
-        (tmp_path / d).mkdir()
-    cal = calibrate.run(
-        {}, {"model": tmp_path / "m.onnx", "calibration": tmp_path / "cal.npy"}, tmp_path / "cal"
-    )
+    model = small_model(nodes, "attention_row", {"x": [1, rows, 16]}, {"y": [1, rows, 8]}, weights, opset)
+    calibration = RNG.normal(size=(8, rows, 16)) * 2
     settings = {**SETTINGS, "softmax_bits": softmax_bits}
-    out = quantize_stage.run(settings, {"model": tmp_path / "m.onnx", "stats": cal["stats"]}, tmp_path / "q")
-    qdq = onnx.load(out["qdq"])
-    program, _, interpreter = load_integer_model(out["integer"])
+    qdq, program, _, interpreter = _quantize(tmp_path, model, calibration, settings)
     assert program.tensors["p"].bits == softmax_bits
     assert "Softmax" not in {n.op_type for n in qdq.graph.node}  # rewritten, not float
     qdq_session = session(with_outputs(qdq, ["p__q", "y__q"]))

@@ -20,6 +20,7 @@ from npubuild.intmodel.ops import MAC_OPS
 from npubuild.intmodel.ortconv import ExactConvs
 from npubuild.stages.feeds import session
 from npubuild.stages.metrics import Agreement
+from npubuild.stages.onnx_utils import default_opset
 from npubuild.stages.parallel import in_order, sample_workers
 from npubuild.stages.quantize.integer_model import build_integer_model
 from npubuild.stages.quantize.planning import Planner, attr, node_label
@@ -325,7 +326,7 @@ class PrecisionProbe:
         _, meta, arrays = build_integer_model(
             self.model, self.stats_meta, self.stats_arrays, settings, range_cache=self.range_cache
         )
-        opset = next((o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx")), 13)
+        opset = default_opset(self.model) or 13
         program = parse(meta, "the integer model of a precision table")
         opsets = {"": opset, "npubuild": 1}
         interpreter = Interpreter(program, arrays, list(self.model.functions), opsets, self.exact_convs)

@@ -18,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from npubuild.intmodel.codes import qdq_grid
 from npubuild.intmodel.program import IntegerModel, Op
+from npubuild.stages.onnx_utils import default_opset
 from npubuild.stages.quantize.qdq_exact import ExactOps
 
 
@@ -38,7 +39,7 @@ class _Export:
         self.arrays = arrays
         self.new_inits: list[onnx.TensorProto] = []
         self.uses_ms = False
-        opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+        opset = default_opset(model) or 13
         self.exact = ExactOps(program, arrays, self._init, self._named, opset) if exact else None
 
     def _named(self, base: str, part: str) -> str:

@@ -445,7 +445,8 @@ class ExactOps:
         carries on."""
         label = node.name or node.output[0]
         table = self.arrays[op.arrays.table].astype(np.int64)
-        grid_step, _ = SOFTMAX_GRID[self.program.tensors[op.outputs[0]].bits]
+        out_bits = self.program.tensors[op.outputs[0]].bits
+        grid_step, _ = SOFTMAX_GRID[out_bits]
         q = round(1 / grid_step)
         centred, nodes = self._centred(op.inputs[0], TensorProto.DOUBLE)  # the zero point cancels
         make, const = self._builder(label, nodes)
@@ -470,7 +471,7 @@ class ExactOps:
         num = make("Add", [make("Mul", [e, const("two_q", 2 * q)], "e2q"), total], "num")
         y = make("Div", [num, make("Mul", [total, const("two", 2)], "total2")], "y")
         value = make("Cast", [y], "y_f64", to=TensorProto.DOUBLE)
-        return nodes + self._leave(label, value, op, *qrange(self.program.tensors[op.outputs[0]].bits))
+        return nodes + self._leave(label, value, op, *qrange(out_bits))
 
     def _requantize(
         self, label: str, bound: float, m0: np.ndarray, shift: np.ndarray, per_channel: tuple[int, ...]
