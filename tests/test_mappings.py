@@ -250,13 +250,13 @@ def test_codegen_reports_each_layers_mapping(cls_binary):
     assert conv_layers and all("mapping" in r for r in conv_layers)
     assert {r["mapping"] for r in conv_layers} >= {"depthwise"}
     # its squeeze-excite pools and gate multiplies, and its max pool (a "move" row), on the
-    # array's depthwise path (vnpu-m); the MatMul, Add and Softmax have none
+    # array's depthwise path (vnpu-m); its classifier (a MatMul and its bias, one Gemm since
+    # matmul_bias_as_gemm) and Softmax have none
     others = {r["kind"]: r.get("mapping") for r in layers if r["kind"] != "conv"}
     assert others == {
         "global_avgpool": "depthwise",
         "mul": "depthwise",
         "move": "depthwise",
         "matmul": None,
-        "add": None,
         "softmax": None,
     }

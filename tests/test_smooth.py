@@ -8,18 +8,21 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import helper, numpy_helper
 
 from conftest import small_model
 from npubuild.stages.onnx_utils import with_outputs
 from npubuild.stages.optimize.smooth import smooth_model
+from npubuild.stages.optimize.stage import optimize
 
 RNG = np.random.default_rng(5)
 TOKENS, WIDTH, HIDDEN = 6, 16, 8
 
 
-def _transformer_input(extra_reader: bool = False) -> onnx.ModelProto:
-    """x -> LayerNormalization (gamma with two channels 50x the rest) -> two MatMuls -> y, z."""
+def _transformer_input(extra_reader: bool = False, biases: bool = False) -> onnx.ModelProto:
+    """x -> LayerNormalization (gamma with two channels 50x the rest) -> two MatMuls (with
+    `biases`, each plus a bias: optimize makes them Gemms between Reshapes) -> y, z."""
     gamma = np.ones(WIDTH, np.float32)
     gamma[[3, 11]] = 50.0
     inits = {
@@ -28,11 +31,13 @@ def _transformer_input(extra_reader: bool = False) -> onnx.ModelProto:
         "wq": RNG.standard_normal((WIDTH, HIDDEN)).astype(np.float32),
         "wk": RNG.standard_normal((WIDTH, HIDDEN)).astype(np.float32),
     }
-    nodes = [
-        helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["n"], axis=-1, name="ln"),
-        helper.make_node("MatMul", ["n", "wq"], ["y"], name="q"),
-        helper.make_node("MatMul", ["n", "wk"], ["z"], name="k"),
-    ]
+    nodes = [helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["n"], axis=-1, name="ln")]
+    for out, w in (("y", "q"), ("z", "k")):
+        product = f"{out}_product" if biases else out
+        nodes.append(helper.make_node("MatMul", ["n", f"w{w}"], [product], name=w))
+        if biases:
+            inits[f"b{w}"] = RNG.standard_normal(HIDDEN).astype(np.float32)
+            nodes.append(helper.make_node("Add", [product, f"b{w}"], [out]))
     outputs = {o: [1, TOKENS, HIDDEN] for o in "yz"}
     if extra_reader:  # a residual Add: it would read the divided channels
         nodes.append(helper.make_node("Add", ["n", "x"], ["r"], name="residual"))
@@ -50,8 +55,12 @@ def _initializer(m, name):
     return next(numpy_helper.to_array(t) for t in m.graph.initializer if t.name == name)
 
 
-def test_smoothed_model_computes_the_same_and_moves_half_the_spread():
-    m = _transformer_input()
+@pytest.mark.parametrize("biases", [False, True])
+def test_smoothed_model_computes_the_same_and_moves_half_the_spread(biases):
+    m = _transformer_input(biases=biases)
+    if biases:  # the readers are Gemms behind a Reshape to [rows, K] (matmul_bias_as_gemm)
+        m, _ = optimize(m, [], 8)
+        assert [n.op_type for n in m.graph.node].count("Gemm") == 2
     stack = RNG.standard_normal((4, TOKENS, WIDTH)).astype(np.float32)  # [N, *input_shape[1:]]
     samples = [x[None] for x in stack]
     out, report = smooth_model(m, stack, 0.5)

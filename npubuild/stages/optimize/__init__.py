@@ -27,6 +27,7 @@ PASS_NAMES = (
     "softmax_to_last_axis",
     "linear_resize_as_matmuls",
     "fold_scale_into_conv",
+    "matmul_bias_as_gemm",
     "cancel_transpose_reshape",
     "fuse_silu",
     "fuse_hardswish",

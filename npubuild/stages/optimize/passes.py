@@ -25,6 +25,7 @@ from npubuild.stages.optimize.canonical import (
     squeeze_unit_axes,
     sum_to_add,
 )
+from npubuild.stages.optimize.gemm import matmul_bias_as_gemm
 from npubuild.stages.optimize.graph import NPUBUILD_DOMAIN, Graph, node_attr
 from npubuild.stages.optimize.prequantized import absorb_qdq
 from npubuild.stages.optimize.qoperator import dequantize_qoperator
@@ -499,6 +500,7 @@ PASSES: dict[str, Callable[[Graph], int]] = {
         softmax_to_last_axis,
         linear_resize_as_matmuls,
         fold_scale_into_conv,
+        matmul_bias_as_gemm,
         cancel_transpose_reshape,
         fuse_silu,
         fuse_hardswish,

@@ -28,9 +28,9 @@ SAMPLES = 16  # calibration samples whose per-channel maxima set the scales
 
 
 def find_groups(g: Graph) -> list[tuple[onnx.NodeProto, list[onnx.NodeProto]]]:
-    """Each LayerNorm with a constant gamma and beta whose output only MatMuls with constant 2-D
-    weights read, as their left operand: the channels the scale can move through."""
-    uses = g.consumers()
+    """Each LayerNorm with a constant gamma and beta whose output only matrix products with
+    constant 2-D weights read, as their left operand, directly or through Reshapes that keep the
+    last axis (matmul_bias_as_gemm's view to [rows, K]): the channels the scale can move through."""
     outputs = g.output_names()
     groups = []
     for norm in g.nodes:
@@ -39,14 +39,39 @@ def find_groups(g: Graph) -> list[tuple[onnx.NodeProto, list[onnx.NodeProto]]]:
         gamma, beta = g.constant(norm.input[1]), g.constant(norm.input[2])
         if gamma is None or beta is None or gamma.dtype != np.float32 or gamma.ndim != 1:
             continue
-        readers = uses.get(norm.output[0], [])
-        if readers and all(_reads_rows(g, r, norm.output[0], gamma.shape[0]) for r in readers):
+        readers = _row_readers(g, norm.output[0], gamma.shape[0])
+        if readers:
             groups.append((norm, readers))
     return groups
 
 
+def _row_readers(g: Graph, tensor: str, channels: int) -> list[onnx.NodeProto] | None:
+    """The matrix products that read `tensor`'s rows, seen through row-keeping Reshapes; None
+    when anything else reads it (or a graph output is among them)."""
+    readers: list[onnx.NodeProto] = []
+    for reader in g.consumers().get(tensor, []):
+        shape = g.shape(reader.output[0]) if reader.op_type == "Reshape" else None
+        if (
+            shape
+            and shape[-1] == channels
+            and reader.input[0] == tensor
+            and reader.output[0] not in g.output_names()
+        ):
+            inner = _row_readers(g, reader.output[0], channels)
+            if not inner:
+                return None
+            readers += inner
+        elif _reads_rows(g, reader, tensor, channels):
+            readers.append(reader)
+        else:
+            return None
+    return readers
+
+
 def _reads_rows(g: Graph, reader: onnx.NodeProto, tensor: str, channels: int) -> bool:
-    if reader.op_type != "MatMul" or reader.input[0] != tensor or reader.input[1] == tensor:
+    if reader.op_type not in ("MatMul", "Gemm") or reader.input[0] != tensor or reader.input[1] == tensor:
+        return False
+    if reader.op_type == "Gemm" and any(a.name in ("transA", "transB") and a.i for a in reader.attribute):
         return False
     weight = g.constant(reader.input[1])
     return weight is not None and weight.dtype == np.float32 and weight.shape == (channels, weight.shape[-1])
