@@ -155,6 +155,25 @@ def add_text_scans(ws: Path, validation: bool) -> dict[str, int]:
     return {folder.name: len(list(folder.glob("*.png"))) for folder in sorted(scans.iterdir())}
 
 
+def cpu() -> str:
+    """The processor's name and its vector extensions onnxruntime's MLAS picks kernels by: the
+    other tools' rows are computed in onnxruntime, so they can move between machines."""
+    import platform
+
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    name = next(
+        (line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?"
+    )
+    flags = next(
+        (line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []
+    )
+    wanted = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8")
+    return f"{name}, {' '.join(f for f in wanted if f in flags) or 'none of ' + '/'.join(wanted)}"
+
+
 def session(model) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.log_severity_level = 3
@@ -308,6 +327,7 @@ def main() -> None:
             f"{installed('pillow')}, numpy {installed('numpy')}, onnx {installed('onnx')} (every"
             " tool's inputs: the photographs' decoding and resizing, the imported model)"
         )
+        print(f"CPU: {cpu()} (onnxruntime's int8 and float kernels are chosen by instruction set)")
         store = Store(tmp / "cache")
         outcome = build(ws, store, [f"//models:{m}" for m in models], jobs=2)
         assert outcome.ok, outcome.errors

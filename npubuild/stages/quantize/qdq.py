@@ -40,7 +40,12 @@ class _Export:
         self.new_inits: list[onnx.TensorProto] = []
         self.uses_ms = False
         opset = default_opset(model) or 13
-        self.exact = ExactOps(program, arrays, self._init, self._named, opset) if exact else None
+        shapes = {
+            v.name: tuple(d.dim_value for d in v.type.tensor_type.shape.dim)
+            for v in [*model.graph.value_info, *model.graph.input, *model.graph.output]
+            if v.type.tensor_type.HasField("shape")
+        }
+        self.exact = ExactOps(program, arrays, self._init, self._named, opset, shapes) if exact else None
 
     def _named(self, base: str, part: str) -> str:
         """The name of a part (scale, q, DQ, ...) of tensor or op `base`: base, separator, part."""
@@ -139,6 +144,8 @@ class _Export:
                 replaced[id(node)] = exact_norm
             elif exact and op.kind == "softmax":
                 replaced[id(node)] = exact.softmax(node, op)
+            elif exact and op.kind == "batch_matmul" and (exact_product := exact.batch_matmul(node, op)):
+                replaced[id(node)] = exact_product
             elif exact and op.kind == "add" and (exact_add := exact.add(node, op)):
                 replaced[id(node)] = exact_add
             elif op.kind in ("add", "mul", "concat") and op.constants:

@@ -23,6 +23,7 @@ int64 nodes with the 24-bit split of `fixedpoint._requantize_wide`.
 - `add`: `add_codes`: a~ ma 2^-20 + b~ mb 2^-20 rounded, zero point, saturation.
 - `mac` (Conv, ConvTranspose, MatMul, Gemm): convolution, bias, requantization, clamp.
 - `global_avgpool`: the sum of the centred codes, requantized.
+- `batch_matmul`: the product of two activations' centred codes in float64, requantized.
 - `layernorm`: the row sums, integer square root and rounded division of `rowwise.layernorm_rows`
   in int64 ops, then each element's multiplier and bias (2026-11-25: ViT's export had agreed with
   its integer model at cosine 0.9989, the float LayerNorm off by one code on a quarter of its
@@ -39,12 +40,11 @@ import onnx
 from onnx import TensorProto, helper
 
 from npubuild.intmodel.codes import qrange
-from npubuild.intmodel.fixedpoint import ADD_FRACTION_BITS, FLOAT64_EXACT_PRODUCT, WIDE_PRODUCT
+from npubuild.intmodel.fixedpoint import ADD_FRACTION_BITS, FLOAT64_EXACT_PRODUCT
 from npubuild.intmodel.ortconv import BYTE, FLOAT32_EXACT, channel_l1
 from npubuild.intmodel.program import IntegerModel, Op
 from npubuild.intmodel.rowwise import D_LIMIT_BITS, SOFTMAX_GRID, Z_FRACTION_BITS
-
-_SPLIT = 24  # as fixedpoint._requantize_wide: |v| < 2^48 in two halves of 24 bits
+from npubuild.stages.quantize.requant_nodes import requantization, rounding
 
 
 class ExactOps:
@@ -55,8 +55,10 @@ class ExactOps:
         init: Callable[[str, np.ndarray], str],
         named: Callable[[str, str], str],
         opset: int = 13,
+        shapes: dict[str, tuple[int, ...]] | None = None,
     ):
         self.program, self.arrays, self._init = program, arrays, init
+        self.shapes = shapes or {}  # the float model's tensor shapes, where it records them
         self.opset = opset  # the model's: ReduceMax takes its axes as an input from opset 18
         self._named = named  # the name of a part of a tensor or op (qdq._Export._named)
         self._made: set[str] = set()  # per-tensor helpers (centred codes) already in the graph
@@ -106,19 +108,14 @@ class ExactOps:
         return self._centred(name, TensorProto.DOUBLE)
 
     def _round(self, label: str, value: str) -> list[onnx.NodeProto]:
-        """float64 `value` rounded half away from zero, sign(v) * floor(|v| + 1/2): `LABEL__rounded`."""
-        half = self._const(label, "one_half", 0.5)
-        return [
-            helper.make_node("Abs", [value], [self._named(label, "abs")]),
-            helper.make_node("Add", [self._named(label, "abs"), half], [self._named(label, "biased")]),
-            helper.make_node("Floor", [self._named(label, "biased")], [self._named(label, "magnitude")]),
-            helper.make_node("Sign", [value], [self._named(label, "sign")]),
-            helper.make_node(
-                "Mul",
-                [self._named(label, "magnitude"), self._named(label, "sign")],
-                [self._named(label, "rounded")],
-            ),
-        ]
+        """float64 `value` rounded half away from zero: `LABEL__rounded` (requant_nodes.rounding)."""
+        return rounding(self._const, self._named, label, value)
+
+    def _requantize(
+        self, label: str, bound: float, m0: np.ndarray, shift: np.ndarray, per_channel: tuple[int, ...]
+    ):
+        """requant_nodes.requantization for this export's names and constants."""
+        return requantization(self._const, self._named, label, bound, m0, shift, per_channel)
 
     def _leave(self, label: str, rounded: str, op: Op, lo: int, hi: int) -> list[onnx.NodeProto]:
         """Rounded float64 values (before the zero point) as the output codes `OUT__q`: in float32
@@ -364,6 +361,40 @@ class ExactOps:
         ]
         return nodes + self._leave(label, self._named(label, "rounded"), op, *qrange(yt.bits))
 
+    def batch_matmul(self, node: onnx.NodeProto, op: Op) -> list[onnx.NodeProto] | None:
+        """A MatMul of two activations (attention's Q K^T and P V): the centred codes multiplied
+        in float64, exact while the inner size times the largest centred codes stays below 2^53
+        (in float32, int16 probabilities times int8 values over 197 tokens reach 2^30 and round),
+        then requantized. None where the inner size is not known or an operand has per-channel
+        grids."""
+        label = node.name or node.output[0]
+        (a, b), at = op.inputs, op.attrs
+        ta, tb, ty = (self.program.tensors[n] for n in (a, b, op.outputs[0]))
+        shape = self.shapes.get(a)
+        if (
+            not shape
+            or shape[-1] <= 0
+            or ta.channel_shifts
+            or tb.channel_shifts
+            or ty.channel_shifts
+            or (at.za, at.zb) != (ta.zero_point, tb.zero_point)
+        ):
+            return None
+
+        def largest(t) -> int:  # of a centred code
+            return max(abs(end - t.zero_point) for end in qrange(t.bits))
+
+        bound = float(shape[-1]) * largest(ta) * largest(tb)
+        requantize = self._requantize(label, bound, np.array([at.m0]), np.array([at.shift]), (1,))
+        if bound >= 2.0**53 or requantize is None:
+            return None
+        xa, nodes = self._centred(a, TensorProto.DOUBLE)
+        xb, more = self._centred(b, TensorProto.DOUBLE)
+        nodes += more
+        nodes.append(helper.make_node("MatMul", [xa, xb], [self._named(label, "value")]))
+        nodes += requantize(self._named(label, "value"))
+        return nodes + self._leave(label, self._named(label, "rounded"), op, *qrange(ty.bits))
+
     def _builder(self, label: str, nodes: list[onnx.NodeProto]):
         """(make, const) for an op rewritten node by node: `make` appends a node whose one output
         is named after `label` and returns that name; `const` makes an int64 initializer."""
@@ -472,115 +503,3 @@ class ExactOps:
         y = make("Div", [num, make("Mul", [total, const("two", 2)], "total2")], "y")
         value = make("Cast", [y], "y_f64", to=TensorProto.DOUBLE)
         return nodes + self._leave(label, value, op, *qrange(out_bits))
-
-    def _requantize(
-        self, label: str, bound: float, m0: np.ndarray, shift: np.ndarray, per_channel: tuple[int, ...]
-    ):
-        """The nodes of `requantize` on a float64 value of integers below `bound` in magnitude
-        (m0 and shift per channel, shaped `per_channel`), as a function of the value's name,
-        writing float64 `LABEL__rounded`; None when no form here is exact for that bound."""
-        m0, shift = np.asarray(m0, np.int64), np.asarray(shift, np.int64)
-        total = 31 + shift
-        left, right = np.maximum(-total, 0), np.maximum(total, 0)
-        largest = bound * float((m0 << left).max(initial=0))
-        if largest < FLOAT64_EXACT_PRODUCT:
-            multiplier = self._const(
-                label, "multiplier", np.ldexp(m0.astype(np.float64), -total).reshape(per_channel)
-            )
-
-            def in_float64(value: str) -> list[onnx.NodeProto]:
-                return [
-                    helper.make_node("Mul", [value, multiplier], [self._named(label, "scaled")]),
-                    *self._round(label, self._named(label, "scaled")),
-                ]
-
-            return in_float64
-        wide = largest >= WIDE_PRODUCT
-        if wide and not ((right >= _SPLIT).all() and bound < 2.0 ** (2 * _SPLIT)):
-            return None
-        half = np.where(right > 0, np.left_shift(np.int64(1), np.maximum(right - 1, 0)), 0)
-
-        def channel(name: str, v: np.ndarray) -> str:
-            return self._const(label, name, v.reshape(per_channel), np.int64)
-
-        def in_int64(value: str) -> list[onnx.NodeProto]:
-            out = [
-                helper.make_node("Cast", [value], [self._named(label, "v64")], to=TensorProto.INT64),
-                helper.make_node("Abs", [self._named(label, "v64")], [self._named(label, "abs")]),
-            ]
-            if not wide:
-                out += [
-                    helper.make_node(
-                        "Mul",
-                        [self._named(label, "abs"), channel("m0", m0 << left)],
-                        [self._named(label, "product")],
-                    ),
-                    helper.make_node(
-                        "Add",
-                        [self._named(label, "product"), channel("half", half)],
-                        [self._named(label, "biased")],
-                    ),
-                    helper.make_node(
-                        "Div",
-                        [self._named(label, "biased"), channel("divisor", 1 << right)],
-                        [self._named(label, "magnitude")],
-                    ),
-                ]
-            else:  # (high M0 + ((low M0 + half) div 2^24)) div 2^(n - 24), every term below 2^63
-                unit = self._const(label, "unit", 1 << _SPLIT, np.int64)
-                multiplier = channel("m0", m0)
-                out += [
-                    helper.make_node(
-                        "Div", [self._named(label, "abs"), unit], [self._named(label, "v_high")]
-                    ),
-                    helper.make_node(
-                        "Mul", [self._named(label, "v_high"), unit], [self._named(label, "v_high_part")]
-                    ),
-                    helper.make_node(
-                        "Sub",
-                        [self._named(label, "abs"), self._named(label, "v_high_part")],
-                        [self._named(label, "v_low")],
-                    ),
-                    helper.make_node(
-                        "Mul", [self._named(label, "v_low"), multiplier], [self._named(label, "low_product")]
-                    ),
-                    helper.make_node(
-                        "Add",
-                        [self._named(label, "low_product"), channel("half", half)],
-                        [self._named(label, "low_biased")],
-                    ),
-                    helper.make_node(
-                        "Div", [self._named(label, "low_biased"), unit], [self._named(label, "carry")]
-                    ),
-                    helper.make_node(
-                        "Mul",
-                        [self._named(label, "v_high"), multiplier],
-                        [self._named(label, "high_product")],
-                    ),
-                    helper.make_node(
-                        "Add",
-                        [self._named(label, "high_product"), self._named(label, "carry")],
-                        [self._named(label, "partial")],
-                    ),
-                    helper.make_node(
-                        "Div",
-                        [self._named(label, "partial"), channel("divisor", 1 << (right - _SPLIT))],
-                        [self._named(label, "magnitude")],
-                    ),
-                ]
-            return out + [
-                helper.make_node("Sign", [self._named(label, "v64")], [self._named(label, "sign")]),
-                helper.make_node(
-                    "Mul",
-                    [self._named(label, "magnitude"), self._named(label, "sign")],
-                    [self._named(label, "rounded_64")],
-                ),
-                helper.make_node(
-                    "Cast",
-                    [self._named(label, "rounded_64")],
-                    [self._named(label, "rounded")],
-                    to=TensorProto.DOUBLE,
-                ),
-            ]
-
-        return in_int64
