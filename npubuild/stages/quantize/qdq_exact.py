@@ -385,8 +385,10 @@ class ExactOps:
             return max(abs(end - t.zero_point) for end in qrange(t.bits))
 
         bound = float(shape[-1]) * largest(ta) * largest(tb)
+        if bound >= 2.0**53:  # the float64 product itself would round
+            return None
         requantize = self._requantize(label, bound, np.array([at.m0]), np.array([at.shift]), (1,))
-        if bound >= 2.0**53 or requantize is None:
+        if requantize is None:
             return None
         xa, nodes = self._centred(a, TensorProto.DOUBLE)
         xb, more = self._centred(b, TensorProto.DOUBLE)
