@@ -9,6 +9,7 @@ import numpy as np
 
 from npubuild.intmodel.interpreter import Interpreter
 from npubuild.intmodel.program import IntegerModel
+from npubuild.stages.onnx_utils import recorded_shapes
 from npubuild.stages.reductions import dot
 
 
@@ -102,10 +103,7 @@ def class_axis(model, output: str) -> int:
     last axis also through reshapes that keep the row length: PP-OCRv4 rec's [1, 40, 6625] per
     timestep), else 1 (N x classes, NCHW score maps)."""
     producers = {o: n for n in model.graph.node for o in n.output}
-    shapes = {
-        v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
-        for v in [*model.graph.input, *model.graph.value_info, *model.graph.output]
-    }
+    shapes = recorded_shapes(model)
     name, moved = output, False
     while (node := producers.get(name)) is not None and node.op_type in _KEEPS_LAST_AXIS:
         name, moved = node.input[0], True

@@ -64,6 +64,15 @@ def set_types(graph: onnx.GraphProto, types: dict[str, tuple[int, list[int]]]) -
             graph.value_info.append(info)
 
 
+def recorded_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
+    """Each graph input's, output's and recorded intermediate's dims as the model states them (0
+    for a symbolic dim, [] for a value with no shape)."""
+    return {
+        v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+        for v in [*model.graph.input, *model.graph.value_info, *model.graph.output]
+    }
+
+
 def dims(value_info: onnx.ValueInfoProto) -> list[int | str]:
     shape = value_info.type.tensor_type.shape
     return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in shape.dim]

@@ -31,7 +31,7 @@ def find_groups(g: Graph) -> list[tuple[onnx.NodeProto, list[onnx.NodeProto]]]:
     """Each LayerNorm with a constant gamma and beta whose output only matrix products with
     constant 2-D weights read, as their left operand, directly or through Reshapes that keep the
     last axis (matmul_bias_as_gemm's view to [rows, K]): the channels the scale can move through."""
-    outputs = g.output_names()
+    uses, outputs = g.consumers(), g.output_names()
     groups = []
     for norm in g.nodes:
         if norm.op_type not in LAYERNORMS or len(norm.input) < 3 or norm.output[0] in outputs:
@@ -39,25 +39,23 @@ def find_groups(g: Graph) -> list[tuple[onnx.NodeProto, list[onnx.NodeProto]]]:
         gamma, beta = g.constant(norm.input[1]), g.constant(norm.input[2])
         if gamma is None or beta is None or gamma.dtype != np.float32 or gamma.ndim != 1:
             continue
-        readers = _row_readers(g, norm.output[0], gamma.shape[0])
+        readers = _row_readers(g, norm.output[0], gamma.shape[0], uses, outputs)
         if readers:
             groups.append((norm, readers))
     return groups
 
 
-def _row_readers(g: Graph, tensor: str, channels: int) -> list[onnx.NodeProto] | None:
+def _row_readers(
+    g: Graph, tensor: str, channels: int, uses: dict, outputs: set[str]
+) -> list[onnx.NodeProto] | None:
     """The matrix products that read `tensor`'s rows, seen through row-keeping Reshapes; None
-    when anything else reads it (or a graph output is among them)."""
+    when anything else reads it (or a graph output is among them). `uses` and `outputs`: the
+    graph's consumers and output names, read once by find_groups."""
     readers: list[onnx.NodeProto] = []
-    for reader in g.consumers().get(tensor, []):
+    for reader in uses.get(tensor, []):
         shape = g.shape(reader.output[0]) if reader.op_type == "Reshape" else None
-        if (
-            shape
-            and shape[-1] == channels
-            and reader.input[0] == tensor
-            and reader.output[0] not in g.output_names()
-        ):
-            inner = _row_readers(g, reader.output[0], channels)
+        if shape and shape[-1] == channels and reader.input[0] == tensor and reader.output[0] not in outputs:
+            inner = _row_readers(g, reader.output[0], channels, uses, outputs)
             if not inner:
                 return None
             readers += inner

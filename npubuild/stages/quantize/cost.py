@@ -6,14 +6,13 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
+from npubuild.stages.onnx_utils import recorded_shapes
 from npubuild.stages.quantize.graphinfo import node_label
 
 
 def op_work(model: onnx.ModelProto) -> dict[str, dict]:
     """Per node: MACs (for MAC ops), output elements, and input+output bytes in int8."""
-    shapes = {}
-    for v in [*model.graph.input, *model.graph.value_info, *model.graph.output]:
-        shapes[v.name] = [d.dim_value for d in v.type.tensor_type.shape.dim]
+    shapes = recorded_shapes(model)
     consts = {t.name: list(t.dims) for t in model.graph.initializer}
 
     def size(name: str) -> int:

@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from npubuild.intmodel.codes import qdq_grid
 from npubuild.intmodel.program import IntegerModel, Op
-from npubuild.stages.onnx_utils import default_opset
+from npubuild.stages.onnx_utils import default_opset, recorded_shapes
 from npubuild.stages.quantize.qdq_exact import ExactOps
 
 
@@ -40,11 +40,7 @@ class _Export:
         self.new_inits: list[onnx.TensorProto] = []
         self.uses_ms = False
         opset = default_opset(model) or 13
-        shapes = {
-            v.name: tuple(d.dim_value for d in v.type.tensor_type.shape.dim)
-            for v in [*model.graph.value_info, *model.graph.input, *model.graph.output]
-            if v.type.tensor_type.HasField("shape")
-        }
+        shapes = recorded_shapes(model)
         self.exact = ExactOps(program, arrays, self._init, self._named, opset, shapes) if exact else None
 
     def _named(self, base: str, part: str) -> str:

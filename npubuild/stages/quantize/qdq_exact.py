@@ -55,7 +55,7 @@ class ExactOps:
         init: Callable[[str, np.ndarray], str],
         named: Callable[[str, str], str],
         opset: int = 13,
-        shapes: dict[str, tuple[int, ...]] | None = None,
+        shapes: dict[str, list[int]] | None = None,
     ):
         self.program, self.arrays, self._init = program, arrays, init
         self.shapes = shapes or {}  # the float model's tensor shapes, where it records them
