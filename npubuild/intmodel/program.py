@@ -371,9 +371,9 @@ class IntegerModel(_Typed):
         return {op.inputs[0] for op in self.ops if op.kind == "lut" and op.attrs.index_shift}
 
     def result_tail(self) -> set[str]:
-        """The tensors the network outputs are computed from by element-wise ops, moves and
-        concatenations, back to the results of the ops before them (the quantizer's
-        `output_bits`)."""
+        """The tensors the network outputs are computed from by element-wise ops, moves,
+        concatenations and a Softmax, back to the results of the ops before them (the
+        quantizer's `output_bits`)."""
         producers = {o: op for op in self.ops for o in op.outputs}
         tail, todo = set(), list(self.outputs)
         while todo:
@@ -382,7 +382,7 @@ class IntegerModel(_Typed):
             if name in tail or op is None:
                 continue
             tail.add(name)
-            if op.kind in ("add", "mul", "concat", "move"):
+            if op.kind in ("add", "mul", "concat", "move", "softmax"):
                 todo.extend(i for i in op.inputs if i in self.tensors)
         return tail
 

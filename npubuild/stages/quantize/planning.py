@@ -6,6 +6,7 @@ search reads it directly, many times over one model, without encoding any weight
 from __future__ import annotations
 
 import fnmatch
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -50,8 +51,8 @@ class TensorParams:
 CHANNEL_SHIFT_RANGE = 8
 
 
-# element-wise ops and concatenation: a network output's grid reaches back through them
-TAIL_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Concat"})
+# element-wise ops, concatenation, a Softmax (to a classifier's logits): a network output's grid
+TAIL_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Concat", "Softmax"})  # reaches back through them
 
 
 @dataclass
@@ -140,6 +141,7 @@ class Planner:
         # what the target's integer ops cannot take depends on the graph alone: once per model
         # (by id(node): GraphInfo holds the nodes, so an id names one node while the cache lives)
         self._blockers: dict[int, str | None] = self.range_cache.setdefault("__blockers__", {})
+        self._choices: dict[int, NodeChoice] = {}  # by id(node), once build() has chosen
 
     # choices ----------------------------------------------------------------------------------
     def choose(self, node: onnx.NodeProto) -> NodeChoice:
@@ -185,15 +187,16 @@ class Planner:
     # tensor parameters ------------------------------------------------------------------------
     def from_stats(self, name: str, bits: int, method: str, table_levels: int | None = None) -> TensorParams:
         """`table_levels`: a fine pre-activation's, the steps its table tells apart."""
-        key = (name, bits, method, table_levels)
+        gap = self._softmax_gap(name)
+        key = (name, bits, method, table_levels, gap)
         if key not in self.range_cache:
-            self.range_cache[key] = self._from_stats(name, bits, method, table_levels)
+            self.range_cache[key] = self._from_stats(name, bits, method, table_levels, gap)
         params, warnings = self.range_cache[key]
         self.plan.warnings.extend(w for w in warnings if w not in self.plan.warnings)
         return params
 
     def _from_stats(
-        self, name: str, bits: int, method: str, table_levels: int | None
+        self, name: str, bits: int, method: str, table_levels: int | None, gap: float | None
     ) -> tuple[TensorParams, list[str]]:
         warnings = []
         given = self.given.get(name)
@@ -232,8 +235,32 @@ class Planner:
                     f"'{name}' had {meta['nonfinite']} NaN/Inf values in calibration; "
                     "they were left out of its range"
                 )
+            if gap is not None and hi - lo < gap:
+                lo, hi = ranges.spanning(lo, hi, gap)
         scale, zp = ranges.quant_params(float(lo), float(hi), bits, self.config["symmetric_activations"])
         return TensorParams(scale, zp, bits), warnings
+
+    def _softmax_bits(self, node: onnx.NodeProto) -> int:
+        """A Softmax's result width: a network output's probabilities at int16, else its choice."""
+        result = self.config["float_output_activations"] and self._is_result(node.output[0])
+        return 16 if result else self._choice(node).bits
+
+    def _choice(self, node: onnx.NodeProto) -> NodeChoice:
+        """The node's choice: the plan's, or made now (the precision probe plans no model)."""
+        return self._choices[id(node)] if id(node) in self._choices else self.choose(node)
+
+    def _softmax_gap(self, name: str) -> float | None:
+        """The logit gap at which the integer Softmax that alone reads `name` rounds a class to
+        zero, ln(2 / its result's step); else None. Spanning less, a grid cannot say "certain": PP-OCR
+        cls, calibrated on images it was unsure of (logits within +-3.2), capped answers at 0.997."""
+        readers = self.info.consumers.get(name, [])
+        while len(readers) == 1 and readers[0].op_type in MOVE_OPS and name not in self.info.outputs:
+            name = readers[0].output[0]  # a Flatten or Reshape before it keeps the grid
+            readers = self.info.consumers.get(name, [])
+        softmax = readers[0] if len(readers) == 1 and name not in self.info.outputs else None
+        if softmax is None or softmax.op_type != "Softmax" or not self._choice(softmax).integer:
+            return None
+        return math.log(2 / SOFTMAX_GRID[self._softmax_bits(softmax)][0])
 
     def each_sample_weighs_the_same(self, meta: dict) -> bool:
         """Whether `mse` sums each calibration sample's error relative to its own power (else
@@ -556,9 +583,7 @@ class Planner:
         elif node.op_type in ("Relu", "Clip"):
             plan.params[out] = plan.params[node.input[0]]
         elif node.op_type == "Softmax":  # a fixed grid; a network output's probabilities at int16
-            bits = choice.bits
-            if self.config["float_output_activations"] and self._is_result(out):
-                bits = 16
+            bits = self._softmax_bits(node)
             scale, zero_point = SOFTMAX_GRID[bits]
             plan.params[out] = TensorParams(scale, zero_point, bits)
         elif node.op_type in MAC_OPS and self._fine_preactivation(out, choice):

@@ -194,6 +194,13 @@ def kl(stats: dict, hist: np.ndarray, bits: int, symmetric: bool, percentile: fl
     return _with_zero(max(lo0, -t), min(hi0, t))
 
 
+def spanning(lo: float, hi: float, span: float) -> tuple[float, float]:
+    """[lo, hi] widened by the same amount at both ends to `span` (a Softmax's input: the gap
+    its result grid needs, Planner._softmax_gap)."""
+    extra = (span - (hi - lo)) / 2
+    return _with_zero(lo - extra, hi + extra)
+
+
 METHOD_FUNCTIONS = {"minmax": minmax, "percentile": percentile_range, "kl": kl, "mse": mse}
 
 
