@@ -6,7 +6,6 @@ search reads it directly, many times over one model, without encoding any weight
 from __future__ import annotations
 
 import fnmatch
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,7 +17,7 @@ from npubuild.intmodel.ops import LUT_OPS, MAC_OPS, MOVE_OPS
 from npubuild.intmodel.program import grid_scales
 from npubuild.intmodel.rowwise import SOFTMAX_GRID
 from npubuild.stages.optimize.graph import recorded_grids
-from npubuild.stages.quantize import ranges, squares
+from npubuild.stages.quantize import ranges, reader_facts, squares
 from npubuild.stages.quantize.graphinfo import GraphInfo, attr, node_label
 from npubuild.stages.quantize.tables import WIDE_INPUT_SHIFT
 from npubuild.targets.support import integer_blocker
@@ -222,7 +221,9 @@ class Planner:
                 hist = self.stats_arrays[f"{name}/relative_hist"]
             activation = self.only_activation(name)
             if method == "mse" and bits == 8 and not self.config["symmetric_activations"]:
-                lo, hi = ranges.mse_through(meta, hist, bits, activation)
+                lo, hi = ranges.mse_through(
+                    meta, hist, bits, activation, averaged=reader_facts.averaged_count(self.info, name)
+                )
             elif method == "mse" and table_levels and activation is not None:
                 # a fine pre-activation: the error after the activation, at the table's steps
                 lo, hi = ranges.mse_through(meta, hist, bits, activation, 96, table_levels, symmetric=True)
@@ -250,17 +251,11 @@ class Planner:
         return self._choices[id(node)] if id(node) in self._choices else self.choose(node)
 
     def _softmax_gap(self, name: str) -> float | None:
-        """The logit gap at which the integer Softmax that alone reads `name` rounds a class to
-        zero, ln(2 / its result's step); else None. Spanning less, a grid cannot say "certain": PP-OCR
-        cls, calibrated on images it was unsure of (logits within +-3.2), capped answers at 0.997."""
-        readers = self.info.consumers.get(name, [])
-        while len(readers) == 1 and readers[0].op_type in MOVE_OPS and name not in self.info.outputs:
-            name = readers[0].output[0]  # a Flatten or Reshape before it keeps the grid
-            readers = self.info.consumers.get(name, [])
-        softmax = readers[0] if len(readers) == 1 and name not in self.info.outputs else None
-        if softmax is None or softmax.op_type != "Softmax" or not self._choice(softmax).integer:
+        """The gap the integer Softmax that alone reads `name` needs its grid to span, else None."""
+        softmax = reader_facts.softmax_of(self.info, name)
+        if softmax is None or not self._choice(softmax).integer:
             return None
-        return math.log(2 / SOFTMAX_GRID[self._softmax_bits(softmax)][0])
+        return reader_facts.gap_to_zero(SOFTMAX_GRID[self._softmax_bits(softmax)][0])
 
     def each_sample_weighs_the_same(self, meta: dict) -> bool:
         """Whether `mse` sums each calibration sample's error relative to its own power (else
@@ -278,10 +273,9 @@ class Planner:
         """The float function of the one lookup-table activation that reads `name`, if that is
         its only reader and it is not a network output (whose error is measured as it is);
         else None (the error is measured on the tensor itself)."""
-        readers = self.info.consumers.get(name, [])
-        if name in self.info.outputs or len(readers) != 1 or readers[0].op_type not in LUT_OPS:
+        node = reader_facts.sole_reader(self.info, name)
+        if node is None or node.op_type not in LUT_OPS:
             return None
-        node = readers[0]
         return lut_function(node.op_type, {a.name: helper.get_attribute_value(a) for a in node.attribute})
 
     def ensure_quantized(self, name: str, bits: int, method: str) -> None:

@@ -87,6 +87,7 @@ def mse_through(
     grid: int = 48,
     levels: int | None = None,
     symmetric: bool = False,
+    averaged: int = 1,
 ) -> tuple[float, float]:
     """The asymmetric range with the smallest expected squared error, its two ends searched
     independently (`mse` shrinks both by one factor, which keeps a symmetric grid symmetric).
@@ -96,7 +97,10 @@ def mse_through(
     costs nothing, so the grid's steps go where the function's output still changes.
     Chosen on the validation split of benchmarks/ptq_vs_ort.py (docs/quantization.md).
     `levels` (default 2^bits): the steps the reader tells apart (a shifted table's entries);
-    `symmetric`: one end, [-t, t] (16-bit grids have zero point 0)."""
+    `symmetric`: one end, [-t, t] (16-bit grids have zero point 0). `averaged`: the values an
+    average pool that alone reads the tensor takes the mean of; their rounding noise, independent,
+    shrinks N times in the mean, while a clipped value's error is counted whole (large values
+    cluster, so their errors add rather than cancel)."""
     fn = fn or (lambda v: v)
     lo0, hi0 = _with_zero(stats["min"], stats["max"])
     occupied = _occupied_bins(stats, hist)
@@ -106,7 +110,7 @@ def mse_through(
     h = stats["radius"] / BINS  # half a bin: the slope over one bin's width
     y = fn(centers.astype(np.float32)).astype(np.float64)
     rise = fn((centers + h).astype(np.float32)).astype(np.float64) - fn((centers - h).astype(np.float32))
-    noise_weight = (rise / (2 * h)) ** 2 / 12.0  # fn'(x)^2 * step^2 / 12 per unit step^2
+    noise_weight = (rise / (2 * h)) ** 2 / 12.0 / averaged  # fn'(x)^2 * step^2 / 12 per unit step^2
     factors = np.linspace(1.0 / grid, 1.0, grid)
     levels = levels or 2**bits
     if symmetric:
