@@ -61,3 +61,16 @@ def test_a_confident_answer_is_not_capped_by_an_unsure_calibration(tmp_path):
     # a grid spanning only the calibrated logits would cap the answer at 1 / (1 + e^-span)
     cap_error = 1 - 1 / (1 + math.exp(-calibrated_span))
     assert max(errors) < min(1e-3, 0.1 * cap_error), (max(errors), cap_error)
+
+
+def test_a_row_of_equal_logits_on_a_coarse_int16_grid_keeps_its_mass():
+    """A table read at a step of 16 codes holds the middle of each step, except entry 0, which
+    every row's maximum reads: at a coarse scale (a constant-weight model's logits, ~1e19, scale
+    4e14) the middle's exp rounded to 0, and 1000 equal logits gave probabilities of 0, not 1/1000."""
+    from npubuild.intmodel.rowwise import softmax_rows
+    from npubuild.stages.quantize.tables import exp_table
+
+    table, rshift = exp_table(4.3e14, 16)
+    assert rshift == 4
+    codes = softmax_rows(np.full((2, 1000), 123, np.int64), table, rshift, 16)
+    assert np.all(codes == round(32768 / 1000))

@@ -39,8 +39,11 @@ def exp_table(in_scale: float, in_bits: int) -> tuple[np.ndarray, int]:
     span = 2**in_bits
     rshift = max(0, math.ceil(math.log2(span / EXP_TABLE_MAX))) if span > EXP_TABLE_MAX else 0
     step = 1 << rshift
-    # entry k stands for d in [k * step, (k + 1) * step): its middle, so a coarse table is unbiased
+    # entry k stands for d in [k * step, (k + 1) * step): its middle, so a coarse table is unbiased;
+    # entry 0 holds d = 0 itself, which every row's maximum reads (at a coarse scale the middle's
+    # value can round to zero, and a row of equal logits then had no mass at all)
     middle = np.arange(-(-span // step), dtype=np.float64) * step + (step - 1) / 2
+    middle[0] = 0.0
     values = np.rint(np.exp(-middle * in_scale) * EXP_ONE).astype(np.int64)
     nonzero = int(np.count_nonzero(values))  # trailing zeros need no entries: d past them gives 0
     return values[: max(nonzero, 1) + 1], rshift
