@@ -50,8 +50,8 @@ class TensorParams:
 CHANNEL_SHIFT_RANGE = 8
 
 
-# element-wise ops, concatenation, a Softmax (to a classifier's logits): a network output's grid
-TAIL_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Concat", "Softmax"})  # reaches back through them
+# a network output's grid reaches back through element-wise ops, concatenation and a Softmax
+TAIL_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Concat", "Softmax"})
 
 
 @dataclass
