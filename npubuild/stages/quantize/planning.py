@@ -298,14 +298,9 @@ class Planner:
         fused: dict[int, onnx.NodeProto] = {}  # id(MAC) -> the Relu/Clip folded into it
         for n in info.nodes:
             if n.op_type in MAC_OPS and choices[id(n)].integer:
-                users = info.consumers.get(n.output[0], [])
-                if (
-                    len(users) == 1
-                    and users[0].op_type in ("Relu", "Clip")
-                    and choices[id(users[0])].integer
-                    and n.output[0] not in info.outputs
-                ):
-                    fused[id(n)] = users[0]
+                user = reader_facts.sole_reader(info, n.output[0])
+                if user is not None and user.op_type in ("Relu", "Clip") and choices[id(user)].integer:
+                    fused[id(n)] = user
         skip = {id(a) for a in fused.values()}
         self._shared = self._concat_sources(choices, skip)
         plan.shared_grids = {name: self._shared_grid(name) for name in self._shared}
@@ -538,14 +533,13 @@ class Planner:
         own histogram clips its top, the values the pool keeps (docs/quantization.md, "Ranged
         where it is read")."""
         while (
-            name not in self.info.outputs
-            and len(readers := self.info.consumers.get(name, [])) == 1
-            and readers[0].op_type == "MaxPool"
-            and readers[0].input[0] == name
-            and self._choices[id(readers[0])].integer
-            and readers[0].output[0] in self.stats_meta
+            (reader := reader_facts.sole_reader(self.info, name)) is not None
+            and reader.op_type == "MaxPool"
+            and reader.input[0] == name
+            and self._choices[id(reader)].integer
+            and reader.output[0] in self.stats_meta
         ):
-            name = readers[0].output[0]
+            name = reader.output[0]
         return name
 
     def _is_result(self, name: str) -> bool:

@@ -71,76 +71,39 @@ def requantization(
     def channel(name: str, v: np.ndarray) -> str:
         return const(label, name, v.reshape(per_channel), np.int64)
 
+    def part(name: str) -> str:
+        return named(label, name)
+
+    def step(op: str, inputs: list[str], result: str, **attrs) -> onnx.NodeProto:
+        """One arithmetic step, its result named as the label's part `result`."""
+        return helper.make_node(op, inputs, [part(result)], **attrs)
+
     def in_int64(value: str) -> list[onnx.NodeProto]:
-        out = [
-            helper.make_node("Cast", [value], [named(label, "v64")], to=TensorProto.INT64),
-            helper.make_node("Abs", [named(label, "v64")], [named(label, "abs")]),
-        ]
-        if not wide:
+        out = [step("Cast", [value], "v64", to=TensorProto.INT64), step("Abs", [part("v64")], "abs")]
+        if not wide:  # (|v| M0 2^left + half) div 2^right
             out += [
-                helper.make_node(
-                    "Mul",
-                    [named(label, "abs"), channel("m0", m0 << left)],
-                    [named(label, "product")],
-                ),
-                helper.make_node(
-                    "Add",
-                    [named(label, "product"), channel("half", half)],
-                    [named(label, "biased")],
-                ),
-                helper.make_node(
-                    "Div",
-                    [named(label, "biased"), channel("divisor", 1 << right)],
-                    [named(label, "magnitude")],
-                ),
+                step("Mul", [part("abs"), channel("m0", m0 << left)], "product"),
+                step("Add", [part("product"), channel("half", half)], "biased"),
+                step("Div", [part("biased"), channel("divisor", 1 << right)], "magnitude"),
             ]
         else:  # (high M0 + ((low M0 + half) div 2^24)) div 2^(n - 24), every term below 2^63
             unit = const(label, "unit", 1 << _SPLIT, np.int64)
             multiplier = channel("m0", m0)
             out += [
-                helper.make_node("Div", [named(label, "abs"), unit], [named(label, "v_high")]),
-                helper.make_node("Mul", [named(label, "v_high"), unit], [named(label, "v_high_part")]),
-                helper.make_node(
-                    "Sub",
-                    [named(label, "abs"), named(label, "v_high_part")],
-                    [named(label, "v_low")],
-                ),
-                helper.make_node("Mul", [named(label, "v_low"), multiplier], [named(label, "low_product")]),
-                helper.make_node(
-                    "Add",
-                    [named(label, "low_product"), channel("half", half)],
-                    [named(label, "low_biased")],
-                ),
-                helper.make_node("Div", [named(label, "low_biased"), unit], [named(label, "carry")]),
-                helper.make_node(
-                    "Mul",
-                    [named(label, "v_high"), multiplier],
-                    [named(label, "high_product")],
-                ),
-                helper.make_node(
-                    "Add",
-                    [named(label, "high_product"), named(label, "carry")],
-                    [named(label, "partial")],
-                ),
-                helper.make_node(
-                    "Div",
-                    [named(label, "partial"), channel("divisor", 1 << (right - _SPLIT))],
-                    [named(label, "magnitude")],
-                ),
+                step("Div", [part("abs"), unit], "v_high"),
+                step("Mul", [part("v_high"), unit], "v_high_part"),
+                step("Sub", [part("abs"), part("v_high_part")], "v_low"),
+                step("Mul", [part("v_low"), multiplier], "low_product"),
+                step("Add", [part("low_product"), channel("half", half)], "low_biased"),
+                step("Div", [part("low_biased"), unit], "carry"),
+                step("Mul", [part("v_high"), multiplier], "high_product"),
+                step("Add", [part("high_product"), part("carry")], "partial"),
+                step("Div", [part("partial"), channel("divisor", 1 << (right - _SPLIT))], "magnitude"),
             ]
         return out + [
-            helper.make_node("Sign", [named(label, "v64")], [named(label, "sign")]),
-            helper.make_node(
-                "Mul",
-                [named(label, "magnitude"), named(label, "sign")],
-                [named(label, "rounded_64")],
-            ),
-            helper.make_node(
-                "Cast",
-                [named(label, "rounded_64")],
-                [named(label, "rounded")],
-                to=TensorProto.DOUBLE,
-            ),
+            step("Sign", [part("v64")], "sign"),
+            step("Mul", [part("magnitude"), part("sign")], "rounded_64"),
+            step("Cast", [part("rounded_64")], "rounded", to=TensorProto.DOUBLE),
         ]
 
     return in_int64
