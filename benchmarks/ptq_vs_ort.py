@@ -57,6 +57,8 @@ MODELS = {
     "ocr_det": "ppocr_det",
     "ocr_det_scan": "ppocr_det",  # the same detector judged on a scanned typewritten page
     "ocr_cls": "ppocr_cls",
+    "ocr_det_book": "ppocr_det",  # tuning split only: the same models judged on an old book page
+    "ocr_cls_book": "ppocr_cls",
     "orient": "orientation",  # npu_model names may not repeat the onnx_model's
     "ocr_rec": "ppocr_rec",
     "vit": "vit_focus",
@@ -67,12 +69,16 @@ DATA = {
     "ocr_det": "ocr_det",
     "ocr_det_scan": "ocr_det_scan",
     "ocr_cls": "ocr_cls",
+    "ocr_det_book": "ocr_det_book",
+    "ocr_cls_book": "ocr_cls_book",
     "orient": "imagenet",
     "ocr_rec": "ocr_rec",
     "vit": "imagenet",
     "vad": "speech",
 }
-SHARES_ACTIONS_WITH = {"ocr_det_scan": "ocr_det"}
+SHARES_ACTIONS_WITH = {"ocr_det_scan": "ocr_det", "ocr_det_book": "ocr_det", "ocr_cls_book": "ocr_cls"}
+TUNING_ONLY = ("ocr_det_book", "ocr_cls_book")
+EVALUATION_ONLY = ("ocr_det_scan",)  # the typewritten page is evaluation data only
 CORPUS = Path(__file__).resolve().parent.parent / "corpus"
 
 
@@ -120,8 +126,10 @@ def add_text_scans(ws: Path, validation: bool) -> dict[str, int]:
     judged on the typewritten page's crops: a second held-out text set beside the photographed
     page. The tuning split reads neither evaluation page: the detector calibrates on the even
     brochure crops and is judged on the odd ones; the direction classifier is judged on 16 text
-    lines of the brochure's body (8 lines, upright and turned). Returns the number of images in
-    each new folder."""
+    lines of the brochure's body (8 lines, upright and turned); and both, with the same
+    calibration, are judged on an old book page too (`ocr_det_book` on its 6 crops, `ocr_cls_book`
+    on 16 of its lines), a page unlike anything either calibrates on. Returns the number of
+    images in each new folder."""
     from _sdist import default_cache
     from text_scans import write_crops, write_lines
 
@@ -141,17 +149,27 @@ def add_text_scans(ws: Path, validation: bool) -> dict[str, int]:
         write_lines("linn", scans / "lines", default_cache())
         lines = '("ocr_cls", TEXT_CALIBRATION, TEXT_LINES, OCR_CLS)'
         assert lines in text, "the example's data/BUILD no longer lists the classifier's sets as expected"
-        text = text.replace(lines, '("ocr_cls", TEXT_CALIBRATION, glob(["scans/lines/*.png"]), OCR_CLS)')
+        text = text.replace(
+            lines,
+            '("ocr_cls", TEXT_CALIBRATION, glob(["scans/lines/*.png"]), OCR_CLS),\n'
+            '        ("ocr_cls_book", TEXT_CALIBRATION, glob(["scans/book_lines/*.png"]), OCR_CLS)',
+        )
+        write_crops("huck", scans / "book", default_cache())
+        write_lines("huck", scans / "book_lines", default_cache())
+        sets += f',\n        ("ocr_det_book", {calibration}, glob(["scans/book/*.png"]), OCR_DET)'
+        judged = {"ocr_det_book": "ppocr_det", "ocr_cls_book": "ppocr_cls"}
     else:
         write_crops("typewriter", scans / "typewriter", default_cache())
         sets = (
             f'("ocr_det", {calibration}, TEXT_EVALUATION, OCR_DET),\n'
             f'        ("ocr_det_scan", {calibration}, glob(["scans/typewriter/*.png"]), OCR_DET)'
         )
-        with open(ws / "models" / "BUILD", "a") as f:
+        judged = {"ocr_det_scan": "ppocr_det"}
+    with open(ws / "models" / "BUILD", "a") as f:
+        for name, model in judged.items():
             f.write(
-                '\nnpu_model(name = "ocr_det_scan", model = ":ppocr_det", '
-                'calibration = "//data:ocr_det_scan_calib", evaluation = "//data:ocr_det_scan_eval")\n'
+                f'\nnpu_model(name = "{name}", model = ":{model}", '
+                f'calibration = "//data:{name}_calib", evaluation = "//data:{name}_eval")\n'
             )
     build.write_text(text.replace(entry, sets))
     return {folder.name: len(list(folder.glob("*.png"))) for folder in sorted(scans.iterdir())}
@@ -314,8 +332,8 @@ def main() -> None:
     parser.add_argument("--validation", action="store_true", help="the tuning split (see the docstring)")
     parser.add_argument("models", nargs="*", choices=[[], *MODELS], help="default: all")
     args = parser.parse_args()
-    unsplit = ("ocr_det_scan",)  # the typewritten page is evaluation data only
-    models = {m: MODELS[m] for m in (args.models or MODELS) if not (args.validation and m in unsplit)}
+    elsewhere = EVALUATION_ONLY if args.validation else TUNING_ONLY
+    models = {m: MODELS[m] for m in (args.models or MODELS) if m not in elsewhere}
 
     logging.getLogger().setLevel(logging.ERROR)  # onnxruntime.quantization warns per tensor
     from npubuild.cache.store import Store
@@ -327,7 +345,7 @@ def main() -> None:
         ws = tmp / "ws"
         n_calib, n_eval = crop_workspace(ws, validation=args.validation)
         add_corpus_models(ws, args.validation)
-        if {"ocr_det", "ocr_det_scan", "ocr_cls"} & set(models):
+        if {"ocr_det", "ocr_cls", *SHARES_ACTIONS_WITH} & set(models):
             print(f"text models, images from scanned pages: {add_text_scans(ws, args.validation)}")
         print(f"calibration crops: {n_calib}, evaluation crops: {n_eval} (from disjoint photographs)")
         from importlib.metadata import PackageNotFoundError, version

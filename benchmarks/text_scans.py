@@ -1,10 +1,13 @@
-"""Scanned printed pages for the text models' calibration and tuning split: two test images of
+"""Scanned printed pages for the text models' calibration and tuning split: three test images of
 OCRmyPDF's source distribution on PyPI, fetched by pinned version and sha256 (never committed):
 
 - `linn.png`, a 300 dpi scan of a two-column LinnSequencer brochure page (Wikimedia Commons,
   CC-BY-SA-3.0, per the archive's REUSE.toml);
 - `typewriter.png`, a scan of a typewritten Dutch recipe (Wikimedia Commons, (C) 2005 Ellywa,
-  GFDL-1.2-or-later or CC-BY-SA).
+  GFDL-1.2-or-later or CC-BY-SA);
+- `c03-29.pdf`, whose one image is Project Gutenberg's scan of page 29 of Adventures of
+  Huckleberry Finn (public domain): an old book page, yellowed paper, an engraving beside the
+  text, the page unlike the white scans and the photographs the text models calibrate on.
 
 Cut into square crops whose text lines come out about as tall, at the detector's input size, as
 those of the evaluation page (scikit-image's page.png halves), for the text detector; and into
@@ -42,6 +45,13 @@ SCANS = {
         4,
         2,
     ),
+    "huck": (
+        "ocrmypdf-17.13.0/tests/resources/c03-29.pdf",
+        "c2ff83af7d028c95209cc7eebdf80fd5bb4cd292973ed6601e4bab7d1929f201",
+        390,  # its lines are 15 px high: at the detector's input as tall as the brochure's
+        2,
+        3,
+    ),
 }
 SAVED_SIDE = 480  # crops are stored this size (the detector's sets resize them again)
 
@@ -56,7 +66,24 @@ def scan(archive: Path, name: str):
     digest = hashlib.sha256(data).hexdigest()
     if digest != sha256:
         raise SystemExit(f"{archive}:{member}: sha256 {digest}, pinned {sha256}")
+    if member.endswith(".pdf"):
+        data = pdf_jpeg(data)
     return Image.open(io.BytesIO(data)).convert("RGB")
+
+
+def pdf_jpeg(pdf: bytes) -> bytes:
+    """The one JPEG image stream of a pinned single-image PDF (its dictionary names the length)."""
+    import re
+
+    found = [
+        m
+        for m in re.finditer(rb"<<([^<>]*/Subtype\s*/Image[^<>]*)>>\s*stream\r?\n", pdf)
+        if b"/DCTDecode" in m.group(1)
+    ]
+    if len(found) != 1:
+        raise SystemExit(f"{len(found)} JPEG images in the PDF, one expected")
+    length = int(re.search(rb"/Length (\d+)", found[0].group(1)).group(1))
+    return pdf[found[0].end() : found[0].end() + length]
 
 
 def write_crops(name: str, dest: Path, cache: Path) -> int:
@@ -79,8 +106,9 @@ def write_crops(name: str, dest: Path, cache: Path) -> int:
     return k
 
 
-# Where the brochure's left column of body text lies (x from, x to, y from, y to), at 300 dpi
-LINES_AREA = {"linn": (400, 1200, 1330, 2250)}
+# Where a page's column of body text lies (x from, x to, y from, y to), in its pixels, and how
+# high a run of inked rows must be to be a line, not a speck or a descender's tail
+LINES_AREA = {"linn": ((400, 1200, 1330, 2250), 20), "huck": ((25, 760, 690, 990), 10)}
 LINE_INK = 0.02  # a row of the area is in a text line when this share of its pixels is dark
 
 
@@ -94,7 +122,7 @@ def write_lines(name: str, dest: Path, cache: Path, count: int = 8) -> int:
     from PIL import Image
 
     image = scan(fetch_sdist(SDIST, cache), name)
-    x0, x1, y0, y1 = LINES_AREA[name]
+    (x0, x1, y0, y1), shortest_line = LINES_AREA[name]
     gray = np.asarray(image.convert("L"))[y0:y1, x0:x1]
     inked = (gray < 128).mean(axis=1) > LINE_INK
     lines, start = [], None
@@ -102,7 +130,7 @@ def write_lines(name: str, dest: Path, cache: Path, count: int = 8) -> int:
         if row and start is None:
             start = y
         elif not row and start is not None:
-            if y - start >= 20:  # a line, not a speck or a descender's tail
+            if y - start >= shortest_line:
                 lines.append((y0 + start, y0 + y))
             start = None
     if len(lines) < count:
