@@ -74,3 +74,49 @@ def test_a_row_of_equal_logits_on_a_coarse_int16_grid_keeps_its_mass():
     assert rshift == 4
     codes = softmax_rows(np.full((2, 1000), 123, np.int64), table, rshift, 16)
     assert np.all(codes == round(32768 / 1000))
+
+
+def _hadamard16() -> np.ndarray:
+    h = np.ones((1, 1))
+    for _ in range(4):
+        h = np.block([[h, h], [h, -h]])
+    return h  # 16 orthogonal rows of +-1
+
+
+def _many_classes() -> onnx.ModelProto:
+    """Eight classes; logit k is the input's projection on row k of a 16 x 16 Hadamard matrix,
+    so an input equal to one of those rows raises its own logit and leaves the others at zero."""
+    weights = {"w": (10 / 16) * _hadamard16()[:8].T, "b": np.zeros(8)}
+    nodes = [
+        helper.make_node("Gemm", ["x", "w", "b"], ["logits"], name="classifier"),
+        helper.make_node("Softmax", ["logits"], ["y"], axis=1, name="probabilities"),
+    ]
+    return small_model(nodes, "classifier", {"x": [1, 16]}, {"y": [1, 8]}, weights)
+
+
+def test_a_many_class_answer_can_rise_the_whole_gap_above_the_others(tmp_path):
+    """A symmetric (int16) logit grid is centred on zero, so spanning the gap from end to end is
+    not enough: a confident answer raises one logit while the others stay near zero, and it can
+    show that only when the top end alone reaches the gap."""
+    model = _many_classes()
+    # unsure: small inputs, logits within about +-1; one sample (a Hadamard row no class reads,
+    # so every logit 0) spans the input range [-1, 1]
+    unsure = RNG.uniform(-0.1, 0.1, size=(64, 16)).astype(np.float32)
+    unsure[0] = _hadamard16()[12]
+    stats_meta, stats_arrays = calibration_stats(model, tmp_path, unsure)
+    assert max(-stats_meta["logits"]["min"], stats_meta["logits"]["max"]) < 2.0
+    _, meta, arrays = build_integer_model(model, stats_meta, stats_arrays, SETTINGS)
+    program = parse(meta, "test")
+    logits = program.tensors["logits"]
+    assert logits.bits == 16 and logits.zero_point == 0
+    assert 32767 * logits.scale >= math.log(2 * 32768)
+
+    # sure: an input within the calibrated range that gives one logit 10 and seven 0 (the float
+    # model's top probability 0.99968)
+    x = _hadamard16()[3].reshape(1, 16).astype(np.float32)
+    expected = session(model).run(None, {"x": x})[0]
+    assert expected[0, 3] > 0.999
+    (got,) = Interpreter(program, arrays, [], {"": 14}).run({"x": x})[0].values()
+    # a grid whose two ends together just span the gap (+-5.59 here) caps the top class at
+    # e^5.59 / (e^5.59 + 7) = 0.975: 0.026 off before this rule
+    assert float(np.abs(got - expected).max()) < 1e-3

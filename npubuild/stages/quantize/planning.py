@@ -236,8 +236,9 @@ class Planner:
                     f"'{name}' had {meta['nonfinite']} NaN/Inf values in calibration; "
                     "they were left out of its range"
                 )
-            if gap is not None and hi - lo < gap:
-                lo, hi = ranges.spanning(lo, hi, gap)
+            if gap is not None:
+                symmetric = ranges.centred(bits, self.config["symmetric_activations"])
+                lo, hi = ranges.spanning(lo, hi, gap, symmetric)
         scale, zp = ranges.quant_params(float(lo), float(hi), bits, self.config["symmetric_activations"])
         return TensorParams(scale, zp, bits), warnings
 

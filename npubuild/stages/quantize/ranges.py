@@ -198,9 +198,17 @@ def kl(stats: dict, hist: np.ndarray, bits: int, symmetric: bool, percentile: fl
     return _with_zero(max(lo0, -t), min(hi0, t))
 
 
-def spanning(lo: float, hi: float, span: float) -> tuple[float, float]:
-    """[lo, hi] widened by the same amount at both ends to `span` (a Softmax's input: the gap
-    its result grid needs, Planner._softmax_gap)."""
+def spanning(lo: float, hi: float, span: float, symmetric: bool) -> tuple[float, float]:
+    """[lo, hi] widened so that its grid spans `span` (a Softmax's input: the gap its result grid
+    needs, Planner._softmax_gap). An asymmetric grid is widened by the same amount at both ends
+    to `span`. A symmetric grid (every int16 one) is centred on zero whatever the values, so each
+    end reaches `span`: only then can one logit rise the whole gap above others near zero (a
+    many-class classifier's confident answer), not just above its mirror image (two classes whose
+    logits are each other's negative); at 16 bits the step this doubles is still 1/32767 of it."""
+    if symmetric:
+        return min(lo, -span), max(hi, span)
+    if hi - lo >= span:
+        return lo, hi
     extra = (span - (hi - lo)) / 2
     return _with_zero(lo - extra, hi + extra)
 
@@ -208,11 +216,16 @@ def spanning(lo: float, hi: float, span: float) -> tuple[float, float]:
 METHOD_FUNCTIONS = {"minmax": minmax, "percentile": percentile_range, "kl": kl, "mse": mse}
 
 
+def centred(bits: int, symmetric: bool) -> bool:
+    """Whether a `bits`-bit grid is symmetric about zero (zero point 0): asked for, or int16."""
+    return symmetric or bits == 16
+
+
 def quant_params(lo: float, hi: float, bits: int, symmetric: bool) -> tuple[float, int]:
     """(scale, zero_point) for a signed `bits`-bit grid over [lo, hi]; a zero range gets scale 1."""
     qmin, qmax = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
     lo, hi = _with_zero(lo, hi)
-    if symmetric or bits == 16:
+    if centred(bits, symmetric):
         t = max(-lo, hi)
         scale = t / qmax if t > 0 else 1.0
         return float(scale), 0
