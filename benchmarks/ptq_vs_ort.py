@@ -7,8 +7,9 @@ and Silero VAD (real speech, corpus/README.md; three inputs, three outputs).
 `--validation` runs the split defaults are tuned on instead: calibration crops from four of the
 calibration photographs, "evaluation" crops from the other two; the evaluation photographs are not
 read. The text detector's tuning split calibrates on the even crops of a scanned brochure page
-and judges on the odd ones; the direction classifier's judges on 16 text lines of that brochure
-(benchmarks/text_scans.py). Silero VAD's validation split is five of its calibration recordings
+and judges on the odd ones; the direction classifier's judges on 16 text lines of that brochure;
+and both, with the same calibration, are judged on an old book page too (`ocr_det_book`,
+`ocr_cls_book`: benchmarks/text_scans.py). Silero VAD's validation split is five of its calibration recordings
 against the other three (benchmarks/speech.py, VALIDATION).
 
 Same calibration crops (>= 32) and evaluation crops (>= 16, from other photographs) for every
@@ -33,7 +34,9 @@ model; a model with several outputs (Silero's probability and its two LSTM state
 mean over its outputs, npubuild's from accuracy.json's per-output figures alike. Each other
 tool's model is scored twice, with onnxruntime's fused int8 kernels (which differ between CPUs)
 and as written (graph optimizations off), and keeps the better figure (`scored`). "best other
-tool" is the one with the highest SQNR.
+tool" is the one with the highest SQNR. Under each row the summary gives how far the difference
+can be trusted: its spread over bootstrap resamples of the evaluation images and with each image
+left out (benchmarks/_resampling.py).
 """
 
 from __future__ import annotations
