@@ -237,7 +237,9 @@ class Reader:
         self.i = 0
 
 
-def onnxruntime_rows(canonical: Path, calib: list[dict], evaluation: list[dict], tmp: Path) -> list[tuple]:
+def onnxruntime_rows(
+    canonical: Path, calib: list[dict], evaluation: list[dict], reference: list, tmp: Path
+) -> list[tuple]:
     """onnxruntime's recipe: quant_pre_process, then quantize_static with each calibration method.
     Where pre-processing fails (sympy missing; PP-OCR cls, whose shape Concat onnxruntime's
     symbolic shape inference asserts on), it is tried again without the symbolic shapes; where
@@ -246,7 +248,6 @@ def onnxruntime_rows(canonical: Path, calib: list[dict], evaluation: list[dict],
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    reference = [session(canonical).run(None, feed) for feed in evaluation]
     prepared = tmp / "prepared.onnx"
     unprepared = ""
     try:
@@ -306,7 +307,7 @@ def scored(label: str, quantized, start: float, evaluation: list[dict], referenc
     return (label, cos, sqnr, seconds, note, parts)
 
 
-def nncf_rows(canonical: Path, calib: list[dict], evaluation: list[dict]) -> list[tuple]:
+def nncf_rows(canonical: Path, calib: list[dict], evaluation: list[dict], reference: list) -> list[tuple]:
     """NNCF's post-training quantization of the same ONNX model on the same calibration images,
     both presets (performance: symmetric activations; mixed: asymmetric), evaluated in
     onnxruntime. NNCF is a benchmark-only dependency (`pip install -e ".[bench]"`)."""
@@ -315,7 +316,6 @@ def nncf_rows(canonical: Path, calib: list[dict], evaluation: list[dict]) -> lis
     except ImportError:
         return [("NNCF", None, None, None, 'not installed: pip install -e ".[bench]"', None)]
     model = onnx.load(canonical)
-    reference = [session(model).run(None, feed) for feed in evaluation]
     dataset = nncf.Dataset(calib)
     rows = []
     for preset in (nncf.QuantizationPreset.PERFORMANCE, nncf.QuantizationPreset.MIXED):
@@ -329,14 +329,15 @@ def nncf_rows(canonical: Path, calib: list[dict], evaluation: list[dict]) -> lis
     return rows
 
 
-def golden_shares(out: Path, canonical: onnx.ModelProto, evaluation: list[dict]) -> np.ndarray:
+def golden_shares(
+    out: Path, canonical: onnx.ModelProto, evaluation: list[dict], reference: list
+) -> np.ndarray:
     """npubuild's row per image (_resampling.shares): its golden integer interpreter, the program
     evaluate scores, run again here on the same feeds against the same reference as the others."""
     from npubuild.intmodel.interpreter import load_integer_model
 
     _, _, interpreter = load_integer_model(out / "quantized.npq")
     names = [o.name for o in canonical.graph.output]
-    reference = [session(canonical).run(None, feed) for feed in evaluation]
     ours = []
     for feed in evaluation:
         outputs = interpreter.run(feed)[0]
@@ -409,14 +410,16 @@ def main() -> None:
                 samples_for(canonical, np.load(sets / f"{DATA[target]}_{role}" / "tensors.npy"), 10**6)
                 for role in ("calib", "eval")
             )
-            parts = golden_shares(out, canonical, evaluation)
+            # the float model's outputs, every tool's reference
+            reference = [session(canonical).run(None, feed) for feed in evaluation]
+            parts = golden_shares(out, canonical, evaluation, reference)
             again = float(np.mean(10 * np.log10(parts[0].sum(axis=1) / parts[1].sum(axis=1))))
             note = f"(recomputed here: {again:.2f})" if abs(again - sqnr) > 0.05 else ""
             rows = [("npubuild default", cosine, sqnr, ours, note, parts)]
             mtmp = tmp / target
             mtmp.mkdir()
-            rows += onnxruntime_rows(out / "canonical.onnx", calib, evaluation, mtmp)
-            rows += nncf_rows(out / "canonical.onnx", calib, evaluation)
+            rows += onnxruntime_rows(out / "canonical.onnx", calib, evaluation, reference, mtmp)
+            rows += nncf_rows(out / "canonical.onnx", calib, evaluation, reference)
             print(f"\n{target} ({source}): {len(calib)} calibration, {len(evaluation)} evaluation images")
             print(f"  {'':<36} {'cosine':>8} {'SQNR dB':>8} {'time s':>7}")
             for label, cos, sqnr, t, note, _ in rows:

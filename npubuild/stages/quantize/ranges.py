@@ -204,7 +204,7 @@ def spanning(lo: float, hi: float, span: float, symmetric: bool) -> tuple[float,
     to `span`. A symmetric grid (every int16 one) is centred on zero whatever the values, so each
     end reaches `span`: only then can one logit rise the whole gap above others near zero (a
     many-class classifier's confident answer), not just above its mirror image (two classes whose
-    logits are each other's negative); at 16 bits the step this doubles is still 1/32767 of it."""
+    logits are each other's negative); at 16 bits the step, at most doubled, is 1/32767 of it."""
     if symmetric:
         return min(lo, -span), max(hi, span)
     if hi - lo >= span:
