@@ -285,6 +285,10 @@ def render_accuracy(console, label: str, report: dict) -> None:
             f"max abs error {m['max_abs_error']:.4g}",
             highlight=False,
         )
+        worst = report.get("worst_samples", {}).get(name, [])
+        if worst:
+            shares = ", ".join(f"{escape(w['source'])} {w['error_share']:.0%}" for w in worst)
+            console.print(f"    most of its error: {shares}", highlight=False)
     table = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("layer", "op", "bits", "cosine", "SQNR dB"):
         table.add_column(col, justify="right" if col in ("bits", "cosine", "SQNR dB") else "left")

@@ -227,6 +227,7 @@ class Planner:
             "integer": Output(quant, "integer"),
             "qdq": Output(quant, "qdq"),
             "evaluation": Output(evaluation_set, "tensors"),
+            "sources": Output(evaluation_set, "summary"),  # to name the samples behind the error
         }
         if "stats" in quant_inputs:  # what calibration saw, to say where evaluation goes beyond it
             inputs["stats"] = quant_inputs["stats"]

@@ -1,12 +1,14 @@
 """evaluate: the integer model against the float model on the evaluation set.
 
 Per layer: cosine and SQNR of every quantized tensor (dequantized) against the float model's same
-tensor; per output: cosine, SQNR, max abs error. And the golden interpreter against the QDQ model
-in onnxruntime: the share of output elements within +-1 LSB.
+tensor; per output: cosine, SQNR, max abs error, and the samples that carry most of its error
+(named by the data set's files), with a warning when one carries most of it. And the golden
+interpreter against the QDQ model in onnxruntime: the share of output elements within +-1 LSB.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +17,14 @@ from npubuild.errors import UserError
 from npubuild.intmodel.codes import dequantize
 from npubuild.intmodel.interpreter import load_integer_model
 from npubuild.stages.feeds import samples_for, session
-from npubuild.stages.metrics import Agreement, OpAgreement, Top1, class_axis
+from npubuild.stages.metrics import (
+    Agreement,
+    OpAgreement,
+    Top1,
+    class_axis,
+    dominant_sample_warning,
+    worst_samples,
+)
 from npubuild.stages.onnx_utils import load_model, with_outputs, write_json
 from npubuild.stages.parallel import in_order, sample_workers
 from npubuild.stages.quantize.qdq import codes_name
@@ -79,6 +88,18 @@ def _class_axis(model, output: str, declared: dict[str, int]) -> int:
     return declared[output]
 
 
+def feed_sources(manifest: Path | None, tensors: np.ndarray, feeds: list[dict]) -> list[str]:
+    """Where each feed's samples came from (the data set's manifest lists one file per sample; a
+    feed of a batched input holds several), else "sample K"."""
+    listed: list = []
+    if manifest is not None:
+        listed = json.loads(Path(manifest).read_text()).get("sources") or []
+    per_feed = 1 if tensors.dtype.names else int(next(iter(feeds[0].values())).shape[0]) if feeds else 1
+    if not all(isinstance(s, str) for s in listed) or len(listed) < per_feed * len(feeds):
+        return [f"sample {k}" for k in range(len(feeds))]
+    return [", ".join(dict.fromkeys(listed[k * per_feed : (k + 1) * per_feed])) for k in range(len(feeds))]
+
+
 def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     model = load_model(inputs["model"], "the optimized model")
     program, arrays, interpreter = load_integer_model(inputs["integer"])
@@ -135,6 +156,7 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
 
     # Samples run in threads (numpy, BLAS and onnxruntime release the GIL); every sum below takes
     # them in sample order, so the report does not depend on the worker count.
+    errors: dict[str, list[float]] = {name: [] for name in outputs}  # each sample's, per output
     for reference, result, layer_terms, codes, qdq_out, extremes in in_order(
         measure, feeds, sample_workers()
     ):
@@ -142,7 +164,9 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
             seen_lo, seen_hi = seen.get(name, (lo, hi))
             seen[name] = (min(seen_lo, lo), max(seen_hi, hi))
         for name, agreement in outputs.items():
-            agreement.update(reference[name], result[name])
+            terms = Agreement.terms(reference[name], result[name])
+            agreement.add(terms)
+            errors[name].append(terms[3])
             top1[name].update(reference[name], result[name])
         for name, agreement in layers.items():
             agreement.add(layer_terms[name])
@@ -177,12 +201,15 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
             }
         )
     worst = sorted(layer_rows, key=lambda r: (r["sqnr_db"], r["cosine"]))[:5]
+    sources = feed_sources(inputs.get("sources"), tensors, feeds)
+    worst_by_output = {name: worst_samples(e, sources) for name, e in errors.items()}
     coverage = calibration_coverage(calibrated, seen) if calibrated else None
     report = {
         "samples": len(feeds),
         "outputs": {name: {**a.result(), **top1[name].result()} for name, a in outputs.items()},
         "layers": layer_rows,
         "worst_layers": [r["tensor"] for r in worst],
+        "worst_samples": worst_by_output,
         "float_nodes": [f.model_dump() for f in program.float_nodes],
         "golden_vs_qdq": {
             "op_by_op": op_by_op.result(),
@@ -200,6 +227,11 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
             "model computes"
             for name, a in export.items()
             if a.result().get("cosine", 1.0) < EXPORT_COSINE
+        ]
+        + [
+            w
+            for name, rows in worst_by_output.items()
+            if (w := dominant_sample_warning(name, rows, len(feeds))) is not None
         ]
         + (coverage_warning(coverage) if coverage is not None else []),
     }

@@ -154,3 +154,36 @@ class OpAgreement:
                 if c[0]
             },
         }
+
+
+# One sample with more of an output's squared error than all the others together, among at least
+# this many: the output's SQNR then says more about that sample than about the quantization
+DOMINANT_SHARE = 0.5
+DOMINANT_MIN_SAMPLES = 8
+
+
+def worst_samples(errors: list[float], sources: list[str], keep: int = 3) -> list[dict]:
+    """The samples that carry most of an output's squared error (`errors`, one per sample, in
+    sample order), largest first: index, where it came from and its share of the error. Empty
+    when there is no error or it is not finite."""
+    total = math.fsum(errors)
+    if not math.isfinite(total) or total <= 0:
+        return []
+    order = sorted(range(len(errors)), key=lambda k: (-errors[k], k))[:keep]
+    return [
+        {"sample": k, "source": sources[k], "error_share": round(errors[k] / total, 4)}
+        for k in order
+        if errors[k] > 0
+    ]
+
+
+def dominant_sample_warning(output: str, worst: list[dict], samples: int) -> str | None:
+    """A warning when one sample decides an output's figure (DOMINANT_SHARE)."""
+    if samples < DOMINANT_MIN_SAMPLES or not worst or worst[0]["error_share"] <= DOMINANT_SHARE:
+        return None
+    first = worst[0]
+    return (
+        f"output '{output}': one of {samples} evaluation samples ({first['source']}) carries "
+        f"{first['error_share']:.0%} of its squared error, so its SQNR says more about that sample "
+        "than about the model"
+    )
