@@ -94,7 +94,9 @@ def feed_sources(manifest: Path | None, tensors: np.ndarray, feeds: list[dict]) 
     listed: list = []
     if manifest is not None:
         listed = json.loads(Path(manifest).read_text()).get("sources") or []
-    per_feed = 1 if tensors.dtype.names else int(next(iter(feeds[0].values())).shape[0]) if feeds else 1
+    per_feed = 1  # a named record is one feed; a stack's feed is a batch of its samples
+    if feeds and not tensors.dtype.names:
+        per_feed = int(next(iter(feeds[0].values())).shape[0])
     if not all(isinstance(s, str) for s in listed) or len(listed) < per_feed * len(feeds):
         return [f"sample {k}" for k in range(len(feeds))]
     return [", ".join(dict.fromkeys(listed[k * per_feed : (k + 1) * per_feed])) for k in range(len(feeds))]
