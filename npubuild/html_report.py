@@ -231,6 +231,16 @@ def render(label: str, steps: list[dict], data: dict[str, dict]) -> str:
             body.append(
                 f"<p>Float ops</p><table><tr><th>node</th><th>op</th><th>reason</th></tr>{items}</table>"
             )
+        worst = [(o, w) for o, rows in accuracy.get("worst_samples", {}).items() for w in rows]
+        if worst:
+            items = "".join(
+                f"<tr><td>{escape(o)}</td><td>{escape(w['source'])}</td><td>{w['error_share']:.1%}</td></tr>"
+                for o, w in worst
+            )
+            body.append(
+                "<p>Evaluation samples with most of each output's squared error</p><table><tr>"
+                f"<th>output</th><th>sample</th><th>share</th></tr>{items}</table>"
+            )
     if sensitivity:
         body.append(
             "<h2>Sensitivity ranking (score = (1 - cos quantized alone) + (cos float alone - cos all int8))</h2>"

@@ -50,3 +50,6 @@ def test_the_report_names_the_evaluation_files_behind_the_error(small_ws, warm_c
     assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 1.0001
     shown = cli(["report", "//models:cls_npu"], small_ws, warm_cache)
     assert shown.returncode == 0 and f"most of its error: {worst[0]['source']}" in shown.stdout
+    assert cli(["report", "//models:cls_npu", "--html"], small_ws, warm_cache).returncode == 0
+    page = (small_ws / "npubuild-out" / "models" / "cls_npu" / "report.html").read_text()
+    assert f"<td>{worst[0]['source']}</td><td>{worst[0]['error_share']:.1%}</td>" in page
