@@ -117,6 +117,22 @@ def test_f_early_cutoff_when_an_upstream_rerun_yields_identical_bytes(small_ws, 
     assert run_build(small_ws, warm_store).executed() == {PREPARE_CALIB}
 
 
+def test_renaming_an_evaluation_photo_reruns_its_prepare_and_the_evaluate_that_names_it(small_ws, warm_store):
+    run_build(small_ws, warm_store)
+    photos = sorted((small_ws / "data" / "eval").glob("*.png"))
+    first = photos[0]
+    renamed = first.with_name(first.stem + "_renamed.png")  # sorts where it did: same tensors
+    assert sorted([renamed.name, *(p.name for p in photos[1:])])[0] == renamed.name
+    first.rename(renamed)
+    # prepare reran and wrote the same tensors, but its manifest names the new file: evaluate,
+    # which names the samples behind the error, reruns; simulate, which reads only the tensors,
+    # does not
+    assert run_build(small_ws, warm_store).executed() == {PREPARE_EVAL, ("evaluate", "//models:cls_npu")}
+    report = json.loads((small_ws / "npubuild-out" / "models" / "cls_npu" / "accuracy.json").read_text())
+    named = {w["source"] for rows in report["worst_samples"].values() for w in rows}
+    assert f"eval/{first.name}" not in named
+
+
 def test_new_file_matched_by_a_glob_reruns_its_dataset(small_ws, warm_store):
     run_build(small_ws, warm_store)
     src = sorted((small_ws / "data" / "calib").glob("*.png"))[0]
