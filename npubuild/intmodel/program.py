@@ -8,6 +8,7 @@ in the archive. `parse` validates an untrusted header into an `IntegerModel`.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -375,16 +376,33 @@ class IntegerModel(_Typed):
         concatenations and a Softmax, back to the results of the ops before them (the
         quantizer's `output_bits`)."""
         producers = {o: op for op in self.ops for o in op.outputs}
-        tail, todo = set(), list(self.outputs)
-        while todo:
-            name = todo.pop()
+
+        def follow(name: str) -> list[str] | None:
             op = producers.get(name)
-            if name in tail or op is None:
-                continue
-            tail.add(name)
+            if op is None:
+                return None
             if op.kind in ("add", "mul", "concat", "move", "softmax"):
-                todo.extend(i for i in op.inputs if i in self.tensors)
-        return tail
+                return [i for i in op.inputs if i in self.tensors]
+            return []
+
+        return walk_back(self.outputs, follow)
+
+
+def walk_back(outputs: Iterable[str], follow: Callable[[str], list[str] | None]) -> set[str]:
+    """The tensors reached from `outputs` back through their producers: `follow(name)` gives the
+    inputs to walk on from `name` ([] to stop after it), or None to leave `name` out. The result
+    tails of the plan (planning.py) and of the integer model walk this way."""
+    reached, todo = set(), list(outputs)
+    while todo:
+        name = todo.pop()
+        if name in reached:
+            continue
+        inputs = follow(name)
+        if inputs is None:
+            continue
+        reached.add(name)
+        todo.extend(inputs)
+    return reached
 
 
 def parse(meta: Any, where: str) -> IntegerModel:

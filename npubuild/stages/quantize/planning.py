@@ -14,7 +14,7 @@ from onnx import helper
 
 from npubuild.intmodel.lut import lut_function
 from npubuild.intmodel.ops import LUT_OPS, MAC_OPS, MOVE_OPS
-from npubuild.intmodel.program import grid_scales
+from npubuild.intmodel.program import grid_scales, walk_back
 from npubuild.intmodel.rowwise import SOFTMAX_GRID
 from npubuild.stages.optimize.graph import recorded_grids
 from npubuild.stages.quantize import ranges, reader_facts, squares
@@ -350,16 +350,16 @@ class Planner:
         concatenations only, back to (and including) the results of the MACs, tables and other
         ops before them: they get `output_bits`. A float op ends the walk."""
         producers = self.info.producers
-        tail, todo = set(), [o for o in self.info.outputs if o in producers]
-        while todo:
-            name = todo.pop()
+
+        def follow(name: str) -> list[str] | None:
             node = producers.get(name)
-            if name in tail or node is None or not choices[id(node)].integer:
-                continue
-            tail.add(name)
+            if node is None or not choices[id(node)].integer:
+                return None
             if node.op_type in TAIL_OPS or node.op_type in MOVE_OPS:
-                todo.extend(i for i in node.input if i and i not in self.info.constants)
-        return tail
+                return [i for i in node.input if i and i not in self.info.constants]
+            return []
+
+        return walk_back(self.info.outputs, follow)
 
     def _scalar_op(self, node: onnx.NodeProto) -> str | None:
         """The data input of an Add, Sub, Mul or Div of one tensor and a constant scalar (an op a
