@@ -54,6 +54,7 @@ import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _resampling import ROUNDS, difference, shares  # noqa: E402
+from _resampling import sqnr as sqnr_of  # noqa: E402
 from _workspace_gen import crop_workspace  # noqa: E402
 
 MODELS = {
@@ -413,7 +414,7 @@ def main() -> None:
             # the float model's outputs, every tool's reference
             reference = [session(canonical).run(None, feed) for feed in evaluation]
             parts = golden_shares(out, canonical, evaluation, reference)
-            again = float(np.mean(10 * np.log10(parts[0].sum(axis=1) / parts[1].sum(axis=1))))
+            again = float(sqnr_of(parts, np.ones((1, parts.shape[2])))[0])
             note = f"(recomputed here: {again:.2f})" if abs(again - sqnr) > 0.05 else ""
             rows = [("npubuild default", cosine, sqnr, ours, note, parts)]
             mtmp = tmp / target

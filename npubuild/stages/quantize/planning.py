@@ -346,9 +346,9 @@ class Planner:
         return self._choices[id(reader)].integer
 
     def _result_tail(self, choices: dict) -> set[str]:
-        """The tensors a network output is computed from by integer element-wise ops, moves and
-        concatenations only, back to (and including) the results of the MACs, tables and other
-        ops before them: they get `output_bits`. A float op ends the walk."""
+        """The tensors a network output is computed from by integer element-wise ops, moves,
+        concatenations and a Softmax only, back to (and including) the results of the MACs,
+        tables and other ops before them: they get `output_bits`. A float op ends the walk."""
         producers = self.info.producers
 
         def follow(name: str) -> list[str] | None:
