@@ -185,6 +185,8 @@ def _cycle_bars(layers: list[dict], width: int = 1050) -> str:
 
 
 def render(label: str, steps: list[dict], data: dict[str, dict]) -> str:
+    from npubuild.stages.metrics import clipped_layers
+
     accuracy = data.get("evaluate")
     partition, codegen, simulate = data.get("partition"), data.get("codegen"), data.get("simulate")
     sensitivity, search = data.get("sensitivity"), data.get("search")
@@ -230,6 +232,17 @@ def render(label: str, steps: list[dict], data: dict[str, dict]) -> str:
             )
             body.append(
                 f"<p>Float ops</p><table><tr><th>node</th><th>op</th><th>reason</th></tr>{items}</table>"
+            )
+        clipped = clipped_layers(accuracy["layers"])
+        if clipped:
+            items = "".join(
+                f"<tr><td>{escape(layer_name(r))}</td><td>{r['sqnr_db']:.2f}</td>"
+                f"<td>{r['clipping_sqnr_db']:.2f}</td><td>{r['clipped_samples']} of {accuracy['samples']}</td></tr>"
+                for r in clipped
+            )
+            body.append(
+                "<p>Layers whose error is mostly clipping (values beyond the grid's ends)</p><table><tr>"
+                f"<th>layer</th><th>SQNR dB</th><th>clipping alone, dB</th><th>samples</th></tr>{items}</table>"
             )
         worst = [(o, w) for o, rows in accuracy.get("worst_samples", {}).items() for w in rows]
         if worst:

@@ -275,6 +275,8 @@ def render_accuracy(console, label: str, report: dict) -> None:
     """`npubuild report`: outputs, every layer, what stayed float, and the golden-vs-QDQ check."""
     from rich.table import Table
 
+    from npubuild.stages.metrics import clipped_layers
+
     console.print(
         f"[bold]{escape(label)}[/]: {precision_kind(report)} model against float on {report['samples']} "
         "evaluation samples"
@@ -304,6 +306,13 @@ def render_accuracy(console, label: str, report: dict) -> None:
             f"{row['sqnr_db']:.2f}",
         )
     console.print(table)
+    for row in clipped_layers(report["layers"]):
+        console.print(
+            f"  clipped: {escape(layer_name(row))} at {row['sqnr_db']:.2f} dB; clipping alone would leave "
+            f"{row['clipping_sqnr_db']:.2f} dB (values beyond its grid in {row['clipped_samples']} of "
+            f"{report['samples']} samples)",
+            highlight=False,
+        )
     for f in report["float_nodes"]:
         console.print(
             f"  float: {escape(f['node'])} ({f['op_type']}): {escape(f['reason'])}", highlight=False

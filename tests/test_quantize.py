@@ -611,6 +611,96 @@ def test_evaluation_images_beyond_the_calibration_ranges_are_reported(tmp_path):
     assert any("beyond their calibration range" in w for w in louder["warnings"])
 
 
+def test_a_layer_that_lost_its_accuracy_to_clipping_is_named_by_what_clipping_alone_leaves(tmp_path):
+    """x -> Relu -> 1x1 Conv with min-max ranges: no calibration value lies past its grid, so
+    evaluated on the same samples no layer clips. On samples three times as large the Relu's
+    values run past its grid's end in every sample, and clipping is most of its error: the SQNR
+    clipping alone leaves is within 3 dB of the layer's, never much below it. `npubuild report`'s
+    rule names that layer."""
+    from conftest import small_model as hand_made
+    from npubuild.stages.metrics import clipped_layers, clipping_explains
+
+    model = hand_made(
+        [
+            helper.make_node("Relu", ["x"], ["r"], name="relu"),
+            helper.make_node("Conv", ["r", "w"], ["y"], name="mix"),
+        ],
+        "clipped",
+        {"x": [1, 3, 8, 8]},
+        {"y": [1, 4, 8, 8]},
+        {"w": RNG.normal(size=(4, 3, 1, 1)) * 0.5},
+    )
+    (tmp_path / "same").mkdir()
+    (tmp_path / "louder").mkdir()
+    data = RNG.normal(size=(8, 3, 8, 8)).astype(np.float32)
+    minmax = {**SETTINGS, "method": "minmax"}
+    _, _, same, _ = pipeline(tmp_path / "same", model, minmax, samples=data)
+    _, _, louder, _ = pipeline(tmp_path / "louder", model, minmax, samples=data, evaluation=3 * data)
+    assert [r["tensor"] for r in same["layers"]] == ["r", "y"]
+    assert all(r["clipped_samples"] == 0 and "clipping_sqnr_db" not in r for r in same["layers"])
+    assert clipped_layers(same["layers"]) == []
+    relu = louder["layers"][0]
+    assert relu["clipped_samples"] == 8 and 0.01 < relu["clipped_values"] < 0.5
+    # a clipped value's error is its distance past the end (the code saturates there)
+    assert relu["sqnr_db"] - 0.5 <= relu["clipping_sqnr_db"] <= relu["sqnr_db"] + 3.02
+    assert clipping_explains(relu) and clipped_layers(louder["layers"])[0]["tensor"] == "r"
+    # both reports say it, with the figures
+    from rich.console import Console
+
+    from npubuild.html_report import render
+    from npubuild.report import render_accuracy
+
+    console = Console(record=True, width=200)
+    render_accuracy(console, "//m:relu_mix", louder)
+    text = console.export_text()
+    assert (
+        f"clipped: relu at {relu['sqnr_db']:.2f} dB; clipping alone would leave "
+        f"{relu['clipping_sqnr_db']:.2f}" in text
+    )
+    assert "in 8 of 8 samples" in text
+    page = render("//m:relu_mix", [], {"evaluate": louder})
+    assert f"<tr><td>relu</td><td>{relu['sqnr_db']:.2f}</td><td>{relu['clipping_sqnr_db']:.2f}</td>" in page
+    console = Console(record=True, width=200)
+    render_accuracy(console, "//m:relu_mix", same)
+    assert "clipped:" not in console.export_text()
+
+
+def test_clipping_counts_values_past_half_a_step_beyond_the_ends():
+    from npubuild.stages.metrics import Agreement, Clipping, clipping_explains
+
+    ref = np.array([[0.0, 1.0, 1.04, 1.5], [-1.2, 0.3, 0.2, 3.0]])
+    # grid [-1, 1] step 0.1: 1.04 rounds to the end; 1.5, -1.2 and 3.0 are clipped
+    err2, values = Clipping.terms(ref, -1.0, 1.0, 0.1)
+    assert values == 3 and np.isclose(err2, 0.5**2 + 0.2**2 + 2.0**2)
+    # per channel (axis 1 of [1, 2, 2]): channel 0 [1.04, 1.5] on [-1, 1] clips 1.5; channel 1
+    # [0.2, 3.0] on [-4, 4] clips nothing
+    err2, values = Clipping.terms(
+        ref.reshape(1, 2, 4)[:, :, 2:],
+        np.array([-1.0, -4.0]).reshape(1, 2, 1),
+        np.array([1.0, 4.0]).reshape(1, 2, 1),
+        0.1,
+    )
+    assert values == 1 and np.isclose(err2, 0.5**2)
+    agreement, clipping = Agreement(), Clipping()
+    agreement.update(ref, np.clip(ref, -1.0, 1.0))
+    clipping.add(Clipping.terms(ref, -1.0, 1.0, 0.1))
+    clipping.add(Clipping.terms(np.zeros(4), -1.0, 1.0, 0.1))
+    row = {"tensor": "t", **agreement.result(), **clipping.result(agreement)}
+    assert row["clipped_samples"] == 1 and row["clipped_values"] == round(3 / 8, 7)
+    assert clipping_explains(row)
+    assert not clipping_explains({**row, "read_through": "Sigmoid"})  # clipped where it is flat
+    assert not clipping_explains({**row, "sqnr_db": row["clipping_sqnr_db"] - 3.1})  # mostly rounding
+
+
+def test_a_tensor_only_a_table_activation_reads_is_not_blamed_for_its_clipping():
+    sigmoid = helper.make_node("Sigmoid", ["t"], ["s"])
+    mul, relu = helper.make_node("Mul", ["t", "s"], ["m"]), helper.make_node("Relu", ["t"], ["r"])
+    assert evaluate_stage.read_through([sigmoid], False) == {"read_through": "Sigmoid"}
+    assert evaluate_stage.read_through([sigmoid, mul], False) == {}  # the Mul reads every value
+    assert evaluate_stage.read_through([relu], False) == {}
+    assert evaluate_stage.read_through([sigmoid], True) == {}  # a network output counts as it is
+
+
 def test_coverage_counts_excess_against_the_calibrated_span():
     calibrated = {"a": (0.0, 10.0), "b": (-1.0, 1.0), "c": (0.0, 4.0), "flat": (2.0, 2.0)}
     seen = {"a": (0.0, 12.0), "b": (-2.0, 0.5), "c": (-0.5, 3.0), "flat": (0.0, 9.0)}

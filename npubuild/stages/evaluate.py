@@ -14,11 +14,13 @@ from pathlib import Path
 import numpy as np
 
 from npubuild.errors import UserError
-from npubuild.intmodel.codes import dequantize
+from npubuild.intmodel.codes import dequantize, qrange
 from npubuild.intmodel.interpreter import load_integer_model
+from npubuild.intmodel.ops import LUT_OPS
 from npubuild.stages.feeds import samples_for, session
 from npubuild.stages.metrics import (
     Agreement,
+    Clipping,
     OpAgreement,
     Top1,
     class_axis,
@@ -102,6 +104,25 @@ def feed_sources(manifest: Path | None, tensors: np.ndarray, feeds: list[dict]) 
     return [", ".join(dict.fromkeys(listed[k * per_feed : (k + 1) * per_feed])) for k in range(len(feeds))]
 
 
+def grid_ends(t, ndim: int) -> tuple:
+    """The smallest and largest values a tensor's grid holds, and its step (per channel for a
+    per-channel grid, shaped to broadcast over an `ndim`-dimensional tensor)."""
+    qmin, qmax = qrange(t.bits)
+    scales = t.channel_scales(ndim)
+    return (qmin - t.zero_point) * scales, (qmax - t.zero_point) * scales, scales
+
+
+def read_through(readers: list, is_output: bool) -> dict:
+    """`{"read_through": op}` for a tensor whose one reader is a lookup-table activation: its range
+    was chosen by the error after that function (ranges.mse_through), so it clips where the
+    function is flat on purpose (PP-OCRv4 det's last transposed convolution: 98% of its values
+    past its grid's ends, where the Sigmoid after it is within 2.1e-4 of 0 or 1), and its clipping
+    is not its loss."""
+    if len(readers) == 1 and readers[0].op_type in LUT_OPS and not is_output:
+        return {"read_through": readers[0].op_type}
+    return {}
+
+
 def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     model = load_model(inputs["model"], "the optimized model")
     program, arrays, interpreter = load_integer_model(inputs["integer"])
@@ -126,6 +147,7 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
         o.name: Top1(_class_axis(model, o.name, params.get("class_axes", {}))) for o in model.graph.output
     }
     layers = {name: Agreement() for name in layer_names}
+    clipping = {name: Clipping() for name in layer_names}
     # the QDQ export against the integer model, every output (float outputs too): what a user who
     # deploys the export gets, measured rather than assumed
     export = {o.name: Agreement() for o in model.graph.output}
@@ -152,14 +174,18 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
             name: Agreement.terms(reference[name], dequantize(env[name], program.tensors[name]))
             for name in layers
         }
+        clip_terms = {
+            name: Clipping.terms(reference[name], *grid_ends(program.tensors[name], reference[name].ndim))
+            for name in layers
+        }
         codes = {name: env[name] for name in program.outputs if name in program.tensors}
         extremes = {n: (float(np.min(reference[n])), float(np.max(reference[n]))) for n in covered}
-        return reference, result, layer_terms, codes, qdq_out, extremes
+        return reference, result, (layer_terms, clip_terms), codes, qdq_out, extremes
 
     # Samples run in threads (numpy, BLAS and onnxruntime release the GIL); every sum below takes
     # them in sample order, so the report does not depend on the worker count.
     errors: dict[str, list[float]] = {name: [] for name in outputs}  # each sample's, per output
-    for reference, result, layer_terms, codes, qdq_out, extremes in in_order(
+    for reference, result, (layer_terms, clip_terms), codes, qdq_out, extremes in in_order(
         measure, feeds, sample_workers()
     ):
         for name, (lo, hi) in extremes.items():
@@ -172,6 +198,7 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
             top1[name].update(reference[name], result[name])
         for name, agreement in layers.items():
             agreement.add(layer_terms[name])
+            clipping[name].add(clip_terms[name])
         for name, agreement in export.items():
             agreement.update(result[name], qdq_out[name])
         if op_by_op.samples < OP_BY_OP_SAMPLES:
@@ -184,6 +211,11 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
             exact += int((diff == 0).sum())
             total += diff.size
     producers = {o: n for n in model.graph.node for o in n.output}
+    readers: dict[str, list] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    network_outputs = {o.name for o in model.graph.output}
     fine, tail = program.fine_preactivations(), program.result_tail()
     layer_rows = []
     for name, agreement in layers.items():
@@ -198,8 +230,10 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
                 "op_type": node.op_type,
                 "bits": program.tensors[name].bits,
                 **({"preactivation": True} if name in fine else {}),
+                **read_through(readers.get(name, []), name in network_outputs),
                 **({"result": True} if name in tail else {}),
                 **agreement.result(),
+                **clipping[name].result(agreement),
             }
         )
     worst = sorted(layer_rows, key=lambda r: (r["sqnr_db"], r["cosine"]))[:5]
