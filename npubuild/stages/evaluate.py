@@ -27,7 +27,7 @@ from npubuild.stages.metrics import (
     dominant_sample_warning,
     worst_samples,
 )
-from npubuild.stages.onnx_utils import load_model, with_outputs, write_json
+from npubuild.stages.onnx_utils import load_model, tensor_readers, with_outputs, write_json
 from npubuild.stages.parallel import in_order, sample_workers
 from npubuild.stages.quantize.qdq import codes_name
 
@@ -211,10 +211,7 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
             exact += int((diff == 0).sum())
             total += diff.size
     producers = {o: n for n in model.graph.node for o in n.output}
-    readers: dict[str, list] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    read_by = tensor_readers(model.graph.node)
     network_outputs = {o.name for o in model.graph.output}
     fine, tail = program.fine_preactivations(), program.result_tail()
     layer_rows = []
@@ -230,7 +227,7 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
                 "op_type": node.op_type,
                 "bits": program.tensors[name].bits,
                 **({"preactivation": True} if name in fine else {}),
-                **read_through(readers.get(name, []), name in network_outputs),
+                **read_through(read_by.get(name, []), name in network_outputs),
                 **({"result": True} if name in tail else {}),
                 **agreement.result(),
                 **clipping[name].result(agreement),

@@ -64,6 +64,16 @@ def set_types(graph: onnx.GraphProto, types: dict[str, tuple[int, list[int]]]) -
             graph.value_info.append(info)
 
 
+def tensor_readers(nodes) -> dict[str, list[onnx.NodeProto]]:
+    """Each tensor's reading nodes, in graph order (an absent optional input, "", is no tensor)."""
+    found: dict[str, list[onnx.NodeProto]] = {}
+    for node in nodes:
+        for name in node.input:
+            if name:
+                found.setdefault(name, []).append(node)
+    return found
+
+
 def recorded_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
     """Each graph input's, output's and recorded intermediate's dims as the model states them (0
     for a symbolic dim, [] for a value with no shape)."""

@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from npubuild.stages.onnx_utils import default_opset, set_types
+from npubuild.stages.onnx_utils import default_opset, set_types, tensor_readers
 
 NPUBUILD_DOMAIN = "npubuild"
 QDQ_METADATA = "npubuild.qdq"  # the grids of a pre-quantized model's activations (prequantized.py)
@@ -72,12 +72,7 @@ class Graph:
         return {o: n for n in self.nodes for o in n.output if o}
 
     def consumers(self) -> dict[str, list[onnx.NodeProto]]:
-        uses: dict[str, list[onnx.NodeProto]] = {}
-        for n in self.nodes:
-            for i in n.input:
-                if i:
-                    uses.setdefault(i, []).append(n)
-        return uses
+        return tensor_readers(self.nodes)
 
     def output_names(self) -> set[str]:
         return {o.name for o in self.outputs}

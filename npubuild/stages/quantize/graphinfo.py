@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from npubuild.stages.onnx_utils import tensor_readers
+
 FUSED_HEAD = "fused_preprocess"  # the node fuse_preprocess puts in front (stages/fuse.py)
 
 
@@ -46,10 +48,7 @@ class GraphInfo:
             for v in values
             if v.type.tensor_type.elem_type not in floats
         }
-        consumers: dict[str, list[onnx.NodeProto]] = {}
-        for n in nodes:
-            for i in n.input:
-                consumers.setdefault(i, []).append(n)
+        consumers = tensor_readers(nodes)
         producers = {o: n for n in nodes for o in n.output}
         float_inputs = [
             v.name for v in graph.input if v.name not in constants and v.type.tensor_type.elem_type in floats

@@ -16,6 +16,7 @@ import onnx
 
 from npubuild.errors import UserError
 from npubuild.intmodel.ops import MAC_OPS, MOVE_OPS
+from npubuild.stages.onnx_utils import tensor_readers
 from npubuild.stages.quantize.planning import Planner, node_label
 
 PRECISIONS = ("int8", "int16", "float")
@@ -46,10 +47,7 @@ class Layers:
         planner = Planner(model, stats_meta, stats_arrays, settings)
         self.nodes = {node_label(n): n for n in model.graph.node}
         producers = {o: n for n in model.graph.node for o in n.output}
-        consumers: dict[str, list] = {}
-        for n in model.graph.node:
-            for i in n.input:
-                consumers.setdefault(i, []).append(n)
+        consumers = tensor_readers(model.graph.node)
         self.follows: dict[str, str | None] = {}  # follower -> the node whose precision it takes
         units = []
         for n in model.graph.node:

@@ -26,6 +26,7 @@ import onnx
 
 from npubuild.intmodel.ops import LUT_OPS, MAC_OPS, TABULATED_OPS
 from npubuild.intmodel.program import parse
+from npubuild.stages.onnx_utils import tensor_readers
 from npubuild.stages.quantize.graphinfo import node_label
 from npubuild.stages.quantize.integer_model import build_integer_model
 from npubuild.stages.quantize.precision import Layers, precision_overrides
@@ -187,10 +188,7 @@ class Prices:
         of the layers the table keeps float, `work` every node's (the elements it reads and writes
         split a MAC op's DMA)."""
         total = self.fixed + sum(self.float_layer(w) for w in floats)
-        consumers: dict[str, list[onnx.NodeProto]] = {}
-        for node in graph.node:
-            for name in node.input:
-                consumers.setdefault(name, []).append(node)
+        consumers = tensor_readers(graph.node)
         bits = {**tensor_bits, **{n: 8 for n in unstored_results(graph, fine)}}
         for node in graph.node:
             label = node_label(node)
