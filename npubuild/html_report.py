@@ -185,7 +185,7 @@ def _cycle_bars(layers: list[dict], width: int = 1050) -> str:
 
 
 def render(label: str, steps: list[dict], data: dict[str, dict]) -> str:
-    from npubuild.stages.metrics import clipped_layers
+    from npubuild.stages.metrics import clipped_layers, clipping_figures
 
     accuracy = data.get("evaluate")
     partition, codegen, simulate = data.get("partition"), data.get("codegen"), data.get("simulate")
@@ -233,12 +233,14 @@ def render(label: str, steps: list[dict], data: dict[str, dict]) -> str:
             body.append(
                 f"<p>Float ops</p><table><tr><th>node</th><th>op</th><th>reason</th></tr>{items}</table>"
             )
-        clipped = clipped_layers(accuracy["layers"])
+        clipped = [(r, clipping_figures(r)) for r in clipped_layers(accuracy["layers"])]
         if clipped:
             items = "".join(
-                f"<tr><td>{escape(layer_name(r))}</td><td>{r['sqnr_db']:.2f}</td>"
-                f"<td>{r['clipping_sqnr_db']:.2f}</td><td>{r['clipped_samples']} of {accuracy['samples']}</td></tr>"
-                for r in clipped
+                f"<tr><td>{escape(layer_name(r))}"
+                + (f" (after its {escape(r['read_through'])})" if r.get("read_through") else "")
+                + f"</td><td>{against:.2f}</td><td>{alone:.2f}</td>"
+                f"<td>{r['clipped_samples']} of {accuracy['samples']}</td></tr>"
+                for r, (alone, against) in clipped
             )
             body.append(
                 "<p>Layers whose error is mostly clipping (values beyond the grid's ends)</p><table><tr>"

@@ -275,7 +275,7 @@ def render_accuracy(console, label: str, report: dict) -> None:
     """`npubuild report`: outputs, every layer, what stayed float, and the golden-vs-QDQ check."""
     from rich.table import Table
 
-    from npubuild.stages.metrics import clipped_layers
+    from npubuild.stages.metrics import clipped_layers, clipping_figures
 
     console.print(
         f"[bold]{escape(label)}[/]: {precision_kind(report)} model against float on {report['samples']} "
@@ -307,9 +307,11 @@ def render_accuracy(console, label: str, report: dict) -> None:
         )
     console.print(table)
     for row in clipped_layers(report["layers"]):
+        alone, against = clipping_figures(row)
+        after = f" after its {row['read_through']}" if row.get("read_through") else ""
         console.print(
-            f"  clipped: {escape(layer_name(row))} at {row['sqnr_db']:.2f} dB; clipping alone would leave "
-            f"{row['clipping_sqnr_db']:.2f} dB (values beyond its grid in {row['clipped_samples']} of "
+            f"  clipped: {escape(layer_name(row))} at {against:.2f} dB{after}; clipping alone would leave "
+            f"{alone:.2f} dB (values beyond its grid in {row['clipped_samples']} of "
             f"{report['samples']} samples)",
             highlight=False,
         )

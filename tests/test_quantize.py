@@ -692,6 +692,43 @@ def test_clipping_counts_values_past_half_a_step_beyond_the_ends():
     assert not clipping_explains({**row, "sqnr_db": row["clipping_sqnr_db"] - 3.1})  # mostly rounding
 
 
+def test_a_pre_activation_is_judged_after_its_activation(tmp_path):
+    """x -> 1x1 Conv -> HardSwish -> 1x1 Conv, min-max ranges, evaluated three times beyond them:
+    the convolution's result (read by the HardSwish alone) is clipped at its top, where HardSwish
+    is the identity, so the clipping shows after the function too and is named against the
+    HardSwish's own result. Clipping past the flat end of a function costs nothing after it."""
+    from conftest import small_model as hand_made
+    from npubuild.intmodel.lut import lut_function
+    from npubuild.stages.metrics import Clipping, clipped_layers, clipping_explains, clipping_figures
+
+    sigmoid = lut_function("Sigmoid", {})
+    err2, values = Clipping.terms(np.array([-40.0, -30.0, 0.5]), -20.0, 20.0, 0.1, sigmoid)
+    assert values == 2 and err2 < 1e-16  # past the flat end: clipped, and free after the Sigmoid
+    err2, values = Clipping.terms(np.array([6.0, 1.0]), -4.0, 4.0, 0.1, lut_function("HardSwish", {}))
+    assert values == 1 and np.isclose(err2, 2.0**2)  # the identity above 3: all of it
+    model = hand_made(
+        [
+            helper.make_node("Conv", ["x", "w1"], ["c"], name="widen"),
+            helper.make_node("HardSwish", ["c"], ["h"], name="act"),
+            helper.make_node("Conv", ["h", "w2"], ["y"], name="mix"),
+        ],
+        "through",
+        {"x": [1, 3, 8, 8]},
+        {"y": [1, 4, 8, 8]},
+        {"w1": RNG.normal(size=(4, 3, 1, 1)), "w2": RNG.normal(size=(4, 4, 1, 1)) * 0.5},
+    )
+    data = RNG.normal(size=(8, 3, 8, 8)).astype(np.float32)
+    minmax = {**SETTINGS, "method": "minmax"}
+    _, _, report, _ = pipeline(tmp_path, model, minmax, samples=data, evaluation=3 * data)
+    rows = {r["tensor"]: r for r in report["layers"]}
+    pre, act = rows["c"], rows["h"]
+    assert pre["read_through"] == "HardSwish" and "clipping_sqnr_db" not in pre
+    assert pre["clipped_samples"] == 8 and pre["activation_sqnr_db"] == act["sqnr_db"]
+    alone, against = clipping_figures(pre)
+    assert against == act["sqnr_db"] and alone <= act["sqnr_db"] + 3.02
+    assert clipping_explains(pre) and "c" in [r["tensor"] for r in clipped_layers(report["layers"])]
+
+
 def test_a_tensor_only_a_table_activation_reads_is_not_blamed_for_its_clipping():
     sigmoid = helper.make_node("Sigmoid", ["t"], ["s"])
     mul, relu = helper.make_node("Mul", ["t", "s"], ["m"]), helper.make_node("Relu", ["t"], ["r"])

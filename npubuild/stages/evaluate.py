@@ -16,6 +16,7 @@ import numpy as np
 from npubuild.errors import UserError
 from npubuild.intmodel.codes import dequantize, qrange
 from npubuild.intmodel.interpreter import load_integer_model
+from npubuild.intmodel.lut import lut_function
 from npubuild.intmodel.ops import LUT_OPS
 from npubuild.stages.feeds import samples_for, session
 from npubuild.stages.metrics import (
@@ -116,11 +117,18 @@ def read_through(readers: list, is_output: bool) -> dict:
     """`{"read_through": op}` for a tensor whose one reader is a lookup-table activation: its range
     was chosen by the error after that function (ranges.mse_through), so it clips where the
     function is flat on purpose (PP-OCRv4 det's last transposed convolution: 98% of its values
-    past its grid's ends, where the Sigmoid after it is within 2.1e-4 of 0 or 1), and its clipping
-    is not its loss."""
+    past its grid's ends, where the Sigmoid after it is within 2.1e-4 of 0 or 1). Its clipping is
+    judged after the function, as the activation's result sees it."""
     if len(readers) == 1 and readers[0].op_type in LUT_OPS and not is_output:
         return {"read_through": readers[0].op_type}
     return {}
+
+
+def activation_function(node):
+    """The float function of a lookup-table activation node."""
+    from onnx import helper
+
+    return lut_function(node.op_type, {a.name: helper.get_attribute_value(a) for a in node.attribute})
 
 
 def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
@@ -148,6 +156,16 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     }
     layers = {name: Agreement() for name in layer_names}
     clipping = {name: Clipping() for name in layer_names}
+    read_by = tensor_readers(model.graph.node)
+    network_outputs = {o.name for o in model.graph.output}
+    # a tensor only a table activation reads: its clipping is judged after that function, against
+    # the activation's own result (when that is a layer too)
+    through = {
+        name: (activation_function(read_by[name][0]), read_by[name][0].output[0])
+        for name in layer_names
+        if read_through(read_by.get(name, []), name in network_outputs)
+        and read_by[name][0].output[0] in layers
+    }
     # the QDQ export against the integer model, every output (float outputs too): what a user who
     # deploys the export gets, measured rather than assumed
     export = {o.name: Agreement() for o in model.graph.output}
@@ -175,7 +193,11 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
             for name in layers
         }
         clip_terms = {
-            name: Clipping.terms(reference[name], *grid_ends(program.tensors[name], reference[name].ndim))
+            name: Clipping.terms(
+                reference[name],
+                *grid_ends(program.tensors[name], reference[name].ndim),
+                through[name][0] if name in through else None,
+            )
             for name in layers
         }
         codes = {name: env[name] for name in program.outputs if name in program.tensors}
@@ -211,8 +233,6 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
             exact += int((diff == 0).sum())
             total += diff.size
     producers = {o: n for n in model.graph.node for o in n.output}
-    read_by = tensor_readers(model.graph.node)
-    network_outputs = {o.name for o in model.graph.output}
     fine, tail = program.fine_preactivations(), program.result_tail()
     layer_rows = []
     for name, agreement in layers.items():
@@ -230,7 +250,7 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
                 **read_through(read_by.get(name, []), name in network_outputs),
                 **({"result": True} if name in tail else {}),
                 **agreement.result(),
-                **clipping[name].result(agreement),
+                **clipping[name].result(agreement, layers[through[name][1]] if name in through else None),
             }
         )
     worst = sorted(layer_rows, key=lambda r: (r["sqnr_db"], r["cosine"]))[:5]

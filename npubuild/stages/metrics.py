@@ -86,10 +86,12 @@ class Clipping:
         self.samples = 0
 
     @staticmethod
-    def terms(ref: np.ndarray, lo, hi, step) -> tuple[float, int]:
+    def terms(ref: np.ndarray, lo, hi, step, through=None) -> tuple[float, int]:
         """One sample's clipping error and clipped values against the grid's ends `lo`, `hi` and
         its `step` (scalars, or per channel shaped to broadcast). A value within half a step past
-        an end rounds to that end, as any value inside does: clipped are the values further out."""
+        an end rounds to that end, as any value inside does: clipped are the values further out.
+        `through`: the function the tensor's one reader applies; the error is then taken after
+        it, f(value) - f(end), nothing where the function is flat."""
         r = np.asarray(ref)
         half = np.asarray(step, np.float64) / 2
         # two comparisons and no copy for the usual tensor, which clips nothing (NaN compares False)
@@ -99,6 +101,8 @@ class Clipping:
         value = r[clipped].astype(np.float64)
         ends = [np.broadcast_to(end, r.shape)[clipped] for end in (lo, hi)]
         beyond = value - np.clip(value, *ends)
+        if through is not None:
+            beyond = through(value) - through(value - beyond)
         beyond = beyond[np.isfinite(beyond)]  # Inf is counted elsewhere
         return dot(beyond, beyond), beyond.size
 
@@ -108,16 +112,28 @@ class Clipping:
         self.values += values
         self.samples += values > 0
 
-    def result(self, agreement: Agreement) -> dict:
+    def result(self, agreement: Agreement, activation: Agreement | None = None) -> dict:
         """`clipped_samples`; with any clipped, the share of values clipped and the SQNR that the
-        clipping alone leaves (the layer's own SQNR cannot be above it by much)."""
+        clipping alone leaves (the layer's own SQNR cannot be above it by much). With
+        `activation`, the result of the table activation that alone reads the tensor (terms taken
+        `through` it): that SQNR is after the function, beside the activation's own."""
         if not self.values:
             return {"clipped_samples": 0}
-        sqnr = 10 * math.log10(agreement.ref2 / self.err2) if agreement.ref2 > 0 else -200.0
-        return {
+        judged = activation or agreement
+        if self.err2 == 0:
+            sqnr = 200.0
+        else:
+            sqnr = 10 * math.log10(judged.ref2 / self.err2) if judged.ref2 > 0 else -200.0
+        row = {
             "clipped_samples": self.samples,
             "clipped_values": round(self.values / max(agreement.count, 1), 7),
-            "clipping_sqnr_db": round(sqnr, 3),
+        }
+        if activation is None:
+            return {**row, "clipping_sqnr_db": round(sqnr, 3)}
+        return {
+            **row,
+            "clipping_after_sqnr_db": round(sqnr, 3),
+            "activation_sqnr_db": activation.result()["sqnr_db"],
         }
 
 
@@ -126,21 +142,28 @@ class Clipping:
 CLIPPING_EXPLAINS_DB = 10 * math.log10(2)
 
 
+def clipping_figures(row: dict) -> tuple[float, float] | None:
+    """(the SQNR clipping alone leaves, the SQNR it is set against) of a layer row with clipped
+    values: the tensor's own, or for a tensor a lookup-table activation alone reads
+    (`read_through`, fine pre-activations among them), both after that activation. Its range
+    clips where the function is flat on purpose, free there; only the rest counts."""
+    if "clipping_after_sqnr_db" in row:
+        return row["clipping_after_sqnr_db"], row["activation_sqnr_db"]
+    if "clipping_sqnr_db" in row and not row.get("read_through"):
+        return row["clipping_sqnr_db"], row["sqnr_db"]
+    return None
+
+
 def clipping_explains(row: dict) -> bool:
-    """Whether a layer row's clipping carries at least half its squared error. Not said of a
-    tensor a lookup-table activation alone reads (`read_through`, fine pre-activations among
-    them): its range clips where that activation is flat on purpose, free after it."""
-    return (
-        "clipping_sqnr_db" in row
-        and not row.get("read_through")
-        and row["clipping_sqnr_db"] <= row["sqnr_db"] + CLIPPING_EXPLAINS_DB
-    )
+    """Whether a layer's clipping carries at least half the squared error it is set against."""
+    figures = clipping_figures(row)
+    return figures is not None and figures[0] <= figures[1] + CLIPPING_EXPLAINS_DB
 
 
 def clipped_layers(rows: list[dict], keep: int = 5) -> list[dict]:
     """The layers whose error is mostly clipping, lowest clipping-alone SQNR first."""
     return sorted(
-        (r for r in rows if clipping_explains(r)), key=lambda r: (r["clipping_sqnr_db"], r["tensor"])
+        (r for r in rows if clipping_explains(r)), key=lambda r: (clipping_figures(r)[0], r["tensor"])
     )[:keep]
 
 
