@@ -689,6 +689,7 @@ def test_clipping_counts_values_past_half_a_step_beyond_the_ends():
     assert row["clipped_samples"] == 1 and row["clipped_values"] == round(3 / 8, 7)
     assert clipping_explains(row)
     assert not clipping_explains({**row, "read_through": "Sigmoid"})  # clipped where it is flat
+    assert not clipping_explains({**row, "op_type": "Reshape"})  # its input's values, named there
     assert not clipping_explains({**row, "sqnr_db": row["clipping_sqnr_db"] - 3.1})  # mostly rounding
 
 

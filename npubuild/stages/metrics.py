@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from npubuild.intmodel.interpreter import Interpreter
+from npubuild.intmodel.ops import MOVE_OPS
 from npubuild.intmodel.program import IntegerModel
 from npubuild.stages.onnx_utils import recorded_shapes
 from npubuild.stages.reductions import dot
@@ -147,6 +148,8 @@ def clipping_figures(row: dict) -> tuple[float, float] | None:
     values: the tensor's own, or for a tensor a lookup-table activation alone reads
     (`read_through`, fine pre-activations among them), both after that activation. Its range
     clips where the function is flat on purpose, free there; only the rest counts."""
+    if row.get("op_type") in MOVE_OPS:
+        return None  # a move's values are its input's, on its input's grid: the clipping entered there
     if "clipping_after_sqnr_db" in row:
         return row["clipping_after_sqnr_db"], row["activation_sqnr_db"]
     if "clipping_sqnr_db" in row and not row.get("read_through"):
