@@ -18,13 +18,15 @@ SEED = 0  # the same resamples for every row and every run
 
 def shares(reference: list[list[np.ndarray]], candidate: list[list[np.ndarray]]) -> np.ndarray:
     """[2, outputs, images]: each image's signal (sum of the reference's squares) and error (sum
-    of squared differences), per output, in float64."""
+    of squared differences), per output, in float64: the sums evaluate's figures are made of
+    (metrics.Agreement.terms)."""
+    from npubuild.stages.metrics import Agreement
+
     out = np.zeros((2, len(reference[0]), len(reference)))
     for i, (ref, cand) in enumerate(zip(reference, candidate)):
         for k, (r, c) in enumerate(zip(ref, cand)):
-            r64, c64 = r.astype(np.float64).ravel(), c.astype(np.float64).ravel()
-            out[0, k, i] = r64 @ r64
-            out[1, k, i] = ((r64 - c64) ** 2).sum()
+            terms = Agreement.terms(r, c)
+            out[0, k, i], out[1, k, i] = terms[1], terms[3]
     return out
 
 

@@ -16,7 +16,6 @@ import numpy as np
 from npubuild.errors import UserError
 from npubuild.intmodel.codes import dequantize, qrange
 from npubuild.intmodel.interpreter import load_integer_model
-from npubuild.intmodel.lut import lut_function
 from npubuild.intmodel.ops import LUT_OPS
 from npubuild.stages.feeds import samples_for, session
 from npubuild.stages.metrics import (
@@ -31,6 +30,7 @@ from npubuild.stages.metrics import (
 from npubuild.stages.onnx_utils import load_model, tensor_readers, with_outputs, write_json
 from npubuild.stages.parallel import in_order, sample_workers
 from npubuild.stages.quantize.qdq import codes_name
+from npubuild.stages.quantize.tables import activation_function
 
 OP_BY_OP_SAMPLES = 2
 EXPORT_COSINE = 0.999  # below this the QDQ export is a different model (issue 16)
@@ -124,13 +124,6 @@ def read_through(readers: list, is_output: bool) -> dict:
     return {}
 
 
-def activation_function(node):
-    """The float function of a lookup-table activation node."""
-    from onnx import helper
-
-    return lut_function(node.op_type, {a.name: helper.get_attribute_value(a) for a in node.attribute})
-
-
 def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     model = load_model(inputs["model"], "the optimized model")
     program, arrays, interpreter = load_integer_model(inputs["integer"])
@@ -158,13 +151,13 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
     clipping = {name: Clipping() for name in layer_names}
     read_by = tensor_readers(model.graph.node)
     network_outputs = {o.name for o in model.graph.output}
+    via = {name: read_through(read_by.get(name, []), name in network_outputs) for name in layer_names}
     # a tensor only a table activation reads: its clipping is judged after that function, against
     # the activation's own result (when that is a layer too)
     through = {
         name: (activation_function(read_by[name][0]), read_by[name][0].output[0])
         for name in layer_names
-        if read_through(read_by.get(name, []), name in network_outputs)
-        and read_by[name][0].output[0] in layers
+        if via[name] and read_by[name][0].output[0] in layers
     }
     # the QDQ export against the integer model, every output (float outputs too): what a user who
     # deploys the export gets, measured rather than assumed
@@ -247,7 +240,7 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
                 "op_type": node.op_type,
                 "bits": program.tensors[name].bits,
                 **({"preactivation": True} if name in fine else {}),
-                **read_through(read_by.get(name, []), name in network_outputs),
+                **via[name],
                 **({"result": True} if name in tail else {}),
                 **agreement.result(),
                 **clipping[name].result(agreement, layers[through[name][1]] if name in through else None),

@@ -10,16 +10,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import helper
 
-from npubuild.intmodel.lut import lut_function
 from npubuild.intmodel.ops import LUT_OPS, MAC_OPS, MOVE_OPS
 from npubuild.intmodel.program import grid_scales, walk_back
 from npubuild.intmodel.rowwise import SOFTMAX_GRID
 from npubuild.stages.optimize.graph import recorded_grids
 from npubuild.stages.quantize import ranges, reader_facts, squares
 from npubuild.stages.quantize.graphinfo import GraphInfo, attr, node_label
-from npubuild.stages.quantize.tables import WIDE_INPUT_SHIFT
+from npubuild.stages.quantize.tables import WIDE_INPUT_SHIFT, activation_function
 from npubuild.targets.support import integer_blocker
 
 
@@ -277,7 +275,7 @@ class Planner:
         node = reader_facts.sole_reader(self.info, name)
         if node is None or node.op_type not in LUT_OPS:
             return None
-        return lut_function(node.op_type, {a.name: helper.get_attribute_value(a) for a in node.attribute})
+        return activation_function(node)
 
     def ensure_quantized(self, name: str, bits: int, method: str) -> None:
         """An integer op reads `name`: give it parameters if a float op or the model made it."""

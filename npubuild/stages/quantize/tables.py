@@ -70,14 +70,19 @@ def table_op(enc, node: onnx.NodeProto) -> dict:
     }
 
 
+def activation_function(node: onnx.NodeProto):
+    """The float function of a lookup-table activation node (LUT_OPS), its attributes applied:
+    what its table is built from, and what the quantizer and evaluate judge clipping through."""
+    return lut_function(node.op_type, {a.name: helper.get_attribute_value(a) for a in node.attribute})
+
+
 def _table(enc, node: onnx.NodeProto, codes: np.ndarray) -> np.ndarray:
     """The output codes of the function at input `codes` (any real position on the input grid)."""
     x, out = data_input(node, enc.constants), node.output[0]
     xp, yp = enc.params[x], enc.params[out]
     real = ((codes - xp.zero_point) * xp.scale).astype(np.float32)
     if node.op_type in LUT_OPS:
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        y = lut_function(node.op_type, attrs)(real).astype(np.float32)
+        y = activation_function(node)(real).astype(np.float32)
     else:
         with np.errstate(all="ignore"):
             y = evaluate_node(node, enc.model, enc.constants, x, real)
