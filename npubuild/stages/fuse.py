@@ -24,7 +24,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from npubuild.errors import UserError
-from npubuild.stages.onnx_utils import dims, load_model, save_model
+from npubuild.stages.onnx_utils import dims, load_model, node_attributes, save_model
 from npubuild.stages.quantize.graphinfo import FUSED_HEAD
 
 
@@ -66,7 +66,7 @@ def _fold_into_readers(graph: onnx.GraphProto, photo: str, weight: np.ndarray, b
             uses[name] = uses.get(name, 0) + 1
     folds = []
     for node in readers:
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attrs = node_attributes(node)
         pads = attrs.get("pads", [0])
         auto_pad = attrs.get("auto_pad", b"NOTSET")
         padded = any(pads) or auto_pad not in (b"NOTSET", b"VALID")

@@ -13,6 +13,7 @@ from npubuild.stages.onnx_utils import (
     describe_values,
     dims,
     load_model,
+    node_attributes,
     op_histogram,
     save_model,
     set_types,
@@ -164,14 +165,12 @@ def _refuse_windows_past_their_input(model: onnx.ModelProto) -> None:
     has no output position by ONNX's formula, yet onnx's shape inference and onnxruntime round
     the negative quotient towards zero and make one; what that position holds is not defined, so
     the model is refused rather than computed one way here and another there."""
-    from onnx import helper
-
     values = {v.name: v for v in [*model.graph.input, *model.graph.value_info, *model.graph.output]}
     weights = {t.name: list(t.dims) for t in model.graph.initializer}
     for node in model.graph.node:
         if node.op_type not in _WINDOWED or not node.input or node.input[0] not in values:
             continue
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attrs = node_attributes(node)
         if attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
             continue  # SAME_* pads to fit; VALID of a window past the input is caught by inference
         spatial = dims(values[node.input[0]])[2:]

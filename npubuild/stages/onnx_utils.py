@@ -64,6 +64,11 @@ def set_types(graph: onnx.GraphProto, types: dict[str, tuple[int, list[int]]]) -
             graph.value_info.append(info)
 
 
+def node_attributes(node: onnx.NodeProto) -> dict[str, Any]:
+    """The node's attributes by name, as Python values (onnx.helper.get_attribute_value)."""
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
 def tensor_readers(nodes) -> dict[str, list[onnx.NodeProto]]:
     """Each tensor's reading nodes, in graph order (an absent optional input, "", is no tensor)."""
     found: dict[str, list[onnx.NodeProto]] = {}

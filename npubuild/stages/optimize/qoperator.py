@@ -21,6 +21,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from npubuild.errors import UserError
+from npubuild.stages.onnx_utils import node_attributes
 from npubuild.stages.optimize.graph import Graph, node_attr
 
 MS = "com.microsoft"
@@ -73,7 +74,7 @@ def _operand(node: onnx.NodeProto, k: int) -> str:
 
 
 def _float_attrs(node: onnx.NodeProto) -> dict:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute if a.name not in _NOT_FLOAT_ATTRS}
+    return {k: v for k, v in node_attributes(node).items() if k not in _NOT_FLOAT_ATTRS}
 
 
 def _qlinear_to_qdq(g: Graph, node: onnx.NodeProto) -> None:

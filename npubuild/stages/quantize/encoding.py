@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import helper
 
 from npubuild.intmodel.codes import qrange
 from npubuild.intmodel.fixedpoint import add_multiplier, quantize_multiplier
 from npubuild.intmodel.ops import LUT_OPS, MOVE_OPS, TABULATED_OPS
+from npubuild.stages.onnx_utils import node_attributes
 from npubuild.stages.quantize import tables
 from npubuild.stages.quantize.gptq import rounded_codes
 from npubuild.stages.quantize.planning import Planner, QuantPlan, TensorParams, attr, node_label
@@ -429,7 +429,7 @@ class Encoder:
         self.program.ops.append({**spec, "node": node_label(node), "arrays": {array: key}})
 
     def move_op(self, node: onnx.NodeProto) -> None:
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attrs = node_attributes(node)
         attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in attrs.items()}
         consts = {}
         for i in node.input[1:]:

@@ -15,6 +15,7 @@ from npubuild.intmodel.fixedpoint import quantize_multiplier
 from npubuild.intmodel.lut import lut_function
 from npubuild.intmodel.ops import LUT_OPS
 from npubuild.intmodel.rowwise import EPS_CODES_MAX, Z_FRACTION_BITS, exp_table
+from npubuild.stages.onnx_utils import node_attributes
 
 
 def data_input(node: onnx.NodeProto, constants: dict) -> str:
@@ -73,7 +74,7 @@ def table_op(enc, node: onnx.NodeProto) -> dict:
 def activation_function(node: onnx.NodeProto):
     """The float function of a lookup-table activation node (LUT_OPS), its attributes applied:
     what its table is built from, and what the quantizer and evaluate judge clipping through."""
-    return lut_function(node.op_type, {a.name: helper.get_attribute_value(a) for a in node.attribute})
+    return lut_function(node.op_type, node_attributes(node))
 
 
 def _table(enc, node: onnx.NodeProto, codes: np.ndarray) -> np.ndarray:
