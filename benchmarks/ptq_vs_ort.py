@@ -346,6 +346,46 @@ def golden_shares(
     return shares(reference, ours)
 
 
+def every_tool(ws: Path, store, target: str, ours_seconds: float, tmp: Path) -> tuple[int, int, list[tuple]]:
+    """The rows of one built npu_model: npubuild's (from its accuracy.json, recomputed per image
+    from its golden interpreter), then onnxruntime's and NNCF's on the same calibration and
+    evaluation feeds. Returns the two sets' sizes and the rows, npubuild's first."""
+    import json
+
+    from npubuild.engine.run import build
+    from npubuild.stages.feeds import samples_for
+
+    out = ws / "npubuild-out" / "models" / target
+    report = json.loads((out / "accuracy.json").read_text())
+    outputs = list(report["outputs"].values())  # the mean over outputs, as accuracy()
+    cosine = float(np.mean([o["cosine"] for o in outputs]))
+    sqnr = float(np.mean([o["sqnr_db"] for o in outputs]))
+    sets = ws / "npubuild-out" / "data"
+    if not (sets / f"{DATA[target]}_calib").exists():
+        build(ws, store, [f"//data:{DATA[target]}_calib", f"//data:{DATA[target]}_eval"], jobs=1)
+    canonical = onnx.load(out / "canonical.onnx")
+    calib, evaluation = (
+        samples_for(canonical, np.load(sets / f"{DATA[target]}_{role}" / "tensors.npy"), 10**6)
+        for role in ("calib", "eval")
+    )
+    # the float model's outputs, every tool's reference
+    reference = [session(canonical).run(None, feed) for feed in evaluation]
+    parts = golden_shares(out, canonical, evaluation, reference)
+    again = float(sqnr_of(parts, np.ones((1, parts.shape[2])))[0])
+    note = f"(recomputed here: {again:.2f})" if abs(again - sqnr) > 0.05 else ""
+    rows = [("npubuild default", cosine, sqnr, ours_seconds, note, parts)]
+    tmp.mkdir()
+    rows += onnxruntime_rows(out / "canonical.onnx", calib, evaluation, reference, tmp)
+    rows += nncf_rows(out / "canonical.onnx", calib, evaluation, reference)
+    return len(calib), len(evaluation), rows
+
+
+def best_other(rows: list[tuple]) -> tuple | None:
+    """The other tool with the highest SQNR (rows[0] is npubuild's), None if every one failed."""
+    others = [r for r in rows[1:] if r[1] is not None]
+    return max(others, key=lambda r: r[2]) if others else None
+
+
 def main() -> None:
     import argparse
     import logging
@@ -360,7 +400,6 @@ def main() -> None:
     logging.getLogger().setLevel(logging.ERROR)  # onnxruntime.quantization warns per tensor
     from npubuild.cache.store import Store
     from npubuild.engine.run import build
-    from npubuild.stages.feeds import samples_for
 
     tmp = Path(tempfile.mkdtemp(prefix="npubuild-ptq-"))
     try:
@@ -391,46 +430,22 @@ def main() -> None:
         seconds = {(a.stage, a.owner): outcome.result(a).seconds for a in outcome.actions}
         summary = []
         for target, source in models.items():
-            out = ws / "npubuild-out" / "models" / target
-            import json
-
-            report = json.loads((out / "accuracy.json").read_text())
-            outputs = list(report["outputs"].values())  # the mean over outputs, as accuracy()
-            cosine = float(np.mean([o["cosine"] for o in outputs]))
-            sqnr = float(np.mean([o["sqnr_db"] for o in outputs]))
             # built together, ocr_det_scan's calibrate and quantize are ocr_det's (same inputs)
             owner = f"//models:{target}"
             if ("calibrate", owner) not in seconds:
                 owner = f"//models:{SHARES_ACTIONS_WITH[target]}"
             ours = seconds[("calibrate", owner)] + seconds[("quantize", owner)]
-            sets = ws / "npubuild-out" / "data"
-            if not (sets / f"{DATA[target]}_calib").exists():
-                build(ws, store, [f"//data:{DATA[target]}_calib", f"//data:{DATA[target]}_eval"], jobs=1)
-            canonical = onnx.load(out / "canonical.onnx")
-            calib, evaluation = (
-                samples_for(canonical, np.load(sets / f"{DATA[target]}_{role}" / "tensors.npy"), 10**6)
-                for role in ("calib", "eval")
-            )
-            # the float model's outputs, every tool's reference
-            reference = [session(canonical).run(None, feed) for feed in evaluation]
-            parts = golden_shares(out, canonical, evaluation, reference)
-            again = float(sqnr_of(parts, np.ones((1, parts.shape[2])))[0])
-            note = f"(recomputed here: {again:.2f})" if abs(again - sqnr) > 0.05 else ""
-            rows = [("npubuild default", cosine, sqnr, ours, note, parts)]
-            mtmp = tmp / target
-            mtmp.mkdir()
-            rows += onnxruntime_rows(out / "canonical.onnx", calib, evaluation, reference, mtmp)
-            rows += nncf_rows(out / "canonical.onnx", calib, evaluation, reference)
-            print(f"\n{target} ({source}): {len(calib)} calibration, {len(evaluation)} evaluation images")
+            calib, evaluation, rows = every_tool(ws, store, target, ours, tmp / target)
+            print(f"\n{target} ({source}): {calib} calibration, {evaluation} evaluation images")
             print(f"  {'':<36} {'cosine':>8} {'SQNR dB':>8} {'time s':>7}")
             for label, cos, sqnr, t, note, _ in rows:
                 if cos is None:
                     print(f"  {label:<36} {note}")
                 else:
                     print(f"  {label:<36} {cos:>8.4f} {sqnr:>8.2f} {t:>7.2f} {note}")
-            ort_rows = [r for r in rows[1:] if r[1] is not None]
-            best = max(ort_rows, key=lambda r: r[2]) if ort_rows else None  # by SQNR
-            pct = next((r for r in ort_rows if r[0].startswith("onnxruntime Percentile")), None)
+            best = best_other(rows)
+            percentile = [r for r in rows[1:] if r[0].startswith("onnxruntime Percentile")]
+            pct = next((r for r in percentile if r[1] is not None), None)
             spread = difference(rows[0][5], best[5]) if best else None
             summary.append((target, rows[0], best, pct, spread))
         print("\nsummary")
