@@ -78,7 +78,7 @@ def main() -> None:
         crops = (ws / "data" / "crops" / "calib").glob("*.png")
         photos = sorted({crop.stem.rsplit("_", 1)[0] for crop in crops})
         store = Store(tmp / "cache")
-        differences: dict[str, list[float]] = {m: [] for m in models}
+        differences: dict[str, dict[str | None, float]] = {m: {} for m in models}  # by photo left out
         for photo in [None, *photos]:
             data.write_text(text.replace(PHOTO_CROPS, without(photo)))
             # the data sets too: the other tools calibrate on their tensors, which a model's
@@ -87,13 +87,14 @@ def main() -> None:
             outcome = build(ws, store, [*(f"//models:{m}" for m in models), *sets], jobs=2)
             assert outcome.ok, outcome.errors
             for m in models:
+                # (no time column here: 0.0 stands for npubuild's calibrate and quantize seconds)
                 calib, _, rows = every_tool(ws, store, m, 0.0, tmp / f"{m}-{photo or 'all'}")
                 best = best_other(rows)
                 if best is None:
                     print(f"{m}: every other tool failed")
                     continue
                 difference = rows[0][2] - best[2]
-                differences[m].append(difference)
+                differences[m][photo] = difference
                 print(
                     f"{m:<12} without {photo or '(none)':<18} {calib:>3} calibration images: npubuild "
                     f"{rows[0][2]:6.2f} dB, best other tool {best[0]} {best[2]:6.2f} dB, "
@@ -102,11 +103,12 @@ def main() -> None:
                 )
         print("\nsummary (SQNR difference npubuild - best other tool, dB)")
         for m, values in differences.items():
-            if not values:
+            draws = np.array([v for photo, v in values.items() if photo is not None])
+            if draws.size == 0:
                 continue
-            whole, draws = values[0], np.array(values[1:])
+            whole = f"{values[None]:+.2f}" if None in values else "n/a"
             print(
-                f"  {m:<12} whole set {whole:+.2f}; one photograph left out ({len(draws)} draws): least "
+                f"  {m:<12} whole set {whole}; one photograph left out ({len(draws)} draws): least "
                 f"{draws.min():+.2f}, median {float(np.median(draws)):+.2f}, largest {draws.max():+.2f}; "
                 f"at least as good in {(draws >= 0).sum()} of {len(draws)}"
             )

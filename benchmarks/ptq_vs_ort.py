@@ -47,6 +47,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -56,6 +57,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _resampling import ROUNDS, difference, shares  # noqa: E402
 from _resampling import sqnr as sqnr_of  # noqa: E402
 from _workspace_gen import crop_workspace  # noqa: E402
+
+if TYPE_CHECKING:
+    from npubuild.cache.store import Store
 
 MODELS = {
     "yolo": "yolov8n",
@@ -346,7 +350,9 @@ def golden_shares(
     return shares(reference, ours)
 
 
-def every_tool(ws: Path, store, target: str, ours_seconds: float, tmp: Path) -> tuple[int, int, list[tuple]]:
+def every_tool(
+    ws: Path, store: Store, target: str, ours_seconds: float, tmp: Path
+) -> tuple[int, int, list[tuple]]:
     """The rows of one built npu_model: npubuild's (from its accuracy.json, recomputed per image
     from its golden interpreter), then onnxruntime's and NNCF's on the same calibration and
     evaluation feeds. Returns the two sets' sizes and the rows, npubuild's first."""
