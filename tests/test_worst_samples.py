@@ -38,6 +38,9 @@ def test_a_feed_of_a_batched_input_is_named_by_its_samples_files(tmp_path):
     feeds = [{"x": np.zeros((2, 3), np.float32)}, {"x": np.zeros((2, 3), np.float32)}]
     assert feed_sources(manifest, np.zeros((4, 3)), feeds) == ["a.npy", "b.png, c.png"]
     assert feed_sources(None, np.zeros((4, 3)), feeds) == ["sample 0", "sample 1"]
+    for unlisted in ([], "a.npy", {"sources": "a.npy"}, {"sources": [1, 2, 3, 4]}):
+        manifest.write_text(json.dumps(unlisted))
+        assert feed_sources(manifest, np.zeros((4, 3)), feeds) == ["sample 0", "sample 1"]
 
 
 def test_the_report_names_the_evaluation_files_behind_the_error(small_ws, warm_cache):

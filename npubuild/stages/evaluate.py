@@ -96,7 +96,10 @@ def feed_sources(manifest: Path | None, tensors: np.ndarray, feeds: list[dict]) 
     feed of a batched input holds several), else "sample K"."""
     listed: list = []
     if manifest is not None:
-        listed = json.loads(Path(manifest).read_text()).get("sources") or []
+        recorded = json.loads(Path(manifest).read_text())
+        # the manifest is prepare's own artifact; anything but its object lists no sources
+        sources = recorded.get("sources") if isinstance(recorded, dict) else None
+        listed = sources if isinstance(sources, list) else []
     per_feed = 1  # a named record is one feed; a stack's feed is a batch of its samples
     if feeds and not tensors.dtype.names:
         per_feed = int(next(iter(feeds[0].values())).shape[0])
