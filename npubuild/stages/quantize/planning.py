@@ -15,7 +15,7 @@ from npubuild.intmodel.ops import LUT_OPS, MAC_OPS, MOVE_OPS
 from npubuild.intmodel.program import grid_scales, walk_back
 from npubuild.intmodel.rowwise import SOFTMAX_GRID
 from npubuild.stages.optimize.graph import recorded_grids
-from npubuild.stages.quantize import ranges, reader_facts, squares
+from npubuild.stages.quantize import depthwise, ranges, reader_facts, squares
 from npubuild.stages.quantize.graphinfo import GraphInfo, attr, node_label
 from npubuild.stages.quantize.tables import WIDE_INPUT_SHIFT, activation_function
 from npubuild.targets.support import integer_blocker
@@ -39,13 +39,6 @@ class TensorParams:
     def channel_scales(self):
         """The scale of each channel (one per channel), or the scale."""
         return grid_scales(self.scale, self.channel_shifts)
-
-
-# A per-channel grid's coarsest channel is 2^CHANNEL_SHIFT_RANGE times its base (int16) grid, whose
-# 32,767 codes 127 x 2^8 nearly spans: the lookup table that makes it holds 16-bit entries on the
-# base grid, which each channel shifts right by its own amount (docs/quantization.md,
-# "Per-channel depthwise inputs").
-CHANNEL_SHIFT_RANGE = 8
 
 
 # a network output's grid reaches back through element-wise ops, concatenation and a Softmax
@@ -393,11 +386,7 @@ class Planner:
         bits = self._choices[id(node)].bits
         if out in self._tail and out not in self.given:
             bits = max(bits, self.config["output_bits"])
-        if (
-            out in self._depthwise_inputs
-            and out not in self.given
-            and self.config["depthwise_inputs"] == "int16"
-        ):
+        if out in self._depthwise_inputs and out not in self.given and self._wide_depthwise(node, out, bits):
             bits = 16
         if self._table_chains.get(out) and out not in self.given:
             # absorbed into the table that makes it (absorb.py): never stored, so never narrow
@@ -406,56 +395,63 @@ class Planner:
             bits = max(bits, self.config["square_bits"])
         return bits
 
+    def _wide_depthwise(self, node: onnx.NodeProto, out: str, bits: int) -> bool:
+        """Whether a depthwise convolution's input gets int16: always with `depthwise_inputs =
+        "int16"`; with "channel_or_int16" (the default) where an int8 grid per channel would not
+        serve it (its channels' ranges are alike, or a non-table op makes it). A depthwise
+        convolution mixes nothing across channels, so it passes each channel's rounding on whole,
+        and its few MACs make the int16 rate cheap (docs/quantization.md, "Depthwise inputs the
+        per-channel grids do not serve")."""
+        mode = self.config["depthwise_inputs"]
+        if mode == "int16":
+            return True
+        if mode != "channel_or_int16" or bits != 8:
+            return False
+        one_grid = self.from_stats(out, 8, self._choices[id(node)].method)
+        return self._channel_shifts(node, out, one_grid) is None
+
     def _channel_grid(self, node: onnx.NodeProto, out: str, params: TensorParams) -> TensorParams:
         """A table's int8 result that only integer int8 depthwise convolutions read gets one grid
-        per channel (`depthwise_inputs = "channel"`): each channel's calibrated peak, rounded up to
-        a power-of-two multiple of the tensor's int16 grid, so that the table's 16-bit entries
+        per channel (`depthwise_inputs = "channel"` or "channel_or_int16"), where that is finer
+        than one grid (`_channel_shifts`) and the tensor does not take a concatenation's grid."""
+        if self.config["depthwise_inputs"] not in ("channel", "channel_or_int16") or out in self._shared:
+            return params
+        grids = self._channel_shifts(node, out, params)
+        if grids is None:
+            return params
+        base, shifts = grids
+        return TensorParams(base, 0, 8, shifts)
+
+    def _channel_shifts(
+        self, node: onnx.NodeProto, out: str, params: TensorParams
+    ) -> tuple[float, tuple[int, ...]] | None:
+        """A depthwise input's grids per channel, (the base step, each channel's power-of-two
+        shift), or None where they do not serve it. Each channel's calibrated peak is rounded up
+        to a power-of-two multiple of the tensor's int16 grid, so that the table's 16-bit entries
         shifted right per channel give every channel's codes and the convolution folds its
         channel's scale into its requantization. One grid must otherwise hold channels whose
         ranges differ 100x (a MobileNet-style expansion), and most channels get a handful of codes."""
         absmax = self.stats_arrays.get(f"{out}/channel_absmax")
         if (
-            self.config["depthwise_inputs"] != "channel"
-            or out not in self._table_chains
+            out not in self._table_chains
             or params.bits != 8
             or absmax is None
             or out in self.given
             or out in self.info.outputs
-            or out in self._shared
             or not float(absmax.max()) > 0
             or not all(
-                self._choices[id(r)].integer and self._choices[id(r)].bits == 8 and self._is_depthwise(r)
+                self._choices[id(r)].integer
+                and self._choices[id(r)].bits == 8
+                and depthwise.is_depthwise(self.info, r)
                 for r in self.info.consumers.get(out, [])
             )
         ):
-            return params
+            return None
         # the base grid is the tensor's int16 grid (its range by the method, clipping outliers as
-        # at 16 bits); a channel takes the finest power-of-two multiple that holds its peak
+        # at 16 bits)
         base = self.from_stats(out, 16, self._choices[id(node)].method).scale
-        with np.errstate(divide="ignore"):
-            shifts = np.ceil(np.log2(np.asarray(absmax, np.float64) / (127 * base)))
-        shifts = np.clip(np.nan_to_num(shifts, nan=0.0, neginf=0.0), 0, CHANNEL_SHIFT_RANGE)
-        # symmetric per-channel grids spend a code's sign on channels that are mostly positive
-        # (a HardSwish's): where the channels' ranges are alike, the one asymmetric grid is finer
-        # on most of them; take the grids per channel only where their steps are finer on
-        # average (geometric mean over the channels calibration saw)
-        seen = np.asarray(absmax) > 0
-        finer = np.log2(params.scale / (base * np.exp2(shifts[seen])))
-        if not float(finer.mean()) > 0:
-            return params
-        return TensorParams(base, 0, 8, tuple(int(s) for s in shifts))
-
-    def _is_depthwise(self, node: onnx.NodeProto) -> bool:
-        """A Conv of constant weights with one input channel per group and one output channel
-        per input channel: output channel c reads input channel c alone."""
-        weight = self.info.constants.get(node.input[1]) if len(node.input) > 1 else None
-        return (
-            node.op_type == "Conv"
-            and weight is not None
-            and weight.ndim == 4
-            and attr(node, "group", 1) > 1
-            and weight.shape[:2] == (attr(node, "group", 1), 1)
-        )
+        shifts = depthwise.channel_shifts(np.asarray(absmax, np.float64), base, params.scale)
+        return None if shifts is None else (base, shifts)
 
     def _depthwise_read(self, choices: dict) -> set[str]:
         """The tensors an integer depthwise convolution reads, followed back through the ops that
@@ -464,7 +460,7 @@ class Planner:
         producers, keeps_grid = self.info.producers, MOVE_OPS | {"Relu", "Clip"}
         found = set()
         for node in self.info.nodes:
-            if not self._is_depthwise(node) or not choices[id(node)].integer:
+            if not depthwise.is_depthwise(self.info, node) or not choices[id(node)].integer:
                 continue
             name = node.input[0]
             found.add(name)
