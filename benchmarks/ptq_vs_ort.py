@@ -428,7 +428,7 @@ def main() -> None:
         n_calib, n_eval = crop_workspace(ws, validation=args.validation)
         add_corpus_models(ws, args.validation)
         if {"ocr_det", "ocr_cls", *SHARES_ACTIONS_WITH} & set(models):
-            print(f"text models, images from scanned pages: {add_text_scans(ws, args.validation)}")
+            print(f"text models, images from printed pages: {add_text_scans(ws, args.validation)}")
         print(f"calibration crops: {n_calib}, evaluation crops: {n_eval} (from disjoint photographs)")
         from importlib.metadata import PackageNotFoundError, version
 
