@@ -178,18 +178,18 @@ def add_text_scans(ws: Path, validation: bool) -> dict[str, int]:
         sets += f',\n        ("ocr_det_book", {calibration}, glob(["scans/book/*.png"]), OCR_DET)'
         write_crops("sudoku", scans / "photo", default_cache())
         sets += f',\n        ("ocr_det_photo", {calibration}, glob(["scans/photo/*.png"]), OCR_DET)'
-        judged = {"ocr_det_book": "ppocr_det", "ocr_cls_book": "ppocr_cls", "ocr_det_photo": "ppocr_det"}
+        judged = TUNING_ONLY
     else:
         write_crops("typewriter", scans / "typewriter", default_cache())
         sets = (
             f'("ocr_det", {calibration}, TEXT_EVALUATION, OCR_DET),\n'
             f'        ("ocr_det_scan", {calibration}, glob(["scans/typewriter/*.png"]), OCR_DET)'
         )
-        judged = {"ocr_det_scan": "ppocr_det"}
+        judged = EVALUATION_ONLY
     with open(ws / "models" / "BUILD", "a") as f:
-        for name, model in judged.items():
+        for name in judged:
             f.write(
-                f'\nnpu_model(name = "{name}", model = ":{model}", '
+                f'\nnpu_model(name = "{name}", model = ":{MODELS[name]}", '
                 f'calibration = "//data:{name}_calib", evaluation = "//data:{name}_eval")\n'
             )
     build.write_text(text.replace(entry, sets))

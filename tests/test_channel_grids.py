@@ -132,7 +132,8 @@ def test_the_default_widens_the_depthwise_inputs_the_grids_per_channel_do_not_se
     """`channel_or_int16` (the default): grids per channel where a table makes the depthwise
     input and its channels' ranges differ; int16 where they are alike (the one int8 grid is finer
     than grids per channel there) or a convolution makes it (no table to shift per channel).
-    The settings then give "channel"'s int8 grid or its grids per channel."""
+    `channel`, the rule before, gives the same tensors the same grids per channel, or one int8
+    grid where the default widens."""
     model = _model(13, span=span, table=table, offset=3.0)
     read = "h" if table else "e"
     variants = {"default": CHANNEL_OR_INT16, "channel": CHANNEL}
