@@ -39,6 +39,7 @@ def _model(
     span: float = 100.0,
     table: bool = True,
     offset: float = 0.0,
+    dense_reader: bool = False,
 ) -> onnx.ModelProto:
     """An expansion convolution whose 16 channels span `span` times in scale (100x as a MobileNet
     block's do, their scale folded from batch normalisation), HardSwish, a 3x3 depthwise
@@ -47,7 +48,8 @@ def _model(
     Add of two convolutions, so its table is an op of its own on the NPU rather than in a
     convolution's output path; `table=False`: no HardSwish, the depthwise convolution reads the
     expansion's result; `offset`: each channel's bias raised by that many of its scales (its
-    values mostly positive, as a trained network's HardSwish results mostly are)."""
+    values mostly positive, as a trained network's HardSwish results mostly are); `dense_reader`: a
+    1x1 convolution reads the depthwise input too, its result added to the depthwise one."""
     rng = np.random.default_rng(seed)
     spread = np.geomspace(0.02, 0.02 * span, 16).reshape(16, 1, 1, 1)
     weights = {
@@ -58,6 +60,7 @@ def _model(
         "wd": rng.normal(size=(16, 1, 3, 3)) * 0.05 / spread,
         "bd": rng.normal(size=16) * 0.1,
         "wp": rng.normal(size=(4, 16, 1, 1)) * 0.3,
+        "ws": rng.normal(size=(16, 16, 1, 1)) * 0.05 / spread.reshape(1, 16, 1, 1),
         "scale": np.asarray(1.3, np.float32),
         "bias": np.asarray(0.2, np.float32),
     }
@@ -78,8 +81,13 @@ def _model(
         source = "ha"
     nodes += [
         helper.make_node("Conv", [source, "wd", "bd"], ["d"], pads=[1, 1, 1, 1], group=16, name="depthwise"),
-        helper.make_node("Conv", ["d", "wp"], ["y"], name="project"),
     ]
+    if dense_reader:
+        nodes += [
+            helper.make_node("Conv", [source, "ws"], ["side"], name="dense_reader"),
+            helper.make_node("Add", ["d", "side"], ["joined"], name="join"),
+        ]
+    nodes.append(helper.make_node("Conv", ["joined" if dense_reader else "d", "wp"], ["y"], name="project"))
     return small_model(nodes, "expansion", {"x": [1, 3, 10, 10]}, {"y": [1, 4, 10, 10]}, weights)
 
 
@@ -119,6 +127,19 @@ def test_the_depthwise_input_gets_a_grid_per_channel_and_is_more_accurate(tmp_pa
     # +8.4 to +13.0 dB over models of seeds 3-8, with and without the affine (measured 2026-11-25;
     # seed 3: 13.4 -> 25.0 dB, with the affine 15.8 -> 28.8 dB)
     assert sqnr["channel"] > sqnr["tensor"] + 6, sqnr
+
+
+def test_a_depthwise_input_a_dense_convolution_also_reads_stays_int8(tmp_path):
+    """A convolution's result would be widened for its depthwise reader (above), but a dense
+    convolution reads it as well, which would then run at the int16 rate: it keeps int8."""
+    model = _model(13, table=False, offset=3.0, dense_reader=True)
+    out = integer_variants(model, tmp_path, _samples(14, 16), {"default": CHANNEL_OR_INT16})
+    assert out["default"][0].tensors["e"].bits == 8
+    (tmp_path / "alone").mkdir()
+    alone = integer_variants(
+        _model(13, table=False, offset=3.0), tmp_path / "alone", _samples(14, 16), {"d": CHANNEL_OR_INT16}
+    )
+    assert alone["d"][0].tensors["e"].bits == 16  # the same tensor without the dense reader
 
 
 @pytest.mark.parametrize(

@@ -400,16 +400,30 @@ class Planner:
         "int16"`; with "channel_or_int16" (the default) where an int8 grid per channel would not
         serve it (its channels' ranges are alike, or a non-table op makes it). A depthwise
         convolution mixes nothing across channels, so it passes each channel's rounding on whole,
-        and its few MACs make the int16 rate cheap. Any other op that reads the tensor reads it
-        at 16 bits too: a dense convolution that does runs at the int16 rate (3 of PP-OCRv4 det's
-        7; docs/quantization.md, "Depthwise inputs the per-channel grids do not serve")."""
+        and its few MACs make the int16 rate cheap; so only a tensor that depthwise convolutions
+        alone read (docs/quantization.md, "Depthwise inputs the per-channel grids do not serve")."""
         mode = self.config["depthwise_inputs"]
         if mode == "int16":
             return True
-        if mode != "channel_or_int16" or bits != 8:
+        if mode != "channel_or_int16" or bits != 8 or not self._read_by_depthwise_only(out):
             return False
         one_grid = self.from_stats(out, 8, self._choices[id(node)].method)
         return self._channel_shifts(node, out, one_grid) is None
+
+    def _read_by_depthwise_only(self, name: str) -> bool:
+        """Whether every op that reads `name`, through ops that keep its grid (moves, Relu/Clip),
+        is a depthwise convolution: a dense convolution reading a widened tensor would run at the
+        int16 rate too, which the reason for widening (a depthwise convolution's few MACs) does
+        not cover."""
+        keeps_grid = MOVE_OPS | {"Relu", "Clip"}
+        readers = list(self.info.consumers.get(name, []))
+        while readers:
+            reader = readers.pop()
+            if reader.op_type in keeps_grid:
+                readers += self.info.consumers.get(reader.output[0], [])
+            elif not depthwise.is_depthwise(self.info, reader):
+                return False
+        return name not in self.info.outputs
 
     def _channel_grid(self, node: onnx.NodeProto, out: str, params: TensorParams) -> TensorParams:
         """A table's int8 result that only integer int8 depthwise convolutions read gets one grid
