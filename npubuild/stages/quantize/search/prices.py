@@ -12,28 +12,36 @@ convolutions are bound by their DMA, whose bytes follow both widths); a lookup
 table for its size, entries by the input's width (65,536 for 16 bits) times the output's bytes
 (a 16-bit input and an 8-bit output: half the int16 price); any other op pays halfway between its
 input's and its output's width (it streams both); no op is cheaper than at int8. A layer the table
-keeps float pays the CPU model's cost (targets/cpu_cost.py) and two hand-overs; what the all-int8
-compile already runs on the CPU (the input's quantize, unsupported ops) is a fixed cost. The
+keeps float pays the CPU model's cost (targets/cpu_cost.py); the hand-overs are counted as the
+partition orders the ops (targets/partition.py: adjacent float layers are one CPU part, one pair of
+hand-overs), and each NPU part they add a start, measured once from a compile with one layer float;
+what the all-int8 compile holds beyond its ops' prices (the input's quantize, unsupported ops on
+the CPU) is a fixed cost, so that the all-int8 table's price is that compile's estimate. The
 result is in NPU cycles of estimated latency, the figure codegen reports as
 `estimated_latency_ms`; tests/test_search_prices.py compiles tables and compares.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import onnx
 
 from npubuild.intmodel.ops import LUT_OPS, MAC_OPS, TABULATED_OPS
 from npubuild.intmodel.program import parse
 from npubuild.stages.onnx_utils import tensor_readers
+from npubuild.stages.quantize.cost import op_work
 from npubuild.stages.quantize.graphinfo import node_label
 from npubuild.stages.quantize.integer_model import build_integer_model
+from npubuild.stages.quantize.planning import Planner
 from npubuild.stages.quantize.precision import Layers, precision_overrides
 from npubuild.targets.compile import compile_npub, plan_partition
+from npubuild.targets.partition import order
 from npubuild.targets.spec import TargetSpec
 
-HAND_OVERS_PER_FLOAT_LAYER = 2  # to the CPU and back
 WIDE_TABLE_BYTES = 65536 * 2  # an int16-to-int16 lookup table
 TABLE_OPS = LUT_OPS | TABULATED_OPS
 
@@ -70,7 +78,17 @@ def compile_table(
     program = parse(meta, "the integer model of a precision table")
     plan = plan_partition(program, arrays, model, target)
     _, _, stats = compile_npub(program, arrays, model, target, plan, fresh=fresh)
-    return stats
+    return {**stats, "cpu_nodes": sorted({f["node"] for f in plan["fallbacks"]})}
+
+
+def device_parts(graph: onnx.GraphProto, on_npu: Callable[[str], bool]) -> tuple[int, int]:
+    """(hand-overs, NPU parts) when the nodes `on_npu` accepts run on the NPU and the others on
+    the CPU, in the order the partition runs them (a topological order that stays on one device
+    while it can: targets/partition.py)."""
+    ops = [SimpleNamespace(inputs=[i for i in n.input if i], outputs=list(n.output)) for n in graph.node]
+    devices = ["npu" if on_npu(node_label(n)) else "cpu" for n in graph.node]
+    parts = order(ops, devices)
+    return max(len(parts) - 1, 0), sum(1 for p in parts if p["device"] == "npu")
 
 
 def unstored_results(graph: onnx.GraphProto, fine: set[str]) -> list[str]:
@@ -94,8 +112,12 @@ class Busy:
 class Prices:
     int8: dict[str, Busy]  # node -> its share of the every-layer-int8 compile
     int16: dict[str, Busy]
-    fixed: float  # cycles of the int8 compile's latency off the NPU timeline (CPU ops, hand-overs)
+    fixed: float  # what the int8 compile's estimate holds beyond its ops' prices (CPU, hand-overs)
     target: TargetSpec
+    cpu_nodes: frozenset[str] = frozenset()  # what the int8 compile already runs on the CPU
+    int8_integer: frozenset[str] = frozenset()  # the all-int8 plan's integer nodes
+    int8_cuts: tuple[int, int] = (0, 1)  # its (hand-overs, NPU parts), as `device_parts` counts
+    part_start: float = 0.0  # cycles an NPU part added by float layers costs (`_with_part_start`)
 
     @classmethod
     def compiled(
@@ -108,26 +130,85 @@ class Prices:
         with_int16: bool = True,
     ) -> Prices:
         """Compile every layer at int8 and, when a table may hold int16 layers, every layer at
-        int16 (`settings`: quantize, target)."""
+        int16 (`settings`: quantize, target); the all-int8 table is then priced at exactly the
+        int8 compile's estimate (`fixed`), and an NPU part's start is measured."""
         target = TargetSpec.model_validate(settings["target"])
         busy: dict[int, dict[str, Busy]] = {}
-        fixed = 0.0
         for width in (8, 16) if with_int16 else (8,):
             # without fresh constants: a fresh binary's constant loads run far ahead of their op,
             # so its per-op spans overlap and do not add up (docs/mixed-precision.md)
             every = {u: f"int{width}" for u in layers.units}
             stats = compile_table(model, stats_meta, stats_arrays, settings, every, layers, fresh=False)
-            busy[width] = {}
-            for row in stats["layers"]:
-                seen = busy[width].get(row["node"], Busy())
-                busy[width][row["node"]] = Busy(
-                    seen.span + row["end"] - row["start"],
-                    seen.compute + row["compute_cycles"],
-                    seen.dma + row["dma_cycles"],
-                )
+            busy[width] = _busy(stats)
             if width == 8:
-                fixed = latency_cycles(stats, target) - sum(b.span for b in busy[8].values())
-        return cls(busy[8], busy.get(16, busy[8]), fixed, target)
+                int8_stats = stats
+        every_int8 = {u: "int8" for u in layers.units}
+        plan = Planner(model, stats_meta, stats_arrays, table_settings(settings, every_int8, layers)).build()
+        prices = cls(
+            busy[8],
+            busy.get(16, busy[8]),
+            0.0,
+            target,
+            frozenset(int8_stats["cpu_nodes"]),
+            frozenset(plan.integer_nodes),
+        )
+        prices = dataclasses.replace(
+            prices, int8_cuts=device_parts(model.graph, prices.on_npu(prices.int8_integer))
+        )
+        # the ops of the all-int8 plan priced as a table (a depthwise input the default widens
+        # is read at int16 in both compiles, and its op's span already holds that), and the rest
+        # of the int8 compile's estimate fixed: the price list's anchor
+        ops = prices.table_cycles(
+            model.graph, _bits(plan), set(plan.integer_nodes), [], op_work(model), plan.fine_preactivations
+        )
+        prices = dataclasses.replace(prices, fixed=latency_cycles(int8_stats, target) - ops)
+        return prices._with_part_start(model, stats_meta, stats_arrays, settings, layers, int8_stats)
+
+    def _with_part_start(
+        self,
+        model: onnx.ModelProto,
+        stats_meta: dict,
+        stats_arrays: dict,
+        settings: dict,
+        layers: Layers,
+        int8_stats: dict,
+    ) -> Prices:
+        """These prices with `part_start` measured: the model's middle MAC layer kept float cuts
+        the NPU program, and the NPU's own time grows (beyond the spans the layer leaves) by a
+        part's start per part it adds: the first op's loads overlap nothing before them, and the
+        tensors at the cut go through DRAM. On PP-OCR cls 1,000 to 6,400 cycles on vnpu-m
+        depending on the layer (docs/mixed-precision.md); a model whose middle layer cuts nothing
+        keeps 0."""
+        kinds = {node_label(n): n.op_type for n in model.graph.node}
+        macs = [u for u in layers.units if kinds.get(u) in MAC_OPS and u not in self.cpu_nodes]
+        if not macs:
+            return self
+        table = {**{u: "int8" for u in layers.units}, macs[len(macs) // 2]: "float"}
+        plan = Planner(model, stats_meta, stats_arrays, table_settings(settings, table, layers)).build()
+        integer = set(plan.integer_nodes)
+        added = device_parts(model.graph, self.on_npu(integer))[1] - self.int8_cuts[1]
+        if added <= 0:
+            return self
+        stats = compile_table(model, stats_meta, stats_arrays, settings, table, layers, fresh=False)
+        left = sum(self.int8.get(label, Busy()).span for label in self.int8_integer - integer)
+        grown = stats["estimated_cycles"] - int8_stats["estimated_cycles"] + left
+        return dataclasses.replace(self, part_start=max(grown, 0) / added)
+
+    def on_npu(self, integer_nodes: set[str] | frozenset[str]) -> Callable[[str], bool]:
+        """Which nodes a table runs on the NPU: every node but those the int8 compile already puts
+        on the CPU and those the table keeps float (integer in the all-int8 plan, not in
+        `integer_nodes`; an activation fused into its producer is in neither plan's list)."""
+        made_float = self.int8_integer - integer_nodes
+        return lambda label: label not in self.cpu_nodes and label not in made_float
+
+    def cuts(self, graph: onnx.GraphProto, integer_nodes: set[str]) -> float:
+        """What the float layers' cuts in the NPU program add to the int8 compile's cost: a
+        hand-over each way per run of float layers the partition orders together (not per layer),
+        and a start for each NPU part they add."""
+        hand_overs, parts = device_parts(graph, self.on_npu(integer_nodes))
+        transition = self.target.transition_us * self.target.clock_mhz
+        added_parts = max(parts - self.int8_cuts[1], 0)
+        return max(hand_overs - self.int8_cuts[0], 0) * transition + added_parts * self.part_start
 
     def op(
         self,
@@ -168,10 +249,9 @@ class Prices:
 
     def float_layer(self, work: dict) -> float:
         """A layer moved to the CPU: its multiply-accumulates and the elements it reads and writes
-        at the CPU's rates, and the two hand-overs around it, in NPU cycles."""
+        at the CPU's rates, in NPU cycles (the hand-overs around it: `cuts`)."""
         t = self.target
         ms = work["macs"] / (t.cpu_gmacs * 1e6) + work["bytes"] / (t.cpu_gelements * 1e6)
-        ms += HAND_OVERS_PER_FLOAT_LAYER * t.transition_us / 1000.0
         return ms * t.clock_mhz * 1000.0
 
     def table_cycles(
@@ -188,6 +268,8 @@ class Prices:
         of the layers the table keeps float, `work` every node's (the elements it reads and writes
         split a MAC op's DMA)."""
         total = self.fixed + sum(self.float_layer(w) for w in floats)
+        if floats:
+            total += self.cuts(graph, integer_nodes)
         consumers = tensor_readers(graph.node)
         bits = {**tensor_bits, **{n: 8 for n in unstored_results(graph, fine)}}
         for node in graph.node:
@@ -218,6 +300,23 @@ class Prices:
                 next_table,
             )
         return total
+
+
+def _busy(stats: dict) -> dict[str, Busy]:
+    """Each node's share of a compile's timeline (a node the code generator splits: summed)."""
+    busy: dict[str, Busy] = {}
+    for row in stats["layers"]:
+        seen = busy.get(row["node"], Busy())
+        busy[row["node"]] = Busy(
+            seen.span + row["end"] - row["start"],
+            seen.compute + row["compute_cycles"],
+            seen.dma + row["dma_cycles"],
+        )
+    return busy
+
+
+def _bits(plan) -> dict[str, int]:
+    return {name: t["bits"] for name, t in plan.tensors.items()}
 
 
 def _table_weight(input_16: bool, output_16: bool) -> float:
