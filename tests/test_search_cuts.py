@@ -11,10 +11,23 @@ from npubuild.stages.quantize.search.prices import device_parts
 
 
 def _chain(length: int):
-    """A chain of Relu ops, a branch joining back at the end (so order matters)."""
+    """A chain of Relu ops whose end an Add joins with the first op's result."""
     nodes = [helper.make_node("Relu", [f"t{i}"], [f"t{i + 1}"], name=f"r{i}") for i in range(length)]
     nodes.append(helper.make_node("Add", [f"t{length}", "t1"], ["y"], name="join"))
     return helper.make_graph(nodes, "chain", [], [])
+
+
+def _branches():
+    """Two branches from one op, each ending in a layer the table keeps float (`f1` right after the
+    fork, `f2` after an NPU op), joined: in node order the devices alternate four times."""
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="fork"),
+        helper.make_node("Relu", ["a"], ["b"], name="f1"),
+        helper.make_node("Relu", ["a"], ["c"], name="n2"),
+        helper.make_node("Relu", ["c"], ["d"], name="f2"),
+        helper.make_node("Add", ["b", "d"], ["y"], name="join"),
+    ]
+    return helper.make_graph(nodes, "branches", [], [])
 
 
 @pytest.mark.parametrize(
@@ -33,3 +46,11 @@ def test_float_layers_cut_the_program_as_the_partition_does(on_cpu, hand_overs, 
     labels = {node_label(n): n.name for n in graph.node}
     got = device_parts(graph, lambda label: labels[label] not in on_cpu)
     assert got == (hand_overs, npu_parts)
+
+
+def test_float_layers_apart_in_node_order_share_a_cpu_part_when_the_partition_can():
+    """The partition stays on the NPU while an NPU op is ready (n2 runs before f1), so f1 and f2
+    are one CPU part: 2 hand-overs, not the 4 that node order would give."""
+    graph = _branches()
+    labels = {node_label(n): n.name for n in graph.node}
+    assert device_parts(graph, lambda label: labels[label] not in {"f1", "f2"}) == (2, 2)
