@@ -129,7 +129,8 @@ def write_crops(name: str, dest: Path, cache: Path) -> int:
     from PIL import Image
 
     image = scan(name, cache)
-    side, across, down = SCANS[name].side, SCANS[name].across, SCANS[name].down
+    page = SCANS[name]
+    side, across, down = page.side, page.across, page.down
     w, h = image.size
     dest.mkdir(parents=True, exist_ok=True)
     k = 0

@@ -43,6 +43,7 @@ class TensorParams:
 
 # a network output's grid reaches back through element-wise ops, concatenation and a Softmax
 TAIL_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Concat", "Softmax"})
+KEEPS_GRID = MOVE_OPS | {"Relu", "Clip"}  # ops whose result carries their input's grid
 
 
 @dataclass
@@ -415,11 +416,10 @@ class Planner:
         is a depthwise convolution: a dense convolution reading a widened tensor would run at the
         int16 rate too, which the reason for widening (a depthwise convolution's few MACs) does
         not cover."""
-        keeps_grid = MOVE_OPS | {"Relu", "Clip"}
         readers = list(self.info.consumers.get(name, []))
         while readers:
             reader = readers.pop()
-            if reader.op_type in keeps_grid:
+            if reader.op_type in KEEPS_GRID:
                 readers += self.info.consumers.get(reader.output[0], [])
             elif not depthwise.is_depthwise(self.info, reader):
                 return False
@@ -472,14 +472,14 @@ class Planner:
         """The tensors an integer depthwise convolution reads, followed back through the ops that
         keep their input's grid (moves, Relu/Clip) to the op that makes them: every name on the way
         (a Relu fused into its convolution writes the last of them)."""
-        producers, keeps_grid = self.info.producers, MOVE_OPS | {"Relu", "Clip"}
+        producers = self.info.producers
         found = set()
         for node in self.info.nodes:
             if not depthwise.is_depthwise(self.info, node) or not choices[id(node)].integer:
                 continue
             name = node.input[0]
             found.add(name)
-            while (maker := producers.get(name)) is not None and maker.op_type in keeps_grid:
+            while (maker := producers.get(name)) is not None and maker.op_type in KEEPS_GRID:
                 name = maker.input[0]
                 found.add(name)
         return found
@@ -497,7 +497,7 @@ class Planner:
         if self.config["concat_grids"] != "shared":
             return {}
         producers = self.info.producers
-        keeps_grid = MOVE_OPS | {"Relu", "Clip", "Resize"}
+        keeps_grid = KEEPS_GRID | {"Resize"}
         shared: dict[str, str] = {}
         self._concats = {n.output[0]: n for n in self.info.nodes if n.op_type == "Concat"}
         for node in self.info.nodes:

@@ -205,6 +205,8 @@ class Prices:
         """What the float layers' cuts in the NPU program add to the int8 compile's cost: a
         hand-over each way per run of float layers the partition orders together (not per layer),
         and a start for each NPU part they add."""
+        if not self.int8_integer - integer_nodes:
+            return 0.0  # nothing left the NPU
         hand_overs, parts = device_parts(graph, self.on_npu(integer_nodes))
         transition = self.target.transition_us * self.target.clock_mhz
         added_parts = max(parts - self.int8_cuts[1], 0)
@@ -267,9 +269,7 @@ class Prices:
         pre-activations) from the quantizer's plan, `floats` the work (stages/quantize/cost.op_work)
         of the layers the table keeps float, `work` every node's (the elements it reads and writes
         split a MAC op's DMA)."""
-        total = self.fixed + sum(self.float_layer(w) for w in floats)
-        if floats:
-            total += self.cuts(graph, integer_nodes)
+        total = self.fixed + sum(self.float_layer(w) for w in floats) + self.cuts(graph, integer_nodes)
         consumers = tensor_readers(graph.node)
         bits = {**tensor_bits, **{n: 8 for n in unstored_results(graph, fine)}}
         for node in graph.node:
