@@ -14,8 +14,8 @@ from npubuild.intmodel import tensorfile
 from npubuild.rules.attrs import QuantizeConfig
 from npubuild.stages.onnx_utils import load_model
 from npubuild.stages.quantize.cost import op_work
-from npubuild.stages.quantize.planning import Planner, node_label
-from npubuild.stages.quantize.precision import Layers, precision_overrides
+from npubuild.stages.quantize.planning import node_label
+from npubuild.stages.quantize.precision import Layers
 from npubuild.stages.quantize.search.prices import Prices, compile_table, device_parts, latency_cycles
 from npubuild.targets.spec import BUILTIN_TARGETS
 
@@ -63,27 +63,26 @@ def test_the_search_prices_a_table_as_codegen_estimates_it(optimized_cls, target
     quantize = {**QuantizeConfig().model_dump(), "overrides": []}
     settings = {"quantize": quantize, "target": BUILTIN_TARGETS[target_name].model_dump()}
     layers = Layers(model, stats_meta, stats_arrays, quantize)
-    prices = Prices.compiled(model, stats_meta, stats_arrays, settings, layers)
     work = op_work(model)
+    prices = Prices.compiled(model, stats_meta, stats_arrays, settings, layers, work)
     tables = mixed_tables(layers, model)
     assert any("float" in t.values() for t in tables) and all(len(t) >= 2 for t in tables)
-    int8 = compile_table(model, stats_meta, stats_arrays, settings, {}, layers)
+    int8 = compile_table(model, stats_meta, stats_arrays, settings, {}, layers).stats
     for table in tables:
-        planned = {**quantize, "overrides": precision_overrides(layers.expand(table))}
-        plan = Planner(model, stats_meta, stats_arrays, planned).build()
+        compiled = compile_table(model, stats_meta, stats_arrays, settings, table, layers)
         predicted = prices.table_cycles(
             model.graph,
-            {name: t["bits"] for name, t in plan.tensors.items()},
-            set(plan.integer_nodes),
+            compiled.tensor_bits,
+            set(compiled.integer_nodes),
             [work[u] for u, p in table.items() if p == "float"],
             work,
-            plan.fine_preactivations,
+            compiled.fine,
         )
-        codegen = compile_table(model, stats_meta, stats_arrays, settings, table, layers)
-        compiled = latency_cycles(codegen, BUILTIN_TARGETS[target_name])
-        print(f"{target_name}: {len(table)} layers set, search / codegen {predicted / compiled:.3f}")
+        codegen = compiled.stats
+        estimate = latency_cycles(codegen, BUILTIN_TARGETS[target_name])
+        print(f"{target_name}: {len(table)} layers set, search / codegen {predicted / estimate:.3f}")
         # the hand-overs and NPU parts the price counts are the ones the partition adds to int8's
-        hand_overs, parts = device_parts(model.graph, prices.on_npu(set(plan.integer_nodes)))
+        hand_overs, parts = device_parts(model.graph, prices.on_npu(compiled.integer_nodes))
         assert hand_overs - prices.int8_cuts[0] == codegen["transitions"] - int8["transitions"]
         assert parts - prices.int8_cuts[1] == codegen["npu_subgraphs"] - int8["npu_subgraphs"]
-        assert abs(predicted / compiled - 1) <= 0.05, (target_name, len(table), predicted, compiled)
+        assert abs(predicted / estimate - 1) <= 0.05, (target_name, len(table), predicted, estimate)

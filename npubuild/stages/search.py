@@ -44,6 +44,7 @@ def run(params: dict, inputs: dict[str, Path], outdir: Path) -> dict[str, Path]:
         stats_arrays,
         {"quantize": params["quantize"], "target": params["target"]},
         probe.layers,
+        work,
         with_int16="int16" in levels,
     )
     costs = Costs(probe, probe.layers.units, levels, work, planned_price(probe, prices, work), minimize)

@@ -36,6 +36,8 @@ class Program:
     integer_nodes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     pixel_inputs: list[str] = field(default_factory=list)
+    # 16-bit MAC results only an activation reads (planning.py); the search prices them
+    fine_preactivations: set[str] = field(default_factory=set)
 
     def add_array(self, key: str, value: np.ndarray) -> str:
         self.arrays[key] = value
@@ -82,6 +84,7 @@ class Encoder:
             integer_nodes=plan.integer_nodes,
             warnings=plan.warnings,
             pixel_inputs=plan.pixel_inputs,
+            fine_preactivations=plan.fine_preactivations,
         )
 
     def encode(self) -> Program:

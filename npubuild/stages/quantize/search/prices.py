@@ -33,10 +33,8 @@ import onnx
 from npubuild.intmodel.ops import LUT_OPS, MAC_OPS, TABULATED_OPS
 from npubuild.intmodel.program import parse
 from npubuild.stages.onnx_utils import tensor_readers
-from npubuild.stages.quantize.cost import op_work
 from npubuild.stages.quantize.graphinfo import node_label
 from npubuild.stages.quantize.integer_model import build_integer_model
-from npubuild.stages.quantize.planning import Planner
 from npubuild.stages.quantize.precision import Layers, precision_overrides
 from npubuild.targets.compile import compile_npub, plan_partition
 from npubuild.targets.partition import order
@@ -60,6 +58,18 @@ def table_settings(settings: dict, table: dict, layers: Layers) -> dict:
     }
 
 
+@dataclass(frozen=True)
+class CompiledTable:
+    """A precision table built as the build builds it: codegen's figures, and what its plan chose
+    (the facts `Prices.table_cycles` prices a plan by)."""
+
+    stats: dict  # codegen.json's figures
+    tensor_bits: dict[str, int]
+    integer_nodes: frozenset[str]
+    fine: frozenset[str]  # its fine pre-activations
+    cpu_nodes: frozenset[str]  # the nodes the partition runs on the CPU
+
+
 def compile_table(
     model: onnx.ModelProto,
     stats_meta: dict,
@@ -68,17 +78,22 @@ def compile_table(
     table: dict,
     layers: Layers,
     fresh: bool = True,
-) -> dict:
-    """codegen's statistics (codegen.json's figures) for a precision table on the target, built
-    as the build builds it: integer model, partition, code generation (without fresh constants
-    where `fresh` is False: `Prices.compiled`)."""
+) -> CompiledTable:
+    """A precision table on the target, built as the build builds it: integer model, partition,
+    code generation (without fresh constants where `fresh` is False: `Prices.compiled`)."""
     target = TargetSpec.model_validate(settings["target"])
     quantize = table_settings(settings, table, layers)
-    _, meta, arrays = build_integer_model(model, stats_meta, stats_arrays, quantize)
-    program = parse(meta, "the integer model of a precision table")
-    plan = plan_partition(program, arrays, model, target)
-    _, _, stats = compile_npub(program, arrays, model, target, plan, fresh=fresh)
-    return {**stats, "cpu_nodes": sorted({f["node"] for f in plan["fallbacks"]})}
+    program, meta, arrays = build_integer_model(model, stats_meta, stats_arrays, quantize)
+    parsed = parse(meta, "the integer model of a precision table")
+    plan = plan_partition(parsed, arrays, model, target)
+    _, _, stats = compile_npub(parsed, arrays, model, target, plan, fresh=fresh)
+    return CompiledTable(
+        stats,
+        {name: t["bits"] for name, t in program.tensors.items()},
+        frozenset(program.integer_nodes),
+        frozenset(program.fine_preactivations),
+        frozenset(f["node"] for f in plan["fallbacks"]),
+    )
 
 
 def device_parts(graph: onnx.GraphProto, on_npu: Callable[[str], bool]) -> tuple[int, int]:
@@ -127,42 +142,36 @@ class Prices:
         stats_arrays: dict,
         settings: dict,
         layers: Layers,
+        work: dict[str, dict],
         with_int16: bool = True,
     ) -> Prices:
         """Compile every layer at int8 and, when a table may hold int16 layers, every layer at
-        int16 (`settings`: quantize, target); the all-int8 table is then priced at exactly the
-        int8 compile's estimate (`fixed`), and an NPU part's start is measured."""
+        int16 (`settings`: quantize, target; `work`: every node's, stages/quantize/cost.op_work);
+        the all-int8 table is then priced at exactly the int8 compile's estimate (`fixed`), and an
+        NPU part's start is measured."""
         target = TargetSpec.model_validate(settings["target"])
-        busy: dict[int, dict[str, Busy]] = {}
+        compiled: dict[int, CompiledTable] = {}
         for width in (8, 16) if with_int16 else (8,):
             # without fresh constants: a fresh binary's constant loads run far ahead of their op,
             # so its per-op spans overlap and do not add up (docs/mixed-precision.md)
             every = {u: f"int{width}" for u in layers.units}
-            stats = compile_table(model, stats_meta, stats_arrays, settings, every, layers, fresh=False)
-            busy[width] = _busy(stats)
-            if width == 8:
-                int8_stats = stats
-        every_int8 = {u: "int8" for u in layers.units}
-        plan = Planner(model, stats_meta, stats_arrays, table_settings(settings, every_int8, layers)).build()
-        prices = cls(
-            busy[8],
-            busy.get(16, busy[8]),
-            0.0,
-            target,
-            frozenset(int8_stats["cpu_nodes"]),
-            frozenset(plan.integer_nodes),
-        )
+            compiled[width] = compile_table(
+                model, stats_meta, stats_arrays, settings, every, layers, fresh=False
+            )
+        int8 = compiled[8]
+        busy8 = _busy(int8.stats)
+        prices = cls(busy8, _busy(compiled[16].stats) if with_int16 else busy8, 0.0, target, int8.cpu_nodes)
         prices = dataclasses.replace(
-            prices, int8_cuts=device_parts(model.graph, prices.on_npu(prices.int8_integer))
+            prices,
+            int8_integer=int8.integer_nodes,
+            int8_cuts=device_parts(model.graph, prices.on_npu(int8.integer_nodes)),
         )
         # the ops of the all-int8 plan priced as a table (a depthwise input the default widens
         # is read at int16 in both compiles, and its op's span already holds that), and the rest
         # of the int8 compile's estimate fixed: the price list's anchor
-        ops = prices.table_cycles(
-            model.graph, _bits(plan), set(plan.integer_nodes), [], op_work(model), plan.fine_preactivations
-        )
-        prices = dataclasses.replace(prices, fixed=latency_cycles(int8_stats, target) - ops)
-        return prices._with_part_start(model, stats_meta, stats_arrays, settings, layers, int8_stats)
+        ops = prices.table_cycles(model.graph, int8.tensor_bits, set(int8.integer_nodes), [], work, int8.fine)
+        prices = dataclasses.replace(prices, fixed=latency_cycles(int8.stats, target) - ops)
+        return prices._with_part_start(model, stats_meta, stats_arrays, settings, layers, int8.stats)
 
     def _with_part_start(
         self,
@@ -184,14 +193,12 @@ class Prices:
         if not macs:
             return self
         table = {**{u: "int8" for u in layers.units}, macs[len(macs) // 2]: "float"}
-        plan = Planner(model, stats_meta, stats_arrays, table_settings(settings, table, layers)).build()
-        integer = set(plan.integer_nodes)
-        added = device_parts(model.graph, self.on_npu(integer))[1] - self.int8_cuts[1]
+        cut = compile_table(model, stats_meta, stats_arrays, settings, table, layers, fresh=False)
+        added = device_parts(model.graph, self.on_npu(cut.integer_nodes))[1] - self.int8_cuts[1]
         if added <= 0:
             return self
-        stats = compile_table(model, stats_meta, stats_arrays, settings, table, layers, fresh=False)
-        left = sum(self.int8.get(label, Busy()).span for label in self.int8_integer - integer)
-        grown = stats["estimated_cycles"] - int8_stats["estimated_cycles"] + left
+        left = sum(self.int8.get(label, Busy()).span for label in self.int8_integer - cut.integer_nodes)
+        grown = cut.stats["estimated_cycles"] - int8_stats["estimated_cycles"] + left
         return dataclasses.replace(self, part_start=max(grown, 0) / added)
 
     def on_npu(self, integer_nodes: set[str] | frozenset[str]) -> Callable[[str], bool]:
@@ -313,10 +320,6 @@ def _busy(stats: dict) -> dict[str, Busy]:
             seen.dma + row["dma_cycles"],
         )
     return busy
-
-
-def _bits(plan) -> dict[str, int]:
-    return {name: t["bits"] for name, t in plan.tensors.items()}
 
 
 def _table_weight(input_16: bool, output_16: bool) -> float:
