@@ -40,10 +40,26 @@ PHOTO_CROPS = 'CALIBRATION = glob(["crops/calib/*.png"])'
 
 
 def without(photo: str | None) -> str:
-    """The data/BUILD line of the photo crops, one photograph's crops left out (None: all)."""
+    """The data/BUILD line of the photo crops, one photograph's crops (`<photo>_<k>.png`) left
+    out (None: all). The digit after the underscore keeps a photograph whose name extends another's
+    (`grace` and `grace_hopper`) in."""
     if photo is None:
         return PHOTO_CROPS
-    return f'CALIBRATION = glob(["crops/calib/*.png"], exclude = ["crops/calib/{photo}_*.png"])'
+    return f'CALIBRATION = glob(["crops/calib/*.png"], exclude = ["crops/calib/{photo}_[0-9]*.png"])'
+
+
+def summary(differences: dict[str | None, float]) -> str | None:
+    """One model's line over its draws (`differences`: npubuild minus the best other tool, dB, by
+    the photograph left out, None for the whole set); None without a draw."""
+    draws = np.array([v for photo, v in differences.items() if photo is not None])
+    if draws.size == 0:
+        return None
+    whole = f"{differences[None]:+.2f}" if None in differences else "n/a"
+    return (
+        f"whole set {whole}; one photograph left out ({len(draws)} draws): least "
+        f"{draws.min():+.2f}, median {float(np.median(draws)):+.2f}, largest {draws.max():+.2f}; "
+        f"at least as good in {(draws >= 0).sum()} of {len(draws)}"
+    )
 
 
 def main() -> None:
@@ -99,15 +115,9 @@ def main() -> None:
                 )
         print("\nsummary (SQNR difference npubuild - best other tool, dB)")
         for m, values in differences.items():
-            draws = np.array([v for photo, v in values.items() if photo is not None])
-            if draws.size == 0:
-                continue
-            whole = f"{values[None]:+.2f}" if None in values else "n/a"
-            print(
-                f"  {m:<12} whole set {whole}; one photograph left out ({len(draws)} draws): least "
-                f"{draws.min():+.2f}, median {float(np.median(draws)):+.2f}, largest {draws.max():+.2f}; "
-                f"at least as good in {(draws >= 0).sum()} of {len(draws)}"
-            )
+            line = summary(values)
+            if line is not None:
+                print(f"  {m:<12} {line}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
