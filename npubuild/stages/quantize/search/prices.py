@@ -160,11 +160,10 @@ class Prices:
             )
         int8 = compiled[8]
         busy8 = _busy(int8.stats)
-        prices = cls(busy8, _busy(compiled[16].stats) if with_int16 else busy8, 0.0, target, int8.cpu_nodes)
+        busy16 = _busy(compiled[16].stats) if with_int16 else busy8
+        prices = cls(busy8, busy16, 0.0, target, int8.cpu_nodes, int8.integer_nodes)
         prices = dataclasses.replace(
-            prices,
-            int8_integer=int8.integer_nodes,
-            int8_cuts=device_parts(model.graph, prices.on_npu(int8.integer_nodes)),
+            prices, int8_cuts=device_parts(model.graph, prices.on_npu(int8.integer_nodes))
         )
         # the ops of the all-int8 plan priced as a table (a depthwise input the default widens
         # is read at int16 in both compiles, and its op's span already holds that), and the rest
