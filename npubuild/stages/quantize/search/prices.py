@@ -85,14 +85,14 @@ def compile_table(
     quantize = table_settings(settings, table, layers)
     program, meta, arrays = build_integer_model(model, stats_meta, stats_arrays, quantize)
     parsed = parse(meta, "the integer model of a precision table")
-    plan = plan_partition(parsed, arrays, model, target)
-    _, _, stats = compile_npub(parsed, arrays, model, target, plan, fresh=fresh)
+    partition = plan_partition(parsed, arrays, model, target)
+    _, _, stats = compile_npub(parsed, arrays, model, target, partition, fresh=fresh)
     return CompiledTable(
         stats,
         {name: t["bits"] for name, t in program.tensors.items()},
         frozenset(program.integer_nodes),
         frozenset(program.fine_preactivations),
-        frozenset(f["node"] for f in plan["fallbacks"]),
+        frozenset(f["node"] for f in partition["fallbacks"]),
     )
 
 
